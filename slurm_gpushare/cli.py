@@ -1,0 +1,79 @@
+"""Command line: ``slurm-gpushare <command>``.
+
+Each concept's module defines its own click commands; this file only gathers them, so
+subcommands live next to the code they drive. ``main(argv)`` is callable from tests: errors are
+one line on stderr with a non-zero exit; ``--debug`` shows the traceback.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+
+# Modules that define a ``commands`` list of click commands/groups, added in this order.
+COMMAND_MODULES = [
+    "slurm_gpushare.daemon",
+    "slurm_gpushare.testcluster",
+]
+
+
+class UserError(click.ClickException):
+    """An error the user can fix; printed as one line."""
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--debug", is_flag=True, help="Show tracebacks on errors.")
+@click.version_option(package_name="slurm-gpushare")
+@click.pass_context
+def cli(ctx: click.Context, debug: bool) -> None:
+    """Safe GPU sharing for ordinary sbatch jobs on heterogeneous Slurm clusters."""
+    ctx.ensure_object(dict)
+    ctx.obj["debug"] = debug
+
+
+def _load_commands() -> None:
+    for name in COMMAND_MODULES:
+        module = importlib.import_module(name)
+        for command in getattr(module, "commands", []):
+            cli.add_command(command)
+
+
+_load_commands()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; returns the exit status instead of exiting."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
+    try:
+        cli.main(args=argv, prog_name="slurm-gpushare", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        return 130
+    except click.ClickException as exc:
+        if debug:
+            raise
+        click.echo(f"slurm-gpushare: {exc.format_message()}", err=True)
+        return exc.exit_code
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # noqa: BLE001 -- the CLI's one-line error contract
+        if debug:
+            raise
+        click.echo(f"slurm-gpushare: error: {exc} (run with --debug for the traceback)", err=True)
+        return 1
+    return 0
+
+
+def sbatch_main(argv: list[str] | None = None) -> int:
+    """``gpushare-sbatch``: sbatch with --explain / --no-share (see slurm_gpushare.wrapper)."""
+    module = importlib.import_module("slurm_gpushare.wrapper")
+    return module.main(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,170 @@
+"""The daemon's configuration: one TOML file, read once, passed explicitly.
+
+Unknown keys are errors (a typo must not silently fall back to a default). See
+``etc/gpushare.toml`` for the annotated reference.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+DEFAULT_CONFIG_PATH = "/etc/slurm-gpushare/gpushare.toml"
+CONFIG_ENV = "GPUSHARE_CONFIG"
+
+
+class ConfigError(ValueError):
+    """The configuration file is missing, unreadable or invalid."""
+
+
+@dataclass(frozen=True)
+class GpuType:
+    """A GPU type as the cluster names it (gres Type= and node feature)."""
+
+    name: str  # gres type, e.g. "a100"
+    memory_gib: int  # usable memory; one shard = 1 GiB, so this is also the shard count per GPU
+    feature: str = ""  # node feature naming the type; defaults to the name
+    model: str = ""  # catalogue model for predictors, e.g. "A100-80GB"; defaults to the name
+
+    def __post_init__(self):
+        if not self.feature:
+            object.__setattr__(self, "feature", self.name)
+        if not self.model:
+            object.__setattr__(self, "model", self.name)
+
+
+@dataclass(frozen=True)
+class DaemonConfig:
+    socket: str = "/run/slurm-gpushare/daemon.sock"
+    # Peers allowed to talk to the daemon besides its own uid and root (e.g. SlurmUser's uid
+    # if the daemon runs as another user). The socket is mode 0600 as well.
+    allowed_uids: tuple[int, ...] = ()
+    max_request_bytes: int = 1 << 20
+    # A client that sends nothing for this long is disconnected (the hook keeps its connection).
+    idle_timeout_s: float = 300.0
+    log_file: str = ""  # empty: stderr
+    log_level: str = "info"
+    state_dir: str = "/var/lib/slurm-gpushare"
+    secret_file: str = "/etc/slurm-gpushare/secret"
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    # Partitions where whole-GPU requests may be turned into shares. Empty: sharing is off.
+    sharing_partitions: tuple[str, ...] = ()
+    # Share size when nothing better is known about the job (no history, no hint).
+    default_share_gib: int = 8
+    # Comment token by which a user opts a job out (sbatch --comment=gpushare=off).
+    opt_out_token: str = "gpushare=off"
+    # Comment token for a memory hint (sbatch --comment=gpushare:mem=12G).
+    mem_hint_token: str = "gpushare:mem="
+    # Headroom added on top of a memory hint, as a fraction (CUDA context, fragmentation).
+    hint_margin: float = 0.10
+
+
+@dataclass(frozen=True)
+class HookConfig:
+    """Settings the Lua hook reads (written to gpushare_hook.json by ``hook-config``)."""
+
+    timeout_ms: int = 50
+    breaker_failures: int = 3  # consecutive failures that open the circuit breaker
+    breaker_cooldown_s: float = 30.0  # how long jobs pass untouched before probing again
+    max_script_bytes: int = 65536  # script bytes sent for the keyed digest (never stored)
+
+
+@dataclass(frozen=True)
+class Config:
+    daemon: DaemonConfig = field(default_factory=DaemonConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    hook: HookConfig = field(default_factory=HookConfig)
+    gpu_types: tuple[GpuType, ...] = ()
+    path: str = ""
+
+    def gpu_type(self, name: str) -> GpuType | None:
+        for gpu in self.gpu_types:
+            if gpu.name == name:
+                return gpu
+        return None
+
+    def hook_settings(self) -> dict[str, Any]:
+        return {"socket": self.daemon.socket, **_asdict(self.hook)}
+
+
+def _asdict(obj) -> dict[str, Any]:
+    return {f.name: getattr(obj, f.name) for f in fields(obj)}
+
+
+def _section(cls, raw: dict[str, Any], where: str):
+    known = {f.name: f for f in fields(cls)}
+    unknown = set(raw) - set(known)
+    if unknown:
+        raise ConfigError(f"unknown key(s) in [{where}]: {', '.join(sorted(unknown))}")
+    values = {}
+    defaults = cls()
+    for key, value in raw.items():
+        default = getattr(defaults, key)
+        if isinstance(default, tuple):
+            if not isinstance(value, list):
+                raise ConfigError(f"[{where}] {key} must be a list")
+            value = tuple(value)
+        elif isinstance(default, bool) or not isinstance(default, (int, float, str)):
+            pass
+        elif isinstance(default, float) and isinstance(value, int):
+            value = float(value)
+        elif not isinstance(value, type(default)):
+            raise ConfigError(
+                f"[{where}] {key} must be {type(default).__name__}, not {type(value).__name__}"
+            )
+        values[key] = value
+    return replace(defaults, **values)
+
+
+def parse_config(raw: dict[str, Any], path: str = "") -> Config:
+    allowed = {"daemon", "policy", "hook", "gpu_types"}
+    unknown = set(raw) - allowed
+    if unknown:
+        raise ConfigError(f"unknown section(s): {', '.join(sorted(unknown))}")
+    gpu_types = []
+    for name, spec in raw.get("gpu_types", {}).items():
+        if not isinstance(spec, dict) or "memory_gib" not in spec:
+            raise ConfigError(f"[gpu_types.{name}] needs memory_gib")
+        extra = set(spec) - {"memory_gib", "feature", "model"}
+        if extra:
+            raise ConfigError(f"unknown key(s) in [gpu_types.{name}]: {', '.join(sorted(extra))}")
+        memory = spec["memory_gib"]
+        if not isinstance(memory, int) or memory <= 0:
+            raise ConfigError(f"[gpu_types.{name}] memory_gib must be a positive integer")
+        gpu_types.append(
+            GpuType(name=name, memory_gib=memory, feature=spec.get("feature", ""),
+                    model=spec.get("model", ""))
+        )
+    config = Config(
+        daemon=_section(DaemonConfig, raw.get("daemon", {}), "daemon"),
+        policy=_section(PolicyConfig, raw.get("policy", {}), "policy"),
+        hook=_section(HookConfig, raw.get("hook", {}), "hook"),
+        gpu_types=tuple(gpu_types),
+        path=path,
+    )
+    if config.policy.default_share_gib <= 0:
+        raise ConfigError("[policy] default_share_gib must be positive")
+    if config.hook.timeout_ms <= 0:
+        raise ConfigError("[hook] timeout_ms must be positive")
+    return config
+
+
+def load_config(path: str | os.PathLike | None = None) -> Config:
+    """Read the TOML file at ``path`` (or $GPUSHARE_CONFIG, or the default path)."""
+    path = Path(path or os.environ.get(CONFIG_ENV) or DEFAULT_CONFIG_PATH)
+    try:
+        with open(path, "rb") as handle:
+            raw = tomllib.load(handle)
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: {exc.strerror}") from None
+    return parse_config(raw, str(path))

@@ -1,0 +1,326 @@
+"""The predictor daemon: ``slurm-gpushare serve``.
+
+A threaded server on a Unix socket (mode 0600, peers checked with SO_PEERCRED) speaking the
+newline-delimited JSON protocol of ``protocol.py``. Each connection may send many requests (the
+hook keeps one open). A malformed or oversized request gets an error reply, never a crash or a
+hang. SIGHUP reloads the configuration (a bad file keeps the old one); SIGTERM/SIGINT stop it
+cleanly and remove the socket. Logs are JSON lines; they never hold scripts, names or comments.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import signal
+import socket
+import socketserver
+import struct
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any, Callable
+
+import click
+
+from . import __version__
+from .config import Config, ConfigError, load_config
+from .policy import decide
+from .protocol import ProtocolError, parse_request, reply_error, reply_ok
+
+log = logging.getLogger("slurm_gpushare.daemon")
+
+
+class JsonLogFormatter(logging.Formatter):
+    """One JSON object per line: ts, level, event, and the record's structured fields."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {"ts": round(record.created, 3), "level": record.levelname.lower(),
+                 "event": record.getMessage()}
+        entry.update(getattr(record, "fields", {}))
+        if record.exc_info:
+            entry["error"] = self.formatException(record.exc_info)
+        return json.dumps(entry, sort_keys=False, default=str)
+
+
+def setup_logging(config: Config) -> None:
+    handler: logging.Handler
+    if config.daemon.log_file:
+        Path(config.daemon.log_file).parent.mkdir(parents=True, exist_ok=True)
+        handler = logging.FileHandler(config.daemon.log_file)
+    else:
+        handler = logging.StreamHandler()
+    handler.setFormatter(JsonLogFormatter())
+    root = logging.getLogger("slurm_gpushare")
+    root.handlers[:] = [handler]
+    root.setLevel(config.daemon.log_level.upper())
+    root.propagate = False
+
+
+def _event(level: int, event: str, **fields) -> None:
+    log.log(level, event, extra={"fields": fields})
+
+
+class Predictor:
+    """Turns requests into replies. Holds the configuration; swapped whole on reload."""
+
+    def __init__(self, config: Config, *, digest: Callable[[str, str], str] | None = None):
+        self.config = config
+        self.digest = digest
+        self.counters: Counter[str] = Counter()
+        self._lock = threading.Lock()
+
+    def handle(self, message: Any) -> dict[str, Any]:
+        rid = message.get("rid") if isinstance(message, dict) else None
+        reply = self._handle(message)
+        if rid is not None:
+            reply["rid"] = rid
+        return reply
+
+    def _count(self, key: str) -> None:
+        with self._lock:
+            self.counters[key] += 1
+
+    def _handle(self, message: Any) -> dict[str, Any]:
+        config = self.config  # one consistent config for the whole request, even across reload
+        try:
+            op, request = parse_request(message, opt_out_token=config.policy.opt_out_token,
+                                        mem_hint_token=config.policy.mem_hint_token,
+                                        digest=self.digest)
+        except ProtocolError as exc:
+            self._count("errors")
+            _event(logging.WARNING, "bad-request", error=str(exc))
+            return reply_error(str(exc))
+        if op == "ping":
+            with self._lock:
+                counters = dict(self.counters)
+            return reply_ok(version=__version__, counters=counters)
+        started = time.perf_counter()
+        decision_id = secrets.token_hex(4)
+        decision = decide(request, config, decision_id=decision_id)
+        elapsed_us = int((time.perf_counter() - started) * 1e6)
+        self._count(f"{op}:{decision.action}")
+        _event(logging.INFO, "decision" if op == "decide" else "explain",
+               id=decision_id, action=decision.action, code=decision.code,
+               reason=decision.reason, uid=request.uid, account=request.account,
+               partition=request.partition, share_gib=decision.share_gib,
+               gpu_types=list(decision.gpu_types), writes=dict(decision.writes),
+               decide_us=elapsed_us)
+        return reply_ok(decision)
+
+
+def peer_uid(sock: socket.socket) -> int:
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    _pid, uid, _gid = struct.unpack("3i", creds)
+    return uid
+
+
+class _Handler(socketserver.StreamRequestHandler):
+    server: "DaemonServer"
+
+    def handle(self) -> None:
+        server = self.server
+        uid = peer_uid(self.request)
+        if uid not in server.allowed_uids():
+            _event(logging.WARNING, "peer-refused", uid=uid)
+            self._send(reply_error("permission denied"))
+            return
+        limit = server.predictor.config.daemon.max_request_bytes
+        self.request.settimeout(server.predictor.config.daemon.idle_timeout_s)
+        while not server.stopping.is_set():
+            try:
+                line = self.rfile.readline(limit + 1)
+            except (socket.timeout, OSError):
+                return
+            if not line:
+                return
+            if len(line) > limit and not line.endswith(b"\n"):
+                self._send(reply_error(f"request larger than {limit} bytes"))
+                _event(logging.WARNING, "oversized-request", uid=uid)
+                return  # the rest of the line is unread: the stream cannot be resynchronised
+            if not line.strip():
+                continue
+            try:
+                message = json.loads(line)
+            except (ValueError, UnicodeDecodeError):
+                server.predictor._count("errors")
+                self._send(reply_error("request is not valid JSON"))
+                continue
+            try:
+                reply = server.predictor.handle(message)
+            except Exception as exc:  # noqa: BLE001 -- a bug must cost one reply, not the daemon
+                log.exception("internal-error", extra={"fields": {"uid": uid}})
+                reply = reply_error(f"internal error: {type(exc).__name__}")
+            if not self._send(reply):
+                return
+
+    def _send(self, reply: dict[str, Any]) -> bool:
+        try:
+            self.wfile.write(json.dumps(reply, separators=(",", ":")).encode() + b"\n")
+            self.wfile.flush()
+            return True
+        except OSError:
+            return False
+
+
+class DaemonServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, predictor: Predictor):
+        self.predictor = predictor
+        self.stopping = threading.Event()
+        path = predictor.config.daemon.socket
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        _remove_stale_socket(path)
+        old_umask = os.umask(0o177)  # the socket is born 0600: no window where others can connect
+        try:
+            super().__init__(path, _Handler)
+        finally:
+            os.umask(old_umask)
+        os.chmod(path, 0o600)
+
+    def allowed_uids(self) -> set[int]:
+        return {0, os.getuid(), *self.predictor.config.daemon.allowed_uids}
+
+    def server_close(self) -> None:
+        super().server_close()
+        try:
+            os.unlink(self.server_address)
+        except OSError:
+            pass
+
+
+def _remove_stale_socket(path: str) -> None:
+    """Remove a socket left by a dead daemon; refuse to steal a live one."""
+    if not os.path.exists(path):
+        return
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(0.5)
+    try:
+        probe.connect(path)
+    except OSError:
+        os.unlink(path)
+        return
+    finally:
+        probe.close()
+    raise click.ClickException(f"another daemon is listening on {path}")
+
+
+def serve(config_path: str | None) -> None:
+    config = load_config(config_path)
+    setup_logging(config)
+    predictor = Predictor(config, digest=_make_digest(config))
+    server = DaemonServer(predictor)
+
+    def reload(_signum, _frame):
+        try:
+            new = load_config(config.path)
+        except ConfigError as exc:
+            _event(logging.ERROR, "reload-failed", error=str(exc))
+            return
+        if new.daemon.socket != predictor.config.daemon.socket:
+            _event(logging.WARNING, "reload-socket-unchanged",
+                   detail="socket path changes need a restart")
+        setup_logging(new)
+        predictor.config = new
+        predictor.digest = _make_digest(new)
+        _event(logging.INFO, "reloaded", config=new.path)
+
+    def stop(signum, _frame):
+        _event(logging.INFO, "stopping", signal=signal.Signals(signum).name)
+        server.stopping.set()
+        # shutdown() waits for serve_forever to return, so call it from another thread.
+        threading.Thread(target=server.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGHUP, reload)
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    _event(logging.INFO, "started", version=__version__, socket=config.daemon.socket,
+           pid=os.getpid(), config=config.path)
+    try:
+        server.serve_forever(poll_interval=0.5)
+    finally:
+        server.server_close()
+        _event(logging.INFO, "stopped")
+
+
+def _make_digest(config: Config) -> Callable[[str, str], str]:
+    """Keyed digests of script and name text; the secret file is created 0600 on first use."""
+    from .fingerprint import Fingerprinter
+
+    return Fingerprinter.from_file(config.daemon.secret_file).digest
+
+
+def request_once(socket_path: str, message: dict[str, Any], timeout: float = 2.0) -> dict[str, Any]:
+    """Send one request and read one reply (for the CLI, tests and benchmarks)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout)
+        sock.connect(socket_path)
+        sock.sendall(json.dumps(message).encode() + b"\n")
+        data = b""
+        while not data.endswith(b"\n"):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    return json.loads(data)
+
+
+@click.command("serve")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False),
+              help="TOML configuration (default: $GPUSHARE_CONFIG or /etc/slurm-gpushare/gpushare.toml).")
+def serve_command(config_path: str | None) -> None:
+    """Run the predictor daemon in the foreground."""
+    try:
+        serve(config_path)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    except OSError as exc:
+        raise click.ClickException(f"cannot serve: {exc}") from None
+
+
+@click.command("ping")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False))
+@click.option("--socket", "socket_path", help="Daemon socket (default: from the config).")
+@click.option("--json", "as_json", is_flag=True)
+def ping_command(config_path: str | None, socket_path: str | None, as_json: bool) -> None:
+    """Check that the daemon answers; print its version and counters."""
+    if not socket_path:
+        socket_path = load_config(config_path).daemon.socket
+    try:
+        started = time.perf_counter()
+        reply = request_once(socket_path, {"v": 1, "op": "ping"})
+        elapsed = (time.perf_counter() - started) * 1000
+    except OSError as exc:
+        raise click.ClickException(f"daemon not reachable on {socket_path}: {exc.strerror or exc}")
+    if as_json:
+        click.echo(json.dumps({**reply, "round_trip_ms": round(elapsed, 3)}))
+    else:
+        click.echo(f"daemon {reply.get('version')} on {socket_path}: {elapsed:.2f} ms; "
+                   f"counters {reply.get('counters')}")
+
+
+@click.command("hook-config")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False))
+@click.option("--output", "-o", type=click.Path(dir_okay=False), default="-",
+              help="Where to write gpushare_hook.json (default: stdout).")
+def hook_config_command(config_path: str | None, output: str) -> None:
+    """Write the hook's settings (gpushare_hook.json) from the daemon's TOML."""
+    try:
+        config = load_config(config_path)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    text = json.dumps(config.hook_settings(), indent=2) + "\n"
+    if output == "-":
+        click.echo(text, nl=False)
+    else:
+        tmp = f"{output}.tmp"
+        with open(tmp, "w") as handle:
+            handle.write(text)
+        os.replace(tmp, output)
+
+
+commands = [serve_command, ping_command, hook_config_command]

@@ -1,0 +1,179 @@
+"""The sharing decision: one implementation, called by the daemon and by the simulator.
+
+``decide`` is a pure function of the request, the configuration, what is known about the job
+(``JobEstimate``: from its own history, a hint, or nothing) and a view of the cluster
+(``ClusterView``). It returns a ``Decision`` value and touches nothing else.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Mapping, Protocol, Sequence
+
+from . import TAG_PREFIX
+from . import tres as tresmod
+from .config import Config, GpuType
+from .protocol import Decision, JobRequest
+
+SHARED_GRES = ("shard", "mps")
+
+
+@dataclass(frozen=True)
+class JobEstimate:
+    """What is known about a job before it runs.
+
+    ``memory_mib`` holds the *safe* peak GPU memory per GPU type name (prediction plus margin);
+    a type missing from it is one the job is not known to fit. ``runtime_s`` is the predicted
+    run time per type (for node choice), ``job_class`` the interference class.
+    """
+
+    source: str  # "history", "hint" or "default"
+    memory_mib: Mapping[str, float] = field(default_factory=dict)
+    runtime_s: Mapping[str, float] = field(default_factory=dict)
+    job_class: int | None = None
+    detail: str = ""  # one phrase for the reason, e.g. "peak 9.1 GiB on v100 + 12% margin"
+
+
+@dataclass(frozen=True)
+class NodeView:
+    name: str
+    gpu_type: str
+    partitions: tuple[str, ...] = ()
+    resident_classes: tuple[int, ...] = ()  # interference classes of jobs sharing its GPUs
+
+
+class ClusterView(Protocol):
+    """The cluster as a decision sees it (the daemon's cached sinfo/squeue, or the simulator)."""
+
+    def nodes(self) -> Sequence[NodeView]: ...
+
+
+def _keep(code: str, reason: str, decision_id: str = "", **details) -> Decision:
+    return Decision(action="keep", code=code, reason=reason, decision_id=decision_id,
+                    details=details)
+
+
+def gpu_request(request: JobRequest) -> tuple[str, tresmod.TresToken] | None | str:
+    """Where the job asks for GPUs: ``(field, token)``, ``None`` for no GPU, or a keep code."""
+    found = []
+    for name in ("tres_per_node", "tres_per_job", "tres_per_socket", "tres_per_task"):
+        try:
+            tokens = tresmod.parse(getattr(request, name))
+        except tresmod.TresError:
+            return "unparsable-tres"
+        if any(t.name in SHARED_GRES for t in tokens):
+            return "already-shared"
+        found += [(name, t) for t in tresmod.find(tokens, "gpu")]
+    if not found:
+        return None
+    if len(found) > 1:
+        return "complex-gpu-request"
+    return found[0]
+
+
+def default_estimate(request: JobRequest, config: Config) -> JobEstimate:
+    """Without history: the user's memory hint (plus margin), else the partition default."""
+    if request.mem_hint_mib:
+        need = request.mem_hint_mib * (1 + config.policy.hint_margin)
+        return JobEstimate(source="hint", memory_mib={g.name: need for g in config.gpu_types},
+                           detail=f"memory hint {request.mem_hint_mib / 1024:.1f} GiB "
+                                  f"+ {config.policy.hint_margin:.0%} margin")
+    need = config.policy.default_share_gib * 1024
+    return JobEstimate(source="default", memory_mib={g.name: need for g in config.gpu_types},
+                       detail=f"default share of {config.policy.default_share_gib} GiB")
+
+
+def _partitions(request: JobRequest) -> list[str]:
+    return [p for p in request.partition.split(",") if p]
+
+
+def _combine_features(user: str, types: Sequence[GpuType]) -> str | None:
+    """AND the user's constraint with an OR of the chosen types' features; None if unsafe."""
+    ours = "|".join(g.feature for g in types)
+    if not user:
+        return ours
+    if any(ch in user for ch in "[]*"):
+        return None  # matching-OR / counts: rewriting could change its meaning
+    if len(types) > 1:
+        ours = f"({ours})"
+    if "|" in user:
+        user = f"({user})"
+    return f"{user}&{ours}"
+
+
+def decide(request: JobRequest, config: Config, *, estimate: JobEstimate | None = None,
+           view: ClusterView | None = None, decision_id: str = "") -> Decision:
+    """Keep the job as submitted, or turn its one whole GPU into a share of GPU memory."""
+    keep = lambda code, reason, **d: _keep(code, reason, decision_id, **d)  # noqa: E731
+
+    where = gpu_request(request)
+    if where is None:
+        return keep("no-gpu", "the job asks for no GPU")
+    if where == "already-shared":
+        return keep("already-shared", "the job already asks for shard or mps")
+    if isinstance(where, str):
+        return keep(where, "the GPU request is not a single plain one; left as submitted")
+    field_name, gpu = where
+    if field_name in ("tres_per_socket", "tres_per_task"):
+        return keep("per-task-gpus", "GPUs per task or socket are not shared")
+    if gpu.count != 1:
+        return keep("multi-gpu", f"the job asks for {gpu.count} GPUs; only single-GPU jobs share")
+    if (request.min_nodes or 1) > 1:
+        return keep("multi-node", "multi-node jobs are not shared")
+    if request.exclusive:
+        return keep("exclusive", "--exclusive jobs get no shares")
+    if request.cpus_per_tres or request.mem_per_tres or request.ntasks_per_tres:
+        return keep("per-gpu-options", "per-GPU options (--cpus/--mem/--ntasks-per-gpu) "
+                                       "would lose their GPU; left as submitted")
+    partitions = _partitions(request)
+    sharing = set(config.policy.sharing_partitions)
+    if not partitions or not all(p in sharing for p in partitions):
+        return keep("partition-off", f"sharing is off in partition {request.partition or '(none)'}")
+    if request.opt_out:
+        return keep("opt-out", "the user opted out of sharing")
+
+    estimate = estimate or default_estimate(request, config)
+    candidates = list(config.gpu_types)
+    if gpu.type:
+        candidates = [g for g in candidates if g.name == gpu.type]
+        if not candidates:
+            return keep("unknown-type", f"GPU type {gpu.type} is not configured for sharing")
+    fits, too_big = [], []
+    for gpu_type in candidates:
+        need = estimate.memory_mib.get(gpu_type.name)
+        if need is None:
+            continue
+        (fits if need <= gpu_type.memory_gib * 1024 else too_big).append(gpu_type)
+    if not fits:
+        return keep("does-not-fit", f"{estimate.detail or 'the estimate'} fits no GPU type "
+                                    f"({', '.join(g.name for g in too_big) or 'none known'}); "
+                                    "keeps a whole GPU", source=estimate.source)
+
+    share_gib = max(math.ceil(estimate.memory_mib[g.name] / 1024) for g in fits)
+    share_gib = max(share_gib, 1)
+    features = _combine_features(request.features, fits)
+    if features is None:
+        return keep("complex-features", "the job's --constraint is too complex to extend")
+
+    shard = tresmod.TresToken(gpu.prefix or "gres:", "shard", None, share_gib)
+    writes = {"tres_per_node": tresmod.replace(request.tres_per_node, "gpu", shard)}
+    if field_name == "tres_per_job":
+        # 22.05: a shared gres per job needs one node; move it per node and drop the job-wide GPU.
+        writes["tres_per_job"] = tresmod.replace(request.tres_per_job, "gpu", None)
+    writes["features"] = features
+    type_names = tuple(g.name for g in fits)
+    code = f"{estimate.source}-share"
+    writes["admin_comment"] = (
+        f"{TAG_PREFIX}share:id={decision_id or '-'}:shard={share_gib}:"
+        f"types={'+'.join(type_names)}:why={code}"
+    )
+    reason = (f"{estimate.detail}: {share_gib} GiB share (gres/shard) on "
+              f"{', '.join(f'{g.name} ({g.memory_gib} GiB)' for g in fits)}")
+    if too_big:
+        reason += f"; excluded {', '.join(g.name for g in too_big)} (does not fit)"
+    return Decision(action="share", code=code, reason=reason, decision_id=decision_id,
+                    writes=writes, share_gib=share_gib, gpu_types=type_names,
+                    details={"source": estimate.source,
+                             "memory_mib": dict(estimate.memory_mib),
+                             "excluded_types": [g.name for g in too_big]})

@@ -45,9 +45,11 @@ function M.parse(tres)
   return tokens
 end
 
--- True when any token of any given TRES string names one of the gres in `names` (a set).
-function M.mentions(strings, names)
-  for _, tres in ipairs(strings) do
+-- True when any token of the given TRES strings names one of the gres in `names` (a set).
+-- Varargs, not a list: unset fields are nil, and ipairs would stop at the first one.
+function M.mentions(names, ...)
+  for i = 1, select("#", ...) do
+    local tres = select(i, ...)
     local tokens = M.parse(tres)
     if tokens == nil then
       -- Unparsable: let the daemon (or Slurm) judge it rather than guess here.

@@ -182,10 +182,10 @@ local function validate(reply, request)
   end
   -- The share itself must be a parsable shard/mps request and no GPU may remain.
   local node_tokens = tres.parse(writes.tres_per_node)
-  if not node_tokens or not tres.mentions({ writes.tres_per_node }, SHARED) then
+  if not node_tokens or not tres.mentions(SHARED, writes.tres_per_node) then
     return nil, "share without shard/mps in tres_per_node"
   end
-  if tres.mentions({ writes.tres_per_node, writes.tres_per_job or request.job.tres_per_job }, GPU) then
+  if tres.mentions(GPU, writes.tres_per_node, writes.tres_per_job or request.job.tres_per_job) then
     return nil, "share that still asks for a whole GPU"
   end
   -- Never turn jobs Slurm cannot share into shares, whatever the daemon says.
@@ -217,9 +217,10 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
       slurm.log_info("gpushare: job left as submitted: lua-socket or lua-cjson missing")
       return
     end
-    local fields = { job_desc.tres_per_node, job_desc.tres_per_job,
-                     job_desc.tres_per_socket, job_desc.tres_per_task }
-    if not tres.mentions(fields, GPU) then return end
+    if not tres.mentions(GPU, job_desc.tres_per_node, job_desc.tres_per_job,
+                         job_desc.tres_per_socket, job_desc.tres_per_task) then
+      return
+    end
     if open_until > 0 then
       if socket.gettime() < open_until then
         counters.skipped = counters.skipped + 1

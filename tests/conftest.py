@@ -1,0 +1,136 @@
+"""Shared fixtures: in-process daemons on real sockets, misbehaving servers, the test cluster."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from slurm_gpushare.config import parse_config
+from slurm_gpushare.daemon import DaemonServer, Predictor
+from slurm_gpushare.fingerprint import Fingerprinter
+
+
+def make_config(tmp_path: Path, **policy):
+    return parse_config({
+        "daemon": {"socket": str(tmp_path / "d.sock"), "secret_file": str(tmp_path / "secret"),
+                   "state_dir": str(tmp_path / "state"), "max_request_bytes": 65536},
+        "policy": {"sharing_partitions": ["gpu"], "default_share_gib": 8, **policy},
+        "gpu_types": {"v100": {"memory_gib": 16, "model": "V100-16GB"},
+                      "a100": {"memory_gib": 80, "model": "A100-80GB"}},
+    })
+
+
+class RunningDaemon:
+    def __init__(self, config):
+        self.config = config
+        self.predictor = Predictor(config,
+                                   digest=Fingerprinter.from_file(config.daemon.secret_file).digest)
+        self.server = DaemonServer(self.predictor)
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05},
+                                       daemon=True)
+        self.thread.start()
+        self.socket = config.daemon.socket
+
+    def stop(self):
+        self.server.stopping.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def daemon(tmp_path):
+    running = RunningDaemon(make_config(tmp_path))
+    yield running
+    running.stop()
+
+
+class MisbehavingServer:
+    """A real Unix-socket server that hangs (accepts, never answers) or answers garbage."""
+
+    def __init__(self, path: str, mode: str):
+        self.path, self.mode = path, mode
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(path)
+        self.sock.listen(64)
+        self.connections = []
+        self.accepted = 0
+        self.stopped = False
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while not self.stopped:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            self.connections.append(conn)
+            if self.mode != "hang":
+                threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    def _answer(self, conn):
+        replies = {
+            "garbage": b"this is not json\n",
+            "wrong-version": b'{"v": 99, "ok": true}\n',
+            "bad-writes": b'{"v": 1, "ok": true, "rid": RID, "decision": {"action": "share", '
+                          b'"writes": {"tres_per_node": "gres:shard:4", "partition": "debug"}}}\n',
+            "injection": b'{"v": 1, "ok": true, "rid": RID, "decision": {"action": "share", '
+                         b'"writes": {"tres_per_node": "gres:shard:4\\nx", "features": "a100"}}}\n',
+            "whole-gpu": b'{"v": 1, "ok": true, "rid": RID, "decision": {"action": "share", '
+                         b'"writes": {"tres_per_node": "gres:gpu:1,gres:shard:4"}}}\n',
+            "close": b"",
+        }
+        try:
+            data = conn.recv(65536)
+            import json
+            rid = json.loads(data.splitlines()[0]).get("rid", 0)
+            reply = replies[self.mode].replace(b"RID", str(rid).encode())
+            if reply:
+                conn.sendall(reply)
+            else:
+                conn.close()
+        except (OSError, ValueError):
+            pass
+
+    def stop(self):
+        self.stopped = True
+        self.sock.close()
+        for conn in self.connections:
+            conn.close()
+        if os.path.exists(self.path):
+            os.unlink(self.path)
+
+
+@pytest.fixture
+def misbehaving(tmp_path):
+    servers = []
+
+    def start(mode):
+        server = MisbehavingServer(str(tmp_path / f"{mode}.sock"), mode)
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+# ---- the real local Slurm cluster --------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def cluster():
+    """The local test cluster, started once per test session (idempotent when already up)."""
+    if os.environ.get("GPUSHARE_SKIP_CLUSTER"):
+        pytest.skip("GPUSHARE_SKIP_CLUSTER is set")
+    from slurm_gpushare.testcluster import TestCluster
+
+    test_cluster = TestCluster()
+    started = time.monotonic()
+    test_cluster.start()
+    test_cluster.startup_seconds = time.monotonic() - started
+    yield test_cluster

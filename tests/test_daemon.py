@@ -1,0 +1,218 @@
+"""The predictor daemon over its real Unix socket."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from slurm_gpushare.daemon import request_once
+
+REPO = Path(__file__).resolve().parent.parent
+JOB = {"uid": 1000, "user": "alice", "partition": "gpu", "tres_per_node": "gres:gpu:1",
+       "min_nodes": 4294967294, "shared": 65534}
+
+
+def exchange(sock, payload: bytes) -> dict:
+    sock.sendall(payload)
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    return json.loads(data)
+
+
+def connect(path):
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(5)
+    sock.connect(path)
+    return sock
+
+
+def test_socket_is_private(daemon):
+    mode = os.stat(daemon.socket).st_mode
+    assert stat.S_ISSOCK(mode) and stat.S_IMODE(mode) == 0o600
+
+
+def test_decide_replies_with_a_share_and_echoes_request_id(daemon):
+    reply = request_once(daemon.socket, {"v": 1, "op": "decide", "rid": 7, "job": JOB})
+    assert reply["ok"] and reply["rid"] == 7
+    decision = reply["decision"]
+    assert decision["action"] == "share" and decision["share_gib"] == 8
+    assert decision["writes"]["tres_per_node"] == "gres:shard:8"
+
+
+@pytest.mark.parametrize("payload,error", [
+    (b"not json\n", "not valid JSON"),
+    (b"[1,2,3]\n", "must be a JSON object"),
+    (b'{"v": 2, "op": "decide"}\n', "unsupported protocol version"),
+    (b'{"v": 1, "op": "rm -rf"}\n', "unknown op"),
+    (b'{"v": 1, "op": "decide", "job": {"partition": "gpu"}}\n', "uid is required"),
+    (b'{"v": 1, "op": "decide", "job": {"uid": "root"}}\n', "must be a number"),
+    (b'{"v": 1, "op": "decide", "job": {"uid": 1, "features": 5}}\n', "must be a string"),
+    (b'\xff\xfe\n', "not valid JSON"),
+])
+def test_malformed_requests_get_an_error_and_the_connection_survives(daemon, payload, error):
+    with connect(daemon.socket) as sock:
+        reply = exchange(sock, payload)
+        assert reply["ok"] is False and error in reply["error"]
+        # Same connection still serves a good request afterwards.
+        good = exchange(sock, json.dumps({"v": 1, "op": "ping"}).encode() + b"\n")
+        assert good["ok"] is True
+
+
+def test_oversized_request_gets_an_error_not_a_hang(daemon):
+    limit = daemon.config.daemon.max_request_bytes
+    with connect(daemon.socket) as sock:
+        reply = exchange(sock, b'{"v": 1, "pad": "' + b"x" * (limit + 10) + b'"}\n')
+        assert reply["ok"] is False and "larger than" in reply["error"]
+    # The daemon is still fine for others.
+    assert request_once(daemon.socket, {"v": 1, "op": "ping"})["ok"]
+
+
+def test_peer_credentials_are_checked(tmp_path):
+    if os.getuid() != 0:
+        pytest.skip("needs root to connect as another user")
+    import tempfile
+
+    from conftest import RunningDaemon, make_config
+
+    public = Path(tempfile.mkdtemp(prefix="gpushare-peer-"))
+    os.chmod(public, 0o755)  # pytest's tmp_path is 0700: nobody could not even reach the socket
+    daemon = RunningDaemon(make_config(public))
+    os.chmod(daemon.socket, 0o666)  # only so that 'nobody' reaches the credential check
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: become nobody, ask, report the reply through the pipe
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            with connect(daemon.socket) as sock:
+                os.write(write_end, json.dumps(exchange(sock, b'{"v":1,"op":"ping"}\n')).encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    os.waitpid(pid, 0)
+    reply = json.loads(os.read(read_end, 65536) or b"null")
+    daemon.stop()
+    assert reply == {"v": 1, "ok": False, "error": "permission denied"}
+
+
+def test_concurrent_clients(daemon):
+    errors = []
+
+    def client(n):
+        try:
+            with connect(daemon.socket) as sock:
+                for i in range(50):
+                    reply = exchange(sock, json.dumps(
+                        {"v": 1, "op": "decide", "rid": i, "job": JOB}).encode() + b"\n")
+                    assert reply["rid"] == i and reply["decision"]["action"] == "share"
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=client, args=(n,)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert not errors
+    counters = request_once(daemon.socket, {"v": 1, "op": "ping"})["counters"]
+    assert counters["decide:share"] == 400
+
+
+def test_a_hung_client_does_not_block_others(daemon):
+    with connect(daemon.socket) as idle:
+        idle.sendall(b'{"v": 1, "op": "ping"')  # half a request, never finished
+        started = time.perf_counter()
+        assert request_once(daemon.socket, {"v": 1, "op": "ping"})["ok"]
+        assert time.perf_counter() - started < 1
+
+
+@pytest.fixture
+def served(tmp_path):
+    """The real `slurm-gpushare serve` process."""
+    config = tmp_path / "gpushare.toml"
+    sock, log = tmp_path / "d.sock", tmp_path / "daemon.log"
+
+    def write(default_share):
+        config.write_text(
+            f'[daemon]\nsocket = "{sock}"\nlog_file = "{log}"\nsecret_file = "{tmp_path}/secret"\n'
+            f'[policy]\nsharing_partitions = ["gpu"]\ndefault_share_gib = {default_share}\n'
+            '[gpu_types.v100]\nmemory_gib = 16\n')
+
+    write(8)
+    proc = subprocess.Popen([sys.executable, "-m", "slurm_gpushare", "serve", "--config",
+                             str(config)], cwd=str(REPO), stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 20
+    while not sock.exists():
+        assert proc.poll() is None, proc.stderr.read()
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    yield proc, str(sock), log, write, config
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+def decide(sock, **job):
+    return request_once(sock, {"v": 1, "op": "decide", "job": {**JOB, **job}})["decision"]
+
+
+def test_sighup_reloads_config_and_keeps_old_one_on_error(served):
+    proc, sock, log, write, config = served
+    assert decide(sock)["share_gib"] == 8
+    write(4)
+    proc.send_signal(signal.SIGHUP)
+    deadline = time.monotonic() + 10
+    while decide(sock)["share_gib"] != 4:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    config.write_text("[policy\nbroken")
+    proc.send_signal(signal.SIGHUP)
+    time.sleep(0.3)
+    assert decide(sock)["share_gib"] == 4
+    events = [json.loads(line)["event"] for line in log.read_text().splitlines()]
+    assert "reloaded" in events and "reload-failed" in events
+
+
+def test_sigterm_stops_cleanly_and_removes_the_socket(served):
+    proc, sock, log, *_ = served
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(10) == 0
+    assert not os.path.exists(sock)
+    assert json.loads(log.read_text().splitlines()[-1])["event"] == "stopped"
+
+
+def test_logs_hold_no_script_name_or_comment(served):
+    proc, sock, log, *_ = served
+    secret_bits = ["--lr 0.3141", "resnet-secret-model", "imagenet-private", "hush-comment"]
+    decide(sock, script=f"#!/bin/sh\npython train.py {secret_bits[0]} {secret_bits[1]}\n",
+           name=secret_bits[2], comment=f"{secret_bits[3]} gpushare:mem=4G")
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(10)
+    data = log.read_bytes()
+    assert b'"event": "decision"' in data
+    for bit in secret_bits:
+        assert bit.encode() not in data
+
+
+def test_refuses_to_steal_a_live_socket(served, tmp_path):
+    _, sock, *_ = served
+    config = tmp_path / "second.toml"
+    config.write_text(f'[daemon]\nsocket = "{sock}"\nsecret_file = "{tmp_path}/secret"\n')
+    out = subprocess.run([sys.executable, "-m", "slurm_gpushare", "serve", "--config",
+                          str(config)], cwd=str(REPO), capture_output=True, text=True, timeout=20)
+    assert out.returncode == 1
+    assert "another daemon is listening" in out.stderr and "Traceback" not in out.stderr

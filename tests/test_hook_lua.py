@@ -1,0 +1,193 @@
+"""The hook under Lua 5.1 with a fake slurm table; every test compares the whole job_desc."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from lua_harness import NO_VAL, Hook, job_fields
+
+
+def hook_for(socket_path, tmp_path, **settings):
+    return Hook({"socket": socket_path, "timeout_ms": 50, **settings}, tmp_path)
+
+
+def test_gpu_request_becomes_a_share(daemon, tmp_path):
+    hook = hook_for(daemon.socket, tmp_path)
+    before = job_fields()
+    rc, after = hook.submit(before)
+    assert rc == 0
+    tag = after.pop("admin_comment")
+    assert tag.startswith("gpushare:v1:share:id=") and tag.endswith(
+        ":shard=8:types=v100+a100:why=default-share")
+    assert after == {**before, "tres_per_node": "gres:shard:8", "features": "v100|a100"}
+
+
+def test_typed_request_keeps_its_type_as_constraint(daemon, tmp_path):
+    hook = hook_for(daemon.socket, tmp_path)
+    before = job_fields(tres_per_node="gres:gpu:a100:1")
+    _, after = hook.submit(before)
+    after.pop("admin_comment")
+    assert after == {**before, "tres_per_node": "gres:shard:8", "features": "a100"}
+
+
+def test_gpus_per_job_moves_to_per_node_and_clears_tres_per_job(daemon, tmp_path):
+    hook = hook_for(daemon.socket, tmp_path)
+    before = job_fields(tres_per_node=None, tres_per_job="gres:gpu:1")
+    _, after = hook.submit(before)
+    after.pop("admin_comment")
+    expected = {**before, "tres_per_node": "gres:shard:8", "features": "v100|a100"}
+    del expected["tres_per_job"]  # written as "" = cleared
+    assert after == expected
+
+
+def test_other_gres_are_kept(daemon, tmp_path):
+    hook = hook_for(daemon.socket, tmp_path)
+    before = job_fields(tres_per_node="gres:gpu:1,gres:nic:1")
+    _, after = hook.submit(before)
+    after.pop("admin_comment")
+    assert after == {**before, "tres_per_node": "gres:shard:8,gres:nic:1",
+                     "features": "v100|a100"}
+
+
+def test_user_constraint_is_kept_and_extended(daemon, tmp_path):
+    hook = hook_for(daemon.socket, tmp_path)
+    before = job_fields(features="ib")
+    _, after = hook.submit(before)
+    after.pop("admin_comment")
+    assert after == {**before, "tres_per_node": "gres:shard:8", "features": "ib&(v100|a100)"}
+
+
+def test_memory_hint_sizes_the_share_and_excludes_small_gpus(daemon, tmp_path):
+    hook = hook_for(daemon.socket, tmp_path)
+    before = job_fields(comment="gpushare:mem=20G")
+    _, after = hook.submit(before)
+    assert after["tres_per_node"] == "gres:shard:22"  # 20 GiB + 10% margin, rounded up
+    assert after["features"] == "a100"
+
+
+def test_default_partition_comes_from_part_list(daemon, tmp_path):
+    hook = hook_for(daemon.socket, tmp_path)
+    before = job_fields(partition=None)
+    parts = {"gpu": {"flag_default": 1}, "gpu-excl": {"flag_default": 0}}
+    _, after = hook.submit(before, parts)
+    assert after["tres_per_node"] == "gres:shard:8"
+
+
+@pytest.mark.parametrize("overrides", [
+    {"tres_per_node": None},                                   # no GPU at all
+    {"tres_per_node": ""},                                     # empty string
+    {"tres_per_node": "gres:nic:1"},                           # another gres only
+    {"tres_per_node": "gres:gpu:2"},                           # several GPUs
+    {"min_nodes": 2},                                          # multi-node
+    {"shared": 0},                                             # --exclusive
+    {"shared": 2},                                             # --exclusive=user
+    {"tres_per_node": "gres:shard:4"},                         # already a share
+    {"tres_per_node": "gres:mps:50"},                          # already MPS
+    {"partition": "gpu-excl"},                                 # sharing off there
+    {"partition": "gpu,gpu-excl"},                             # one listed partition is off
+    {"comment": "please gpushare=off thanks"},                 # user opt-out
+    {"tres_per_task": "gres:gpu:1", "tres_per_node": None},   # --gpus-per-task
+    {"cpus_per_tres": "gres:gpu:4"},                           # --cpus-per-gpu
+    {"comment": "gpushare:mem=200G"},                          # fits no GPU
+    {"tres_per_node": "gres:gpu:h100:1"},                      # type not configured
+])
+def test_untouched_cases_stay_untouched(daemon, tmp_path, overrides):
+    hook = hook_for(daemon.socket, tmp_path)
+    before = job_fields(**overrides)
+    rc, after = hook.submit(before)
+    assert rc == 0
+    assert after == before
+
+
+def test_keeps_one_connection_across_submissions(daemon, tmp_path):
+    hook = hook_for(daemon.socket, tmp_path)
+    for _ in range(5):
+        hook.submit(job_fields())
+    assert len(hook.sockets) == 1
+    assert hook.state()["connected"] is True
+
+
+def test_reconnects_after_daemon_restart(tmp_path):
+    from conftest import RunningDaemon, make_config
+
+    config = make_config(tmp_path)
+    first = RunningDaemon(config)
+    hook = hook_for(first.socket, tmp_path)
+    assert hook.submit(job_fields())[1]["tres_per_node"] == "gres:shard:8"
+    first.stop()
+    second = RunningDaemon(config)
+    try:
+        # The kept connection is dead: the hook retries once on a fresh one, same call.
+        assert hook.submit(job_fields())[1]["tres_per_node"] == "gres:shard:8"
+    finally:
+        second.stop()
+
+
+def test_daemon_absent_leaves_job_as_submitted_with_one_log_line(tmp_path):
+    hook = hook_for(str(tmp_path / "nobody-listens.sock"), tmp_path)
+    before = job_fields()
+    rc, after = hook.submit(before)
+    assert (rc, after) == (0, before)
+    assert len(hook.logs) == 1 and "left as submitted" in hook.logs[0][1]
+
+
+@pytest.mark.parametrize("mode", ["garbage", "wrong-version", "bad-writes", "injection",
+                                  "whole-gpu", "close"])
+def test_bad_replies_leave_job_as_submitted(misbehaving, tmp_path, mode):
+    server = misbehaving(mode)
+    hook = hook_for(server.path, tmp_path)
+    before = job_fields()
+    rc, after = hook.submit(before)
+    assert (rc, after) == (0, before)
+    assert [level for level, _ in hook.logs] == ["info"]
+
+
+def test_hung_daemon_costs_at_most_the_timeout_then_the_breaker_opens(misbehaving, tmp_path):
+    server = misbehaving("hang")
+    hook = hook_for(server.path, tmp_path, timeout_ms=50, breaker_failures=3,
+                    breaker_cooldown_s=60)
+    before = job_fields()
+    durations = []
+    for _ in range(10):
+        started = time.perf_counter()
+        rc, after = hook.submit(before)
+        durations.append(time.perf_counter() - started)
+        assert (rc, after) == (0, before)
+    # Three calls wait out the deadline (plus scheduling slack), then the breaker skips asking.
+    assert all(d < 0.5 for d in durations[:3])
+    assert all(d < 0.02 for d in durations[3:])
+    assert server.accepted == 3
+    state = hook.state()
+    assert state["counters"]["skipped"] == 7 and state["open_until"] > 0
+
+
+def test_breaker_probes_again_after_cooldown(tmp_path, misbehaving):
+    from conftest import RunningDaemon, make_config
+
+    config = make_config(tmp_path)
+    hook = hook_for(config.daemon.socket, tmp_path, breaker_failures=2, breaker_cooldown_s=0.3)
+    for _ in range(2):
+        hook.submit(job_fields())  # nobody listens yet: two failures open the breaker
+    running = RunningDaemon(config)
+    try:
+        assert hook.submit(job_fields())[1]["tres_per_node"] == "gres:gpu:1"  # still open
+        time.sleep(0.35)
+        assert hook.submit(job_fields())[1]["tres_per_node"] == "gres:shard:8"  # probe succeeds
+        assert hook.state()["failures"] == 0
+    finally:
+        running.stop()
+
+
+def test_job_modify_changes_nothing(daemon, tmp_path):
+    hook = hook_for(daemon.socket, tmp_path)
+    before = job_fields(tres_per_node="gres:gpu:2", time_limit=120)
+    assert hook.modify(before) == (0, before)
+
+
+def test_unset_numbers_are_not_mistaken_for_values(daemon, tmp_path):
+    # min_nodes arrives as NO_VAL when the user gave no -N: that is not a multi-node job.
+    hook = hook_for(daemon.socket, tmp_path)
+    _, after = hook.submit(job_fields(min_nodes=NO_VAL))
+    assert after["tres_per_node"] == "gres:shard:8"

@@ -1,0 +1,123 @@
+"""policy.decide: the one decision implementation (daemon and simulator)."""
+
+from __future__ import annotations
+
+import pytest
+
+from slurm_gpushare.config import ConfigError, parse_config
+from slurm_gpushare.policy import JobEstimate, decide
+from slurm_gpushare.protocol import Decision, JobRequest, parse_comment, parse_request
+
+CONFIG = parse_config({
+    "policy": {"sharing_partitions": ["gpu"], "default_share_gib": 8},
+    "gpu_types": {"v100": {"memory_gib": 16}, "a100": {"memory_gib": 80}},
+})
+
+
+def request(**fields) -> JobRequest:
+    base = dict(uid=1000, partition="gpu", tres_per_node="gres:gpu:1")
+    base.update(fields)
+    return JobRequest(**base)
+
+
+def test_default_share_on_every_type_that_fits():
+    decision = decide(request(), CONFIG, decision_id="abc")
+    assert decision.action == "share" and decision.code == "default-share"
+    assert decision.writes == {
+        "tres_per_node": "gres:shard:8", "features": "v100|a100",
+        "admin_comment": "gpushare:v1:share:id=abc:shard=8:types=v100+a100:why=default-share",
+    }
+
+
+def test_history_estimate_sizes_per_type_and_excludes_what_does_not_fit():
+    estimate = JobEstimate(source="history", memory_mib={"v100": 17000, "a100": 15000},
+                           detail="peak 14 GiB")
+    decision = decide(request(), CONFIG, estimate=estimate)
+    assert decision.writes["tres_per_node"] == "gres:shard:15"
+    assert decision.writes["features"] == "a100"
+    assert "excluded v100" in decision.reason
+
+
+def test_nothing_fits_keeps_a_whole_gpu_and_says_so():
+    estimate = JobEstimate(source="history", memory_mib={"v100": 90000, "a100": 90000},
+                           detail="peak 85 GiB")
+    decision = decide(request(), CONFIG, estimate=estimate)
+    assert decision.action == "keep" and decision.code == "does-not-fit"
+    assert "fits no GPU type" in decision.reason and decision.writes == {}
+
+
+def test_unknown_types_in_estimate_are_not_assumed_to_fit():
+    estimate = JobEstimate(source="history", memory_mib={"a100": 4000})
+    assert decide(request(), CONFIG, estimate=estimate).gpu_types == ("a100",)
+
+
+@pytest.mark.parametrize("fields,code", [
+    ({"tres_per_node": ""}, "no-gpu"),
+    ({"tres_per_node": "gres:gpu:2"}, "multi-gpu"),
+    ({"tres_per_node": "gres:shard:2"}, "already-shared"),
+    ({"tres_per_node": "gres:gpu:1,gres:mps:10"}, "already-shared"),
+    ({"tres_per_node": "gres:gpu:x:y:z"}, "unparsable-tres"),
+    ({"tres_per_node": "gres:gpu:1", "tres_per_job": "gres:gpu:1"}, "complex-gpu-request"),
+    ({"tres_per_node": "", "tres_per_task": "gres:gpu:1"}, "per-task-gpus"),
+    ({"min_nodes": 2}, "multi-node"),
+    ({"exclusive": True}, "exclusive"),
+    ({"mem_per_tres": "gres:gpu:4096"}, "per-gpu-options"),
+    ({"partition": "cpu"}, "partition-off"),
+    ({"partition": ""}, "partition-off"),
+    ({"opt_out": True}, "opt-out"),
+    ({"tres_per_node": "gres:gpu:h100:1"}, "unknown-type"),
+    ({"features": "[ib|eth]"}, "complex-features"),
+])
+def test_keep_cases(fields, code):
+    decision = decide(request(**fields), CONFIG)
+    assert (decision.action, decision.code, dict(decision.writes)) == ("keep", code, {})
+
+
+def test_gpus_per_job_moves_per_node():
+    decision = decide(request(tres_per_node="gres:nic:1", tres_per_job="gres:gpu:1"), CONFIG)
+    assert decision.writes["tres_per_node"] == "gres:shard:8,gres:nic:1"
+    assert decision.writes["tres_per_job"] == ""
+
+
+def test_newer_slurm_prefix_is_kept():
+    decision = decide(request(tres_per_node="gres/gpu:1"), CONFIG)
+    assert decision.writes["tres_per_node"] == "gres/shard:8"
+
+
+def test_decisions_are_pure_values():
+    first = decide(request(), CONFIG, decision_id="x")
+    assert first == decide(request(), CONFIG, decision_id="x")
+    with pytest.raises(ValueError):
+        Decision(action="keep", reason="", code="x", writes={"tres_per_node": "gres:shard:1"})
+    with pytest.raises(ValueError):
+        Decision(action="share", reason="", code="x", writes={"partition": "debug"})
+
+
+def test_comment_tokens():
+    assert parse_comment("x gpushare=off", "gpushare=off", "gpushare:mem=") == (True, None)
+    assert parse_comment("gpushare:mem=1.5G", "gpushare=off", "gpushare:mem=") == (False, 1536)
+    assert parse_comment("gpushare:mem=500", "gpushare=off", "gpushare:mem=") == (False, 500)
+    assert parse_comment("gpushare:mem=lots", "gpushare=off", "gpushare:mem=") == (False, None)
+
+
+def test_request_parsing_turns_unset_markers_into_none_and_drops_texts():
+    op, parsed = parse_request({"v": 1, "op": "decide", "job": {
+        "uid": 5, "min_nodes": 4294967294, "shared": 65534, "time_limit": 4294967294,
+        "script": "#!/bin/sh\nsecret", "name": "n", "comment": "c"}},
+        digest=lambda kind, text: f"{kind}-digest")
+    assert op == "decide"
+    assert (parsed.min_nodes, parsed.exclusive, parsed.time_limit_min) == (None, False, None)
+    assert (parsed.script_digest, parsed.name_digest) == ("script-digest", "name-digest")
+    assert "secret" not in repr(parsed)
+
+
+@pytest.mark.parametrize("raw,message", [
+    ({"policy": {"sharing_partition": ["gpu"]}}, "unknown key"),
+    ({"policy": {"default_share_gib": "8"}}, "must be int"),
+    ({"gpu_types": {"v100": {}}}, "needs memory_gib"),
+    ({"gpu_types": {"v100": {"memory_gib": -1}}}, "positive integer"),
+    ({"daemons": {}}, "unknown section"),
+])
+def test_config_errors_are_specific(raw, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_config(raw)

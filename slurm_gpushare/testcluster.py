@@ -28,6 +28,8 @@ from typing import Callable
 
 import click
 
+from .config import load_config
+
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_STATE_DIR = "/tmp/slurm-gpushare-cluster"
 STATE_ENV = "GPUSHARE_CLUSTER_DIR"
@@ -155,9 +157,12 @@ class TestCluster:
         self._write(self.etc / "slurmdbd.conf", self._slurmdbd_conf(), mode=0o600)
         self._write(self.etc / "my.cnf", self._my_cnf())
         self._write(self.daemon_config, self._daemon_toml())
-        self._write(self.etc / "gpushare_hook.json", json.dumps({
-            "socket": str(self.daemon_socket), "timeout_ms": 50, "breaker_failures": 3,
-            "breaker_cooldown_s": 30, "max_script_bytes": 65536}, indent=2) + "\n")
+        # The hook's settings come from the daemon's TOML, as `slurm-gpushare hook-config` does.
+        hook_settings = load_config(self.daemon_config).hook_settings()
+        if self._write(self.etc / "gpushare_hook.json", json.dumps(hook_settings, indent=2) + "\n"):
+            # The hook reads its settings when slurmctld (re)loads the script, which it does
+            # when the script's mtime changes.
+            os.utime(REPO / "lua" / "job_submit.lua")
         # slurmctld reads job_submit.lua from the directory of slurm.conf; link the project's.
         for name in ("job_submit.lua", "gpushare_tres.lua"):
             link = self.etc / name
@@ -166,15 +171,16 @@ class TestCluster:
             link.symlink_to(REPO / "lua" / name)
 
     @staticmethod
-    def _write(path: Path, text: str, mode: int = 0o644) -> None:
-        """Write only when the content changed, so a restart keeps mtimes (and Lua state)."""
+    def _write(path: Path, text: str, mode: int = 0o644) -> bool:
+        """Write only when the content changed (keeps mtimes); True if it changed."""
         if path.exists() and path.read_text() == text:
             os.chmod(path, mode)
-            return
+            return False
         tmp = path.with_suffix(path.suffix + ".tmp")
         tmp.write_text(text)
         os.chmod(tmp, mode)
         os.replace(tmp, path)
+        return True
 
     def _slurm_conf(self, *, job_submit: bool = True) -> str:
         r = self.root
@@ -301,7 +307,9 @@ class TestCluster:
             'sharing_partitions = ["gpu"]\n'
             "default_share_gib = 8\n\n"
             "[hook]\n"
-            "timeout_ms = 50\n\n"
+            "timeout_ms = 50\n"
+            "breaker_failures = 3\n"
+            "breaker_cooldown_s = 5.0  # short, so tests see the breaker close again\n\n"
             f"{types}"
         )
 

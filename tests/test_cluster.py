@@ -1,0 +1,164 @@
+"""Integration tests on the real local cluster: slurmctld runs the real hook, which talks to
+the real daemon; slurmd run the jobs on fake GPUs; slurmdbd stores the accounting."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+
+import pytest
+
+from conftest import MisbehavingServer
+
+pytestmark = pytest.mark.cluster
+
+SLEEP = "#!/bin/sh\nsleep {}\n"
+
+
+def test_cluster_comes_up_within_a_minute(cluster):
+    assert cluster.startup_seconds < 60
+    assert all(cluster.status().values()), cluster.status()
+
+
+def test_ordinary_gpu_job_becomes_a_share(cluster):
+    job_id = cluster.sbatch("--gres=gpu:1", script=SLEEP.format(1))
+    job = cluster.job(job_id)
+    assert job["TresPerNode"] == "gres:shard:8"
+    assert job["Features"] == "a100|v100"
+    assert re.fullmatch(r"gpushare:v1:share:id=[0-9a-f]{8}:shard=8:types=a100\+v100:"
+                        r"why=default-share", job["AdminComment"])
+
+    # squeue --json in 22.05 ignores -j and lists every job: pick ours.
+    queued = [j for j in json.loads(cluster.slurm("squeue", "--json").stdout)["jobs"]
+              if str(j["job_id"]) == job_id]
+    assert queued and queued[0]["tres_per_node"] == "gres:shard:8"
+
+    record = cluster.sacct(job_id, "JobID,State,AdminComment,AllocTRES,Constraints,NodeList")
+    assert record["State"] == "COMPLETED"
+    assert record["AdminComment"] == job["AdminComment"]
+    assert "gres/shard=8" in record["AllocTRES"] and "gres/gpu=" not in record["AllocTRES"]
+    # 22.05's slurmdbd leaves Constraints empty: the tag's types= is the durable record.
+    assert record["NodeList"] in {"a100-1", "a100-2", "v100-1", "v100-2"}
+
+    # The daemon logged the same decision, with its reason.
+    decisions = [json.loads(line) for line in (cluster.log / "gpushare.log").read_text().splitlines()]
+    decision_id = job["AdminComment"].split("id=")[1].split(":")[0]
+    logged = [d for d in decisions if d.get("id") == decision_id]
+    assert logged and logged[0]["action"] == "share" and "default share" in logged[0]["reason"]
+
+
+def test_gpus_option_and_typed_request(cluster):
+    job_id = cluster.sbatch("--gpus=1", script=SLEEP.format(0))
+    job = cluster.job(job_id)
+    assert job["TresPerNode"] == "gres:shard:8" and "TresPerJob" not in job
+    typed = cluster.job(cluster.sbatch("--gres=gpu:a100:1", script=SLEEP.format(0)))
+    assert typed["TresPerNode"] == "gres:shard:8" and typed["Features"] == "a100"
+
+
+def test_memory_hint_excludes_gpus_it_does_not_fit(cluster):
+    job = cluster.job(cluster.sbatch("--gres=gpu:1", "--comment=gpushare:mem=20G",
+                                     script=SLEEP.format(0)))
+    assert job["TresPerNode"] == "gres:shard:22" and job["Features"] == "a100"
+
+
+def _gres_index(cluster, job_id):
+    """(node, GPU index) of a running shard job, from `scontrol show job -d`."""
+    detail = cluster.slurm("scontrol", "show", "job", "-d", job_id).stdout
+    match = re.search(r"Nodes=(\S+) .*GRES=shard:\d+\(IDX:(\d+)\)", detail)
+    return (match.group(1), match.group(2)) if match else None
+
+
+def test_two_jobs_share_one_gpu_at_the_same_time(cluster):
+    # Three 8 GiB shares on one node with two GPUs: at least two must sit on the same GPU.
+    ids = [cluster.sbatch("--gres=gpu:1", "-w", "v100-2", script=SLEEP.format(8))
+           for _ in range(3)]
+    for job_id in ids:
+        cluster.wait_state(job_id, {"RUNNING"}, timeout=60)
+    places = [_gres_index(cluster, job_id) for job_id in ids]
+    assert all(places), places
+    assert len(set(places)) < len(places), f"no two jobs on one GPU: {places}"
+    states = {cluster.job(job_id)["JobState"] for job_id in ids}
+    assert states == {"RUNNING"}
+
+
+@pytest.mark.parametrize("args,script_extra", [
+    ((), ""),                                             # no GPU at all
+    (("--gres=gpu:2",), ""),                              # two GPUs
+    (("--gres=gpu:1", "--exclusive"), ""),                # exclusive
+    (("--gres=gpu:1", "-N", "2"), ""),                    # multi-node
+    (("--gres=gpu:1", "-p", "gpu-excl"), ""),             # sharing off in this partition
+    (("--gres=gpu:1", "--comment=gpushare=off"), ""),     # user opt-out
+    (("--gres=shard:4",), ""),                            # already a share
+    (("--gres=gpu:1", "--cpus-per-gpu=2"), ""),           # per-GPU options
+])
+def test_untouched_jobs_stay_untouched(cluster, args, script_extra):
+    job_id = cluster.sbatch(*args, "--hold", script=SLEEP.format(0) + script_extra)
+    job = cluster.job(job_id)
+    cluster.slurm("scancel", job_id)
+    assert "shard:8" not in job.get("TresPerNode", "")
+    assert job.get("AdminComment", "") == ""
+    requested = [a.split("=", 1)[1] for a in args if a.startswith("--gres=")]
+    if requested:
+        assert job["TresPerNode"] == f"gres:{requested[0]}"
+    else:
+        assert "TresPerNode" not in job
+
+
+def test_scontrol_update_on_a_shared_job_still_works(cluster):
+    job_id = cluster.sbatch("--gres=gpu:1", "--hold", script=SLEEP.format(0))
+    cluster.slurm("scontrol", "update", f"JobId={job_id}", "TimeLimit=5")
+    job = cluster.job(job_id)
+    cluster.slurm("scancel", job_id)
+    assert job["TimeLimit"] == "00:05:00" and job["TresPerNode"] == "gres:shard:8"
+
+
+def _timed_submit(cluster):
+    started = time.perf_counter()
+    job_id = cluster.sbatch("--gres=gpu:1", "--hold", script=SLEEP.format(0))
+    elapsed = time.perf_counter() - started
+    job = cluster.job(job_id)
+    cluster.slurm("scancel", job_id)
+    return elapsed, job
+
+
+def _wait_for_sharing_again(cluster):
+    """After a failure test: the breaker closes (cooldown 5 s) and jobs are shared again."""
+    deadline = time.monotonic() + 30
+    while _timed_submit(cluster)[1]["TresPerNode"] != "gres:shard:8":
+        assert time.monotonic() < deadline, "hook never recovered"
+        time.sleep(0.5)
+
+
+@pytest.fixture
+def daemon_replaced(cluster):
+    """Stop the real daemon; the test may put a misbehaving server on its socket."""
+    cluster.stop_daemon()
+    servers = []
+
+    def put(mode):
+        server = MisbehavingServer(str(cluster.daemon_socket), mode)
+        servers.append(server)
+        return server
+
+    yield put
+    for server in servers:
+        server.stop()
+    cluster.start_daemon()
+    _wait_for_sharing_again(cluster)
+
+
+@pytest.mark.parametrize("mode", ["stopped", "hang", "garbage"])
+def test_daemon_failures_leave_jobs_unchanged_and_prompt(cluster, daemon_replaced, mode):
+    if mode != "stopped":
+        daemon_replaced(mode)
+    log_before = (cluster.log / "slurmctld.log").read_text().count("gpushare: job left as submitted")
+    timings = []
+    for _ in range(6):
+        elapsed, job = _timed_submit(cluster)
+        timings.append(elapsed)
+        assert job["TresPerNode"] == "gres:gpu:1" and job.get("AdminComment", "") == ""
+    # The hook's deadline is 50 ms; sbatch itself costs tens of ms here.
+    assert max(timings) < 1.5, timings
+    log_after = (cluster.log / "slurmctld.log").read_text().count("gpushare: job left as submitted")
+    assert log_after - log_before == 6  # one line per job

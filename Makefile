@@ -1,0 +1,37 @@
+# slurm-gpushare: the two commands a new user needs are `make demo` and `make test`.
+SHELL := /bin/bash
+PY := .venv/bin/python
+export GPUSHARE_CLUSTER_DIR ?= /tmp/slurm-gpushare-cluster
+
+.PHONY: deps demo test test-unit bench cluster-start cluster-stop cluster-status clean
+
+deps:
+	scripts/install-deps.sh
+
+## Bring up the local heterogeneous Slurm cluster with the hook and the daemon, run an
+## ordinary-sbatch workload, print the decisions and the savings report.
+demo: deps
+	$(PY) -m slurm_gpushare demo
+
+## The whole suite: unit tests and the integration tests on the real local cluster.
+test: deps
+	$(PY) -m slurm_gpushare cluster start
+	$(PY) -m pytest -q -ra
+
+## Unit tests only (no Slurm daemons).
+test-unit: deps
+	GPUSHARE_SKIP_CLUSTER=1 $(PY) -m pytest -q -m "not cluster"
+
+## Submission-path benchmark (records figures under bench/results/).
+bench: deps
+	$(PY) bench/submit_latency.py
+
+cluster-start: deps
+	$(PY) -m slurm_gpushare cluster start
+cluster-stop:
+	$(PY) -m slurm_gpushare cluster stop
+cluster-status:
+	$(PY) -m slurm_gpushare cluster status
+
+clean: cluster-stop
+	rm -rf "$(GPUSHARE_CLUSTER_DIR)"

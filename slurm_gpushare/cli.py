@@ -16,6 +16,7 @@ import click
 COMMAND_MODULES = [
     "slurm_gpushare.daemon",
     "slurm_gpushare.testcluster",
+    "slurm_gpushare.demo",
 ]
 
 

@@ -1,0 +1,191 @@
+#!/usr/bin/env python3
+"""Submission-path benchmark on the local test cluster; records its figures.
+
+One interleaved run: rounds alternate slurmctld with JobSubmitPlugins unset ("plain") and with
+the hook + daemon ("hook"), so drift on the machine hits both alike. Per round and mode it
+measures sbatch latency (sequential submissions of held jobs) and throughput (parallel
+submitters). It also measures the daemon's own round trip (persistent connection, as the hook
+uses it) and the hook's submission rate with the daemon stopped and with it hung (accepts,
+never answers). Jobs are submitted held and cancelled: nothing runs.
+
+    .venv/bin/python bench/submit_latency.py [--rounds 4] [--jobs 100] [--out bench/results/submit_latency.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from slurm_gpushare.testcluster import TestCluster  # noqa: E402
+
+SCRIPT = "#!/bin/sh\ntrue\n"
+
+
+def percentile(values, q):
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
+
+
+def submit(cluster, env) -> float:
+    started = time.perf_counter()
+    subprocess.run(["sbatch", "--parsable", "--hold", "--gres=gpu:1", "-o", "/dev/null"],
+                   input=SCRIPT, env=env, capture_output=True, text=True, check=True)
+    return time.perf_counter() - started
+
+
+def latency_block(cluster, jobs):
+    env = cluster.env()
+    return [submit(cluster, env) for _ in range(jobs)]
+
+
+def throughput_block(cluster, jobs, workers=4):
+    env = cluster.env()
+    started = time.perf_counter()
+    with ThreadPoolExecutor(workers) as pool:
+        list(pool.map(lambda _: submit(cluster, env), range(jobs)))
+    return jobs / (time.perf_counter() - started)
+
+
+def cancel_all(cluster):
+    cluster.slurm("scancel", "--state=PENDING", "--user=root", check=False)
+
+
+def daemon_round_trip(cluster, requests=3000):
+    job = {"uid": 0, "user": "root", "partition": "gpu", "tres_per_node": "gres:gpu:1",
+           "min_nodes": 4294967294, "shared": 65534, "script": SCRIPT, "name": "bench"}
+    times = []
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.connect(str(cluster.daemon_socket))
+        reader = sock.makefile("rb")
+        for rid in range(requests):
+            line = json.dumps({"v": 1, "op": "decide", "rid": rid, "job": job}).encode() + b"\n"
+            started = time.perf_counter()
+            sock.sendall(line)
+            reader.readline()
+            times.append(time.perf_counter() - started)
+    return times
+
+
+class HungServer:
+    """Accepts connections on the daemon's socket and never answers."""
+
+    def __init__(self, path):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(path)
+        self.sock.listen(128)
+        self.held = []
+        self.path = path
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                self.held.append(self.sock.accept()[0])
+            except OSError:
+                return
+
+    def close(self):
+        self.sock.close()
+        for conn in self.held:
+            conn.close()
+        os.unlink(self.path)
+
+
+def ms(values):
+    return {"p50_ms": round(percentile(values, 50) * 1000, 3),
+            "p99_ms": round(percentile(values, 99) * 1000, 3),
+            "mean_ms": round(statistics.mean(values) * 1000, 3), "n": len(values)}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--jobs", type=int, default=100, help="submissions per block")
+    parser.add_argument("--out", default=str(REPO / "bench" / "results" / "submit_latency.json"))
+    args = parser.parse_args(argv)
+
+    cluster = TestCluster()
+    cluster.start()
+    latency = {"plain": [], "hook": []}
+    throughput = {"plain": [], "hook": []}
+    try:
+        for round_no in range(args.rounds):
+            order = ("plain", "hook") if round_no % 2 == 0 else ("hook", "plain")
+            for mode in order:
+                cluster.set_job_submit(mode == "hook")
+                latency_block(cluster, 10)  # warm up: connections, caches
+                latency[mode] += latency_block(cluster, args.jobs)
+                throughput[mode].append(throughput_block(cluster, args.jobs))
+                cancel_all(cluster)
+                print(f"round {round_no + 1}/{args.rounds} {mode:5}: "
+                      f"p50 {percentile(latency[mode], 50) * 1000:.2f} ms, "
+                      f"{throughput[mode][-1]:.1f} jobs/s", flush=True)
+
+        # Hook on from here: the daemon's own round trip, then the failure modes.
+        cluster.set_job_submit(True)
+        round_trip = daemon_round_trip(cluster)
+        normal_rate = throughput_block(cluster, args.jobs)
+        cluster.stop_daemon()
+        stopped_rate = throughput_block(cluster, args.jobs)
+        hung = HungServer(str(cluster.daemon_socket))
+        try:
+            hung_latency = latency_block(cluster, args.jobs)
+            hung_rate = throughput_block(cluster, args.jobs)
+        finally:
+            hung.close()
+        cancel_all(cluster)
+    finally:
+        cluster.set_job_submit(True)
+        cluster.start_daemon()
+
+    plain, hook = ms(latency["plain"]), ms(latency["hook"])
+    results = {
+        "benchmark": "submit_latency",
+        "command": "python bench/submit_latency.py " + " ".join(argv or sys.argv[1:]),
+        "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+                    "slurm": subprocess.run(["slurmctld", "-V"], capture_output=True,
+                                            text=True).stdout.strip()},
+        "rounds": args.rounds, "jobs_per_block": args.jobs,
+        "sbatch_latency": {"plain": plain, "hook": hook,
+                           "added_p50_ms": round(hook["p50_ms"] - plain["p50_ms"], 3),
+                           "added_p99_ms": round(hook["p99_ms"] - plain["p99_ms"], 3)},
+        "throughput_jobs_per_s": {
+            "plain": round(statistics.mean(throughput["plain"]), 2),
+            "hook": round(statistics.mean(throughput["hook"]), 2),
+            "ratio": round(statistics.mean(throughput["hook"]) / statistics.mean(throughput["plain"]), 3),
+        },
+        "daemon_round_trip": ms(round_trip),
+        "daemon_failure_modes": {
+            "normal_jobs_per_s": round(normal_rate, 2),
+            "stopped_jobs_per_s": round(stopped_rate, 2),
+            "hung_jobs_per_s": round(hung_rate, 2),
+            "stopped_ratio": round(stopped_rate / normal_rate, 3),
+            "hung_ratio": round(hung_rate / normal_rate, 3),
+            "hung_sbatch_latency": ms(hung_latency),
+        },
+        "targets": {"added_p50_ms": 1.0, "added_p99_ms": 3.0, "throughput_ratio": 0.95,
+                    "hung_ratio": 0.5},
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2) + "\n")
+    print(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,50 @@
+"""The CLI contract: main(argv) returns a status; errors are one line; reference files parse."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from slurm_gpushare.cli import main
+from slurm_gpushare.config import load_config
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_reference_config_parses_and_lists_every_setting():
+    config = load_config(REPO / "etc" / "gpushare.toml")
+    assert config.policy.sharing_partitions == ("gpu",)
+    assert {g.name: g.memory_gib for g in config.gpu_types} == {"v100": 16, "a100": 80}
+    text = (REPO / "etc" / "gpushare.toml").read_text()
+    for section in (config.daemon, config.policy, config.hook):
+        for name in section.__dataclass_fields__:
+            assert f"\n{name} = " in text, f"{name} is not documented in etc/gpushare.toml"
+
+
+def test_hook_config_writes_the_hooks_settings(tmp_path, capsys):
+    out = tmp_path / "gpushare_hook.json"
+    assert main(["hook-config", "--config", str(REPO / "etc" / "gpushare.toml"), "-o", str(out)]) == 0
+    settings = json.loads(out.read_text())
+    assert settings == {"socket": "/run/slurm-gpushare/daemon.sock", "timeout_ms": 50,
+                        "breaker_failures": 3, "breaker_cooldown_s": 30.0,
+                        "max_script_bytes": 65536}
+
+
+def test_errors_are_one_line_with_nonzero_exit(tmp_path, capsys):
+    assert main(["hook-config", "--config", str(tmp_path / "missing.toml")]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "config file not found" in err and "Traceback" not in err
+
+
+def test_ping_without_daemon_is_a_clear_error(tmp_path, capsys):
+    assert main(["ping", "--socket", str(tmp_path / "none.sock")]) == 1
+    assert "daemon not reachable" in capsys.readouterr().err
+
+
+def test_ping_with_daemon(daemon, capsys):
+    assert main(["ping", "--socket", daemon.socket, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["ok"] is True
+
+
+def test_usage_errors_exit_2(capsys):
+    assert main(["no-such-command"]) == 2

@@ -164,10 +164,10 @@ local function validate(reply, request)
   if reply.ok ~= true then return nil, "daemon error: " .. tostring(reply.error) end
   local decision = reply.decision
   if type(decision) ~= "table" then return nil, "reply without decision" end
-  if decision.action == "keep" then return decision end
-  if decision.action ~= "share" then return nil, "unknown action" end
+  if decision.action ~= "keep" and decision.action ~= "share" then return nil, "unknown action" end
   local writes = decision.writes
-  if type(writes) ~= "table" then return nil, "share without writes" end
+  if writes == nil or writes == cjson.null then writes = {} end
+  if type(writes) ~= "table" then return nil, "bad writes" end
   local count = 0
   for name, value in pairs(writes) do
     local pattern
@@ -179,6 +179,12 @@ local function validate(reply, request)
       return nil, "bad value for " .. name
     end
     count = count + 1
+  end
+  decision.writes = writes
+  if decision.action == "keep" then
+    -- A kept job may only be tagged (so its telemetry becomes history), never changed.
+    if count > (writes.admin_comment and 1 or 0) then return nil, "keep that changes the job" end
+    return decision
   end
   -- The share itself must be a parsable shard/mps request and no GPU may remain.
   local node_tokens = tres.parse(writes.tres_per_node)
@@ -195,7 +201,6 @@ local function validate(reply, request)
   if exclusive or (min_nodes ~= nil and min_nodes > 1 and min_nodes < 4294967294) then
     return nil, "share for an exclusive or multi-node job"
   end
-  if count == 0 then return nil, "empty writes" end
   return decision
 end
 
@@ -243,18 +248,18 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
     if not decision then drop_connection(); return record_failure(why) end
     failures = 0
 
-    if decision.action == "keep" then
-      counters.kept = counters.kept + 1
-      return
-    end
     -- All checks passed: write every field now, in one go.
     for _, entry in ipairs(WRITABLE) do
       local value = decision.writes[entry[1]]
       if value ~= nil then job_desc[entry[1]] = value end
     end
-    counters.shared = counters.shared + 1
-    slurm.log_info("gpushare: uid %s: %s", tostring(job_desc.user_id),
-                   tostring(decision.writes.admin_comment))
+    if decision.action == "keep" then
+      counters.kept = counters.kept + 1
+    else
+      counters.shared = counters.shared + 1
+      slurm.log_info("gpushare: uid %s: %s", tostring(job_desc.user_id),
+                     tostring(decision.writes.admin_comment))
+    end
   end)
   if not ok then
     -- An error before the write loop leaves the job untouched; the loop itself only assigns

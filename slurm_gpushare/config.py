@@ -14,6 +14,7 @@ from typing import Any
 
 DEFAULT_CONFIG_PATH = "/etc/slurm-gpushare/gpushare.toml"
 CONFIG_ENV = "GPUSHARE_CONFIG"
+FIRST_RUN_POLICIES = ("whole-gpu", "default-share")
 
 
 class ConfigError(ValueError):
@@ -39,6 +40,9 @@ class GpuType:
 @dataclass(frozen=True)
 class DaemonConfig:
     socket: str = "/run/slurm-gpushare/daemon.sock"
+    # Read-only socket for users' tools (mode 0666): what-if decisions and the recorded
+    # decision of one's own jobs, answered for the caller's uid only. Empty: off.
+    query_socket: str = "/run/slurm-gpushare/query.sock"
     # Peers allowed to talk to the daemon besides its own uid and root (e.g. SlurmUser's uid
     # if the daemon runs as another user). The socket is mode 0600 as well.
     allowed_uids: tuple[int, ...] = ()
@@ -49,13 +53,18 @@ class DaemonConfig:
     log_level: str = "info"
     state_dir: str = "/var/lib/slurm-gpushare"
     secret_file: str = "/etc/slurm-gpushare/secret"
+    # Slurm ClusterName, recorded with job ids (job ids are unique per cluster only).
+    cluster_name: str = ""
 
 
 @dataclass(frozen=True)
 class PolicyConfig:
     # Partitions where whole-GPU requests may be turned into shares. Empty: sharing is off.
     sharing_partitions: tuple[str, ...] = ()
-    # Share size when nothing better is known about the job (no history, no hint).
+    # A job with no history and no memory hint: "whole-gpu" runs it on a whole GPU (profiled,
+    # so its next run can share); "default-share" shares it with default_share_gib.
+    first_run: str = "whole-gpu"
+    # Share size for first runs under first_run = "default-share".
     default_share_gib: int = 8
     # Comment token by which a user opts a job out (sbatch --comment=gpushare=off).
     opt_out_token: str = "gpushare=off"
@@ -148,6 +157,8 @@ def parse_config(raw: dict[str, Any], path: str = "") -> Config:
         gpu_types=tuple(gpu_types),
         path=path,
     )
+    if config.policy.first_run not in FIRST_RUN_POLICIES:
+        raise ConfigError(f"[policy] first_run must be one of {', '.join(FIRST_RUN_POLICIES)}")
     if config.policy.default_share_gib <= 0:
         raise ConfigError("[policy] default_share_gib must be positive")
     if config.hook.timeout_ms <= 0:

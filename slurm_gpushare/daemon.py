@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pwd
+import queue
 import secrets
 import signal
 import socket
@@ -20,6 +22,7 @@ import struct
 import threading
 import time
 from collections import Counter
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -27,8 +30,11 @@ import click
 
 from . import __version__
 from .config import Config, ConfigError, load_config
+from .fingerprint import Fingerprinter
 from .policy import decide
 from .protocol import ProtocolError, parse_request, reply_error, reply_ok
+from .slurmjobs import lookup_job
+from .store import Store
 
 log = logging.getLogger("slurm_gpushare.daemon")
 
@@ -63,18 +69,76 @@ def _event(level: int, event: str, **fields) -> None:
     log.log(level, event, extra={"fields": fields})
 
 
+class RecordWriter:
+    """Writes records to the store on its own thread, so SQLite never delays a reply."""
+
+    def __init__(self, store: Store | None):
+        self.store = store
+        self.queue: queue.Queue = queue.Queue(maxsize=100_000)
+        self.thread = threading.Thread(target=self._run, name="record-writer", daemon=True)
+        self.thread.start()
+
+    def put(self, method: str, *args) -> None:
+        if self.store is None:
+            return
+        try:
+            self.queue.put_nowait((method, args))
+        except queue.Full:
+            _event(logging.WARNING, "record-dropped", method=method)
+
+    def _run(self) -> None:
+        while True:
+            item = self.queue.get()
+            if item is None:
+                return
+            method, args = item
+            try:
+                getattr(self.store, method)(*args)
+            except Exception:  # noqa: BLE001 -- a bad record must not stop the writer
+                log.exception("record-failed", extra={"fields": {"method": method}})
+            finally:
+                self.queue.task_done()
+
+    def flush(self, timeout: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout
+        while self.queue.unfinished_tasks and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    def close(self) -> None:
+        self.flush()
+        self.queue.put(None)
+        self.thread.join(5)
+
+
+@dataclass(frozen=True)
+class Peer:
+    uid: int
+    admin: bool  # root, the daemon's user or an allowed uid (slurmctld, prolog/epilog)
+
+
 class Predictor:
     """Turns requests into replies. Holds the configuration; swapped whole on reload."""
 
-    def __init__(self, config: Config, *, digest: Callable[[str, str], str] | None = None):
+    # Ops a non-admin peer may use (on the query socket); everything else is admin-only.
+    USER_OPS = {"ping", "explain", "job"}
+
+    def __init__(self, config: Config, *, fingerprinter: Fingerprinter | None = None,
+                 store: Store | None = None):
         self.config = config
-        self.digest = digest
+        self.fingerprinter = fingerprinter or Fingerprinter.from_file(config.daemon.secret_file)
+        self.store = store
+        self.records = RecordWriter(store)
         self.counters: Counter[str] = Counter()
         self._lock = threading.Lock()
 
-    def handle(self, message: Any) -> dict[str, Any]:
+    @property
+    def digest(self) -> Callable[[str, str], str]:
+        return self.fingerprinter.digest
+
+    def handle(self, message: Any, peer: Peer | None = None) -> dict[str, Any]:
+        peer = peer or Peer(uid=os.getuid(), admin=True)
         rid = message.get("rid") if isinstance(message, dict) else None
-        reply = self._handle(message)
+        reply = self._handle(message, peer)
         if rid is not None:
             reply["rid"] = rid
         return reply
@@ -83,9 +147,17 @@ class Predictor:
         with self._lock:
             self.counters[key] += 1
 
-    def _handle(self, message: Any) -> dict[str, Any]:
+    def _handle(self, message: Any, peer: Peer) -> dict[str, Any]:
         config = self.config  # one consistent config for the whole request, even across reload
+        op = message.get("op") if isinstance(message, dict) else None
+        if not peer.admin and op not in self.USER_OPS:
+            self._count("refused")
+            return reply_error(f"op {op!r} is not available on this socket")
         try:
+            if op == "ingest":
+                return self._ingest(message)
+            if op == "job":
+                return self._job(message, peer)
             op, request = parse_request(message, opt_out_token=config.policy.opt_out_token,
                                         mem_hint_token=config.policy.mem_hint_token,
                                         digest=self.digest)
@@ -97,8 +169,13 @@ class Predictor:
             with self._lock:
                 counters = dict(self.counters)
             return reply_ok(version=__version__, counters=counters)
+        if not peer.admin:
+            # A user may ask what would happen to a job of theirs, never of someone else's.
+            request = replace(request, uid=peer.uid, user=_user_name(peer.uid))
         started = time.perf_counter()
         decision_id = secrets.token_hex(4)
+        keys = self.fingerprinter.keys_from_digests(
+            request.user or str(request.uid), request.script_digest, request.name_digest)
         decision = decide(request, config, decision_id=decision_id)
         elapsed_us = int((time.perf_counter() - started) * 1e6)
         self._count(f"{op}:{decision.action}")
@@ -108,7 +185,48 @@ class Predictor:
                partition=request.partition, share_gib=decision.share_gib,
                gpu_types=list(decision.gpu_types), writes=dict(decision.writes),
                decide_us=elapsed_us)
+        if op == "decide":
+            self.records.put("record_decision", {
+                **decision.to_dict(), "ts": time.time(), "uid": request.uid,
+                "account": request.account, "partition": request.partition,
+                "keys": keys.as_list()})
         return reply_ok(decision)
+
+    def _ingest(self, message: dict[str, Any]) -> dict[str, Any]:
+        """A job's telemetry summary from the prolog/epilog agent."""
+        summary = message.get("summary")
+        if not isinstance(summary, dict):
+            raise ProtocolError("summary must be an object")
+        self.records.put("ingest_summary", summary)
+        self._count("ingest")
+        return reply_ok()
+
+    def _job(self, message: dict[str, Any], peer: Peer) -> dict[str, Any]:
+        """The decision recorded for one job; owners and admins only."""
+        job_id = str(message.get("job_id", ""))
+        try:
+            job = lookup_job(job_id)
+        except ValueError as exc:
+            raise ProtocolError(str(exc)) from None
+        if job is None:
+            return reply_error(f"job {job_id} not found")
+        if not peer.admin and job.uid != peer.uid:
+            return reply_error("permission denied: not your job")
+        record = None
+        if self.store is not None and job.decision_id:
+            self.records.flush(2)
+            self.store.link_decision(job.decision_id, job_id, self.config.daemon.cluster_name)
+            record = self.store.decision(job.decision_id)
+        return reply_ok(job={"job_id": job_id, "state": job.state, "nodes": job.nodes,
+                             "admin_comment": job.admin_comment, "uid": job.uid},
+                        record=record)
+
+
+def _user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
 
 
 def peer_uid(sock: socket.socket) -> int:
@@ -123,10 +241,12 @@ class _Handler(socketserver.StreamRequestHandler):
     def handle(self) -> None:
         server = self.server
         uid = peer_uid(self.request)
-        if uid not in server.allowed_uids():
+        admin = uid in server.admin_uids()
+        if not admin and not server.public:
             _event(logging.WARNING, "peer-refused", uid=uid)
             self._send(reply_error("permission denied"))
             return
+        peer = Peer(uid=uid, admin=admin)
         limit = server.predictor.config.daemon.max_request_bytes
         self.request.settimeout(server.predictor.config.daemon.idle_timeout_s)
         while not server.stopping.is_set():
@@ -149,7 +269,7 @@ class _Handler(socketserver.StreamRequestHandler):
                 self._send(reply_error("request is not valid JSON"))
                 continue
             try:
-                reply = server.predictor.handle(message)
+                reply = server.predictor.handle(message, peer)
             except Exception as exc:  # noqa: BLE001 -- a bug must cost one reply, not the daemon
                 log.exception("internal-error", extra={"fields": {"uid": uid}})
                 reply = reply_error(f"internal error: {type(exc).__name__}")
@@ -166,13 +286,18 @@ class _Handler(socketserver.StreamRequestHandler):
 
 
 class DaemonServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    """One listening socket. The main one is 0600 (slurmctld, prolog/epilog, admins); the
+    public query socket is 0666 and serves only Predictor.USER_OPS, for the caller's uid."""
+
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, predictor: Predictor):
+    def __init__(self, predictor: Predictor, *, public: bool = False,
+                 stopping: threading.Event | None = None):
         self.predictor = predictor
-        self.stopping = threading.Event()
-        path = predictor.config.daemon.socket
+        self.public = public
+        self.stopping = stopping or threading.Event()
+        path = predictor.config.daemon.query_socket if public else predictor.config.daemon.socket
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         _remove_stale_socket(path)
         old_umask = os.umask(0o177)  # the socket is born 0600: no window where others can connect
@@ -180,9 +305,9 @@ class DaemonServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
             super().__init__(path, _Handler)
         finally:
             os.umask(old_umask)
-        os.chmod(path, 0o600)
+        os.chmod(path, 0o666 if public else 0o600)
 
-    def allowed_uids(self) -> set[int]:
+    def admin_uids(self) -> set[int]:
         return {0, os.getuid(), *self.predictor.config.daemon.allowed_uids}
 
     def server_close(self) -> None:
@@ -209,11 +334,18 @@ def _remove_stale_socket(path: str) -> None:
     raise click.ClickException(f"another daemon is listening on {path}")
 
 
+def open_store(config: Config) -> Store:
+    return Store(Path(config.daemon.state_dir) / "store.sqlite")
+
+
 def serve(config_path: str | None) -> None:
     config = load_config(config_path)
     setup_logging(config)
-    predictor = Predictor(config, digest=_make_digest(config))
-    server = DaemonServer(predictor)
+    predictor = Predictor(config, store=open_store(config))
+    stopping = threading.Event()
+    servers = [DaemonServer(predictor, stopping=stopping)]
+    if config.daemon.query_socket:
+        servers.append(DaemonServer(predictor, public=True, stopping=stopping))
 
     def reload(_signum, _frame):
         try:
@@ -221,37 +353,43 @@ def serve(config_path: str | None) -> None:
         except ConfigError as exc:
             _event(logging.ERROR, "reload-failed", error=str(exc))
             return
-        if new.daemon.socket != predictor.config.daemon.socket:
-            _event(logging.WARNING, "reload-socket-unchanged",
-                   detail="socket path changes need a restart")
+        if (new.daemon.socket, new.daemon.query_socket, new.daemon.state_dir) != (
+                predictor.config.daemon.socket, predictor.config.daemon.query_socket,
+                predictor.config.daemon.state_dir):
+            _event(logging.WARNING, "reload-needs-restart",
+                   detail="socket paths and state_dir change only on restart")
         setup_logging(new)
         predictor.config = new
-        predictor.digest = _make_digest(new)
+        predictor.fingerprinter = Fingerprinter.from_file(new.daemon.secret_file)
         _event(logging.INFO, "reloaded", config=new.path)
 
     def stop(signum, _frame):
         _event(logging.INFO, "stopping", signal=signal.Signals(signum).name)
-        server.stopping.set()
-        # shutdown() waits for serve_forever to return, so call it from another thread.
-        threading.Thread(target=server.shutdown, daemon=True).start()
+        stopping.set()
+        # shutdown() waits for serve_forever to return, so call it from other threads.
+        for server in servers:
+            threading.Thread(target=server.shutdown, daemon=True).start()
 
     signal.signal(signal.SIGHUP, reload)
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     _event(logging.INFO, "started", version=__version__, socket=config.daemon.socket,
-           pid=os.getpid(), config=config.path)
+           query_socket=config.daemon.query_socket, pid=os.getpid(), config=config.path)
+    extra = [threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.5},
+                              daemon=True) for server in servers[1:]]
+    for thread in extra:
+        thread.start()
     try:
-        server.serve_forever(poll_interval=0.5)
+        servers[0].serve_forever(poll_interval=0.5)
     finally:
-        server.server_close()
+        for thread in extra:
+            thread.join(5)
+        for server in servers:
+            server.server_close()
+        predictor.records.close()
+        if predictor.store is not None:
+            predictor.store.close()
         _event(logging.INFO, "stopped")
-
-
-def _make_digest(config: Config) -> Callable[[str, str], str]:
-    """Keyed digests of script and name text; the secret file is created 0600 on first use."""
-    from .fingerprint import Fingerprinter
-
-    return Fingerprinter.from_file(config.daemon.secret_file).digest
 
 
 def request_once(socket_path: str, message: dict[str, Any], timeout: float = 2.0) -> dict[str, Any]:

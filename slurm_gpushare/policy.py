@@ -72,13 +72,16 @@ def gpu_request(request: JobRequest) -> tuple[str, tresmod.TresToken] | None | s
     return found[0]
 
 
-def default_estimate(request: JobRequest, config: Config) -> JobEstimate:
-    """Without history: the user's memory hint (plus margin), else the partition default."""
+def default_estimate(request: JobRequest, config: Config) -> JobEstimate | None:
+    """Without history: the user's memory hint (plus margin), else the first-run policy's
+    default share, or None when first runs take a whole GPU."""
     if request.mem_hint_mib:
         need = request.mem_hint_mib * (1 + config.policy.hint_margin)
         return JobEstimate(source="hint", memory_mib={g.name: need for g in config.gpu_types},
                            detail=f"memory hint {request.mem_hint_mib / 1024:.1f} GiB "
                                   f"+ {config.policy.hint_margin:.0%} margin")
+    if config.policy.first_run == "whole-gpu":
+        return None
     need = config.policy.default_share_gib * 1024
     return JobEstimate(source="default", memory_mib={g.name: need for g in config.gpu_types},
                        detail=f"default share of {config.policy.default_share_gib} GiB")
@@ -102,10 +105,26 @@ def _combine_features(user: str, types: Sequence[GpuType]) -> str | None:
     return f"{user}&{ours}"
 
 
+def _tag(action: str, decision_id: str, code: str, **fields) -> str:
+    extra = "".join(f"{key}={value}:" for key, value in fields.items())
+    return f"{TAG_PREFIX}{action}:id={decision_id or '-'}:{extra}why={code}"
+
+
 def decide(request: JobRequest, config: Config, *, estimate: JobEstimate | None = None,
            view: ClusterView | None = None, decision_id: str = "") -> Decision:
-    """Keep the job as submitted, or turn its one whole GPU into a share of GPU memory."""
+    """Keep the job as submitted, or turn its one whole GPU into a share of GPU memory.
+
+    Jobs that cannot or must not share (no GPU, several GPUs, multi-node, exclusive, partition
+    without sharing, opted out) are kept and not written to at all. An eligible job that is
+    kept (first run, does not fit) gets only an AdminComment tag, so that its telemetry is
+    tied to its decision and becomes history for its next run.
+    """
     keep = lambda code, reason, **d: _keep(code, reason, decision_id, **d)  # noqa: E731
+
+    def keep_tagged(code: str, reason: str, **details) -> Decision:
+        return Decision(action="keep", code=code, reason=reason, decision_id=decision_id,
+                        writes={"admin_comment": _tag("keep", decision_id, code)},
+                        details=details)
 
     where = gpu_request(request)
     if where is None:
@@ -134,11 +153,15 @@ def decide(request: JobRequest, config: Config, *, estimate: JobEstimate | None 
         return keep("opt-out", "the user opted out of sharing")
 
     estimate = estimate or default_estimate(request, config)
+    if estimate is None:
+        return keep_tagged("first-run", "no history yet: runs on a whole GPU and is profiled "
+                                        "so that its next run can share")
     candidates = list(config.gpu_types)
     if gpu.type:
         candidates = [g for g in candidates if g.name == gpu.type]
         if not candidates:
-            return keep("unknown-type", f"GPU type {gpu.type} is not configured for sharing")
+            return keep_tagged("unknown-type",
+                               f"GPU type {gpu.type} is not configured for sharing")
     fits, too_big = [], []
     for gpu_type in candidates:
         need = estimate.memory_mib.get(gpu_type.name)
@@ -146,7 +169,7 @@ def decide(request: JobRequest, config: Config, *, estimate: JobEstimate | None 
             continue
         (fits if need <= gpu_type.memory_gib * 1024 else too_big).append(gpu_type)
     if not fits:
-        return keep("does-not-fit", f"{estimate.detail or 'the estimate'} fits no GPU type "
+        return keep_tagged("does-not-fit", f"{estimate.detail or 'the estimate'} fits no GPU type "
                                     f"({', '.join(g.name for g in too_big) or 'none known'}); "
                                     "keeps a whole GPU", source=estimate.source)
 
@@ -164,10 +187,8 @@ def decide(request: JobRequest, config: Config, *, estimate: JobEstimate | None 
     writes["features"] = features
     type_names = tuple(g.name for g in fits)
     code = f"{estimate.source}-share"
-    writes["admin_comment"] = (
-        f"{TAG_PREFIX}share:id={decision_id or '-'}:shard={share_gib}:"
-        f"types={'+'.join(type_names)}:why={code}"
-    )
+    writes["admin_comment"] = _tag("share", decision_id, code, shard=share_gib,
+                                   types="+".join(type_names))
     reason = (f"{estimate.detail}: {share_gib} GiB share (gres/shard) on "
               f"{', '.join(f'{g.name} ({g.memory_gib} GiB)' for g in fits)}")
     if too_big:

@@ -11,35 +11,42 @@ from pathlib import Path
 import pytest
 
 from slurm_gpushare.config import parse_config
-from slurm_gpushare.daemon import DaemonServer, Predictor
-from slurm_gpushare.fingerprint import Fingerprinter
+from slurm_gpushare.daemon import DaemonServer, Predictor, open_store
 
 
 def make_config(tmp_path: Path, **policy):
     return parse_config({
         "daemon": {"socket": str(tmp_path / "d.sock"), "secret_file": str(tmp_path / "secret"),
+                   "query_socket": str(tmp_path / "q.sock"),
                    "state_dir": str(tmp_path / "state"), "max_request_bytes": 65536},
-        "policy": {"sharing_partitions": ["gpu"], "default_share_gib": 8, **policy},
+        "policy": {"sharing_partitions": ["gpu"], "default_share_gib": 8,
+                   "first_run": "default-share", **policy},
         "gpu_types": {"v100": {"memory_gib": 16, "model": "V100-16GB"},
                       "a100": {"memory_gib": 80, "model": "A100-80GB"}},
     })
 
 
 class RunningDaemon:
+    """The daemon's real servers (main and query socket) in this process, with a real store."""
+
     def __init__(self, config):
         self.config = config
-        self.predictor = Predictor(config,
-                                   digest=Fingerprinter.from_file(config.daemon.secret_file).digest)
-        self.server = DaemonServer(self.predictor)
-        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05},
-                                       daemon=True)
-        self.thread.start()
+        self.store = open_store(config)
+        self.predictor = Predictor(config, store=self.store)
+        self.servers = [DaemonServer(self.predictor), DaemonServer(self.predictor, public=True)]
+        for server in self.servers:
+            threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
+                             daemon=True).start()
         self.socket = config.daemon.socket
+        self.query_socket = config.daemon.query_socket
 
     def stop(self):
-        self.server.stopping.set()
-        self.server.shutdown()
-        self.server.server_close()
+        for server in self.servers:
+            server.stopping.set()
+            server.shutdown()
+            server.server_close()
+        self.predictor.records.close()
+        self.store.close()
 
 
 @pytest.fixture
@@ -83,6 +90,8 @@ class MisbehavingServer:
                          b'"writes": {"tres_per_node": "gres:shard:4\\nx", "features": "a100"}}}\n',
             "whole-gpu": b'{"v": 1, "ok": true, "rid": RID, "decision": {"action": "share", '
                          b'"writes": {"tres_per_node": "gres:gpu:1,gres:shard:4"}}}\n',
+            "keep-with-writes": b'{"v": 1, "ok": true, "rid": RID, "decision": {"action": '
+                                b'"keep", "writes": {"tres_per_node": "gres:gpu:2"}}}\n',
             "close": b"",
         }
         try:

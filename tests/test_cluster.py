@@ -162,3 +162,32 @@ def test_daemon_failures_leave_jobs_unchanged_and_prompt(cluster, daemon_replace
     assert max(timings) < 1.5, timings
     log_after = (cluster.log / "slurmctld.log").read_text().count("gpushare: job left as submitted")
     assert log_after - log_before == 6  # one line per job
+
+
+def test_job_decision_lookup_for_owner_and_admin_only(cluster):
+    from slurm_gpushare.daemon import request_once
+
+    job_id = cluster.sbatch("--gres=gpu:1", "--hold", script=SLEEP.format(0))
+    query = str(cluster.run / "gpushare-query.sock")
+    reply = request_once(query, {"v": 1, "op": "job", "job_id": job_id})  # root: admin
+    cluster.slurm("scancel", job_id)
+    assert reply["ok"], reply
+    assert reply["record"]["decision_id"] in reply["job"]["admin_comment"]
+    assert reply["record"]["job_id"] == job_id and reply["record"]["action"] == "share"
+
+    # Another user is refused the details of root's job.
+    import os
+
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            os.write(write_end, json.dumps(request_once(
+                query, {"v": 1, "op": "job", "job_id": job_id})).encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    os.waitpid(pid, 0)
+    assert json.loads(os.read(read_end, 65536))["error"] == "permission denied: not your job"

@@ -149,8 +149,9 @@ def served(tmp_path):
     def write(default_share):
         config.write_text(
             f'[daemon]\nsocket = "{sock}"\nlog_file = "{log}"\nsecret_file = "{tmp_path}/secret"\n'
+            f'query_socket = "{tmp_path}/q.sock"\nstate_dir = "{tmp_path}/state"\n'
             f'[policy]\nsharing_partitions = ["gpu"]\ndefault_share_gib = {default_share}\n'
-            '[gpu_types.v100]\nmemory_gib = 16\n')
+            'first_run = "default-share"\n[gpu_types.v100]\nmemory_gib = 16\n')
 
     write(8)
     proc = subprocess.Popen([sys.executable, "-m", "slurm_gpushare", "serve", "--config",
@@ -211,8 +212,44 @@ def test_logs_hold_no_script_name_or_comment(served):
 def test_refuses_to_steal_a_live_socket(served, tmp_path):
     _, sock, *_ = served
     config = tmp_path / "second.toml"
-    config.write_text(f'[daemon]\nsocket = "{sock}"\nsecret_file = "{tmp_path}/secret"\n')
+    config.write_text(f'[daemon]\nsocket = "{sock}"\nsecret_file = "{tmp_path}/secret"\n'
+                      f'query_socket = ""\nstate_dir = "{tmp_path}/state2"\n')
     out = subprocess.run([sys.executable, "-m", "slurm_gpushare", "serve", "--config",
                           str(config)], cwd=str(REPO), capture_output=True, text=True, timeout=20)
     assert out.returncode == 1
     assert "another daemon is listening" in out.stderr and "Traceback" not in out.stderr
+
+
+# ---- the public query socket -------------------------------------------------------------
+
+def test_query_socket_is_public_but_admin_socket_is_not(daemon):
+    assert stat.S_IMODE(os.stat(daemon.query_socket).st_mode) == 0o666
+    assert stat.S_IMODE(os.stat(daemon.socket).st_mode) == 0o600
+
+
+def test_users_may_only_use_read_only_ops_for_themselves(daemon):
+    from slurm_gpushare.daemon import Peer
+
+    user = Peer(uid=4242, admin=False)
+    for op in ("decide", "ingest"):
+        reply = daemon.predictor.handle({"v": 1, "op": op, "job": JOB, "summary": {}}, user)
+        assert reply["ok"] is False and "not available on this socket" in reply["error"]
+    reply = daemon.predictor.handle({"v": 1, "op": "explain", "job": {**JOB, "uid": 0}}, user)
+    assert reply["ok"] and reply["decision"]["action"] == "share"
+    # A what-if is not a decision: nothing is recorded for it.
+    daemon.predictor.records.flush()
+    assert daemon.store.decisions() == []
+
+
+def test_decisions_are_recorded_with_fingerprint_keys_but_no_texts(daemon):
+    reply = request_once(daemon.socket, {"v": 1, "op": "decide", "job": {
+        **JOB, "script": "#!/bin/sh\npython train.py --secret-flag\n", "name": "secret-name"}})
+    daemon.predictor.records.flush()
+    record = daemon.store.decision(reply["decision"]["decision_id"])
+    assert record["action"] == "share" and len(record["keys"]) == 3
+    assert "secret" not in json.dumps(record)
+
+
+def test_unknown_job_lookup_is_a_clear_error(daemon):
+    reply = request_once(daemon.query_socket, {"v": 1, "op": "job", "job_id": "not-a-job"})
+    assert reply["ok"] is False and "not a job id" in reply["error"]

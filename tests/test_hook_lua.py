@@ -90,8 +90,6 @@ def test_default_partition_comes_from_part_list(daemon, tmp_path):
     {"comment": "please gpushare=off thanks"},                 # user opt-out
     {"tres_per_task": "gres:gpu:1", "tres_per_node": None},   # --gpus-per-task
     {"cpus_per_tres": "gres:gpu:4"},                           # --cpus-per-gpu
-    {"comment": "gpushare:mem=200G"},                          # fits no GPU
-    {"tres_per_node": "gres:gpu:h100:1"},                      # type not configured
 ])
 def test_untouched_cases_stay_untouched(daemon, tmp_path, overrides):
     hook = hook_for(daemon.socket, tmp_path)
@@ -99,6 +97,40 @@ def test_untouched_cases_stay_untouched(daemon, tmp_path, overrides):
     rc, after = hook.submit(before)
     assert rc == 0
     assert after == before
+
+
+@pytest.mark.parametrize("overrides,code", [
+    ({"comment": "gpushare:mem=200G"}, "does-not-fit"),
+    ({"tres_per_node": "gres:gpu:h100:1"}, "unknown-type"),
+])
+def test_eligible_jobs_that_are_kept_get_only_a_tag(daemon, tmp_path, overrides, code):
+    hook = hook_for(daemon.socket, tmp_path)
+    before = job_fields(**overrides)
+    _, after = hook.submit(before)
+    tag = after.pop("admin_comment")
+    assert tag.startswith("gpushare:v1:keep:id=") and tag.endswith(f":why={code}")
+    assert after == before
+
+
+def test_first_run_policy_whole_gpu_tags_the_job_for_profiling(tmp_path):
+    from conftest import RunningDaemon, make_config
+
+    running = RunningDaemon(make_config(tmp_path, first_run="whole-gpu"))
+    try:
+        hook = hook_for(running.socket, tmp_path)
+        before = job_fields()
+        _, after = hook.submit(before)
+        assert after.pop("admin_comment").endswith(":why=first-run")
+        assert after == before
+    finally:
+        running.stop()
+
+
+def test_keep_that_would_change_the_job_is_refused(misbehaving, tmp_path):
+    server = misbehaving("keep-with-writes")
+    hook = hook_for(server.path, tmp_path)
+    before = job_fields()
+    assert hook.submit(before) == (0, before)
 
 
 def test_keeps_one_connection_across_submissions(daemon, tmp_path):

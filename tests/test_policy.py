@@ -9,7 +9,7 @@ from slurm_gpushare.policy import JobEstimate, decide
 from slurm_gpushare.protocol import Decision, JobRequest, parse_comment, parse_request
 
 CONFIG = parse_config({
-    "policy": {"sharing_partitions": ["gpu"], "default_share_gib": 8},
+    "policy": {"sharing_partitions": ["gpu"], "default_share_gib": 8, "first_run": "default-share"},
     "gpu_types": {"v100": {"memory_gib": 16}, "a100": {"memory_gib": 80}},
 })
 
@@ -41,9 +41,23 @@ def test_history_estimate_sizes_per_type_and_excludes_what_does_not_fit():
 def test_nothing_fits_keeps_a_whole_gpu_and_says_so():
     estimate = JobEstimate(source="history", memory_mib={"v100": 90000, "a100": 90000},
                            detail="peak 85 GiB")
-    decision = decide(request(), CONFIG, estimate=estimate)
+    decision = decide(request(), CONFIG, estimate=estimate, decision_id="d1")
     assert decision.action == "keep" and decision.code == "does-not-fit"
-    assert "fits no GPU type" in decision.reason and decision.writes == {}
+    assert "fits no GPU type" in decision.reason
+    # Kept eligible jobs are only tagged, so their telemetry becomes history.
+    assert decision.writes == {"admin_comment": "gpushare:v1:keep:id=d1:why=does-not-fit"}
+
+
+def test_first_run_on_a_whole_gpu_by_default():
+    config = parse_config({"policy": {"sharing_partitions": ["gpu"]},
+                           "gpu_types": {"v100": {"memory_gib": 16}}})
+    decision = decide(request(), config, decision_id="d2")
+    assert (decision.action, decision.code) == ("keep", "first-run")
+    assert decision.writes == {"admin_comment": "gpushare:v1:keep:id=d2:why=first-run"}
+    assert "profiled" in decision.reason
+    # A memory hint lets even a first run share.
+    hinted = decide(request(mem_hint_mib=4096), config)
+    assert hinted.action == "share" and hinted.writes["tres_per_node"] == "gres:shard:5"
 
 
 def test_unknown_types_in_estimate_are_not_assumed_to_fit():
@@ -65,12 +79,17 @@ def test_unknown_types_in_estimate_are_not_assumed_to_fit():
     ({"partition": "cpu"}, "partition-off"),
     ({"partition": ""}, "partition-off"),
     ({"opt_out": True}, "opt-out"),
-    ({"tres_per_node": "gres:gpu:h100:1"}, "unknown-type"),
     ({"features": "[ib|eth]"}, "complex-features"),
 ])
 def test_keep_cases(fields, code):
     decision = decide(request(**fields), CONFIG)
     assert (decision.action, decision.code, dict(decision.writes)) == ("keep", code, {})
+
+
+def test_unconfigured_type_is_kept_but_tagged():
+    decision = decide(request(tres_per_node="gres:gpu:h100:1"), CONFIG, decision_id="d3")
+    assert (decision.action, decision.code) == ("keep", "unknown-type")
+    assert decision.writes == {"admin_comment": "gpushare:v1:keep:id=d3:why=unknown-type"}
 
 
 def test_gpus_per_job_moves_per_node():
@@ -89,6 +108,7 @@ def test_decisions_are_pure_values():
     assert first == decide(request(), CONFIG, decision_id="x")
     with pytest.raises(ValueError):
         Decision(action="keep", reason="", code="x", writes={"tres_per_node": "gres:shard:1"})
+    Decision(action="keep", reason="", code="x", writes={"admin_comment": "gpushare:v1:keep:x"})
     with pytest.raises(ValueError):
         Decision(action="share", reason="", code="x", writes={"partition": "debug"})
 
@@ -117,6 +137,7 @@ def test_request_parsing_turns_unset_markers_into_none_and_drops_texts():
     ({"gpu_types": {"v100": {}}}, "needs memory_gib"),
     ({"gpu_types": {"v100": {"memory_gib": -1}}}, "positive integer"),
     ({"daemons": {}}, "unknown section"),
+    ({"policy": {"first_run": "sometimes"}}, "first_run must be one of"),
 ])
 def test_config_errors_are_specific(raw, message):
     with pytest.raises(ConfigError, match=message):

@@ -12,19 +12,54 @@ import sys
 
 import click
 
-# Modules that define a ``commands`` list of click commands/groups, added in this order.
+# Modules that define a ``commands`` list of click commands/groups. A module is imported only
+# when one of its commands runs (or for --help), so `serve` does not pay for scikit-learn.
 COMMAND_MODULES = [
     "slurm_gpushare.daemon",
     "slurm_gpushare.testcluster",
     "slurm_gpushare.demo",
 ]
+# Command name -> module, for the lazy lookup; commands not listed are found by importing all.
+COMMAND_INDEX = {
+    "serve": "slurm_gpushare.daemon",
+    "ping": "slurm_gpushare.daemon",
+    "hook-config": "slurm_gpushare.daemon",
+    "cluster": "slurm_gpushare.testcluster",
+    "demo": "slurm_gpushare.demo",
+}
+
+
+class LazyGroup(click.Group):
+    """A group whose subcommands are imported on first use."""
+
+    def _from_module(self, module_name: str, name: str | None = None):
+        module = importlib.import_module(module_name)
+        for command in getattr(module, "commands", []):
+            if name is None or command.name == name:
+                yield command
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        names = set(super().list_commands(ctx))
+        for module_name in COMMAND_MODULES:
+            names.update(c.name for c in self._from_module(module_name))
+        return sorted(names)
+
+    def get_command(self, ctx: click.Context, cmd_name: str):
+        command = super().get_command(ctx, cmd_name)
+        if command is not None:
+            return command
+        modules = [COMMAND_INDEX[cmd_name]] if cmd_name in COMMAND_INDEX else COMMAND_MODULES
+        for module_name in modules:
+            for command in self._from_module(module_name, cmd_name):
+                return command
+        return None
 
 
 class UserError(click.ClickException):
     """An error the user can fix; printed as one line."""
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--debug", is_flag=True, help="Show tracebacks on errors.")
 @click.version_option(package_name="slurm-gpushare")
 @click.pass_context
@@ -32,16 +67,6 @@ def cli(ctx: click.Context, debug: bool) -> None:
     """Safe GPU sharing for ordinary sbatch jobs on heterogeneous Slurm clusters."""
     ctx.ensure_object(dict)
     ctx.obj["debug"] = debug
-
-
-def _load_commands() -> None:
-    for name in COMMAND_MODULES:
-        module = importlib.import_module(name)
-        for command in getattr(module, "commands", []):
-            cli.add_command(command)
-
-
-_load_commands()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -48,3 +48,14 @@ def test_ping_with_daemon(daemon, capsys):
 
 def test_usage_errors_exit_2(capsys):
     assert main(["no-such-command"]) == 2
+
+
+def test_daemon_commands_do_not_import_the_heavy_modules():
+    import subprocess
+    import sys
+
+    code = ("import sys; from slurm_gpushare.cli import main; main(['serve', '--help']); "
+            "print(sorted(m for m in ('sklearn', 'pandas', 'matplotlib') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=str(REPO), timeout=60)
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout + out.stderr

@@ -1,0 +1,155 @@
+"""Job fingerprints: keyed digests that let a job find its own history without storing it.
+
+A job is recognised by HMAC-SHA256 digests under a site secret, never by its text: the script,
+job name, model name or hyper-parameters are digested here and go no further. Keys, most
+specific first:
+
+1. ``exact``: user + digest of the *normalised* script (comments, blank lines, trailing and
+   repeated whitespace and the ``#SBATCH`` lines that change between resubmissions --
+   ``--job-name``, ``--output``, ``--error``, ``--comment`` -- are dropped first, so an
+   edited comment or a renamed log file keeps the key);
+2. ``name``: user + digest of the job name;
+3. ``user``: the user alone (the coarsest fallback).
+
+The secret lives in a file of mode 0600, created on first use with ``os.open(..., 0o600)``
+(never world-readable, not even for an instant). Without the secret nobody can test a guessed
+script against a stored digest.
+
+Usage::
+
+    fp = Fingerprinter.from_file("/etc/slurm-gpushare/secret")
+    keys = fp.job_keys(user="alice", script=script_text, name="train")
+    # or, from the digests the daemon already holds (JobRequest.script_digest / name_digest):
+    keys = fp.keys_from_digests("alice", script_digest, name_digest)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import re
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+
+SECRET_BYTES = 32
+# Key kinds in order of specificity; ``JobKeys.as_list`` follows this order.
+KEY_KINDS = ("exact", "name", "user")
+
+# #SBATCH options whose value changes between resubmissions without changing the job.
+_VOLATILE_SBATCH = re.compile(
+    r"^#sbatch\s+(--job-name|--output|--error|--comment|-j|-o|-e)(\s|=|$)", re.IGNORECASE
+)
+_SBATCH = re.compile(r"^#sbatch\b", re.IGNORECASE)
+
+
+class SecretError(RuntimeError):
+    """The site secret cannot be read or created safely."""
+
+
+def load_or_create_secret(path: str | os.PathLike) -> bytes:
+    """Read the site secret, creating it (mode 0600, parents 0700) if it does not exist."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:  # created by a concurrent first use: read theirs
+            return load_or_create_secret(path)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(secrets.token_bytes(SECRET_BYTES))
+            handle.flush()
+            os.fsync(handle.fileno())
+        data = path.read_bytes()
+    except OSError as exc:
+        raise SecretError(f"cannot read secret {path}: {exc.strerror}") from None
+    mode = path.stat().st_mode & 0o777
+    if mode & 0o077:
+        raise SecretError(f"secret {path} has mode {mode:04o}; it must be 0600")
+    if len(data) < 16:
+        raise SecretError(f"secret {path} is too short ({len(data)} bytes)")
+    return data
+
+
+def normalise_script(script: str) -> str:
+    """The part of a job script that identifies the job, in a canonical form.
+
+    Shebang and ``#SBATCH`` lines are kept (resources belong to the job), other comments and
+    blank lines go, whitespace is collapsed, and the volatile ``#SBATCH`` options are dropped.
+    """
+    out = []
+    for number, raw in enumerate(script.replace("\r\n", "\n").split("\n")):
+        line = " ".join(raw.split())
+        if not line:
+            continue
+        if line.startswith("#"):
+            if number == 0 and line.startswith("#!"):
+                out.append(line)
+            elif _SBATCH.match(line) and not _VOLATILE_SBATCH.match(line):
+                out.append(line)
+            continue
+        out.append(line)
+    return "\n".join(out)
+
+
+@dataclass(frozen=True)
+class JobKeys:
+    """A job's fingerprint keys (hex digests); empty string where the input was missing."""
+
+    exact: str = ""
+    name: str = ""
+    user: str = ""
+
+    def as_list(self) -> list[str]:
+        """Non-empty keys, most specific first (the order ``Store.history`` expects)."""
+        return [k for k in (self.exact, self.name, self.user) if k]
+
+
+class Fingerprinter:
+    """Keyed digests under one site secret."""
+
+    def __init__(self, secret: bytes):
+        if len(secret) < 16:
+            raise SecretError("secret too short")
+        self._secret = secret
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike) -> "Fingerprinter":
+        return cls(load_or_create_secret(path))
+
+    def _mac(self, domain: str, *parts: str) -> str:
+        # Domain separation and length-prefixed parts: ("ab","c") and ("a","bc") differ.
+        mac = hmac.new(self._secret, domain.encode(), hashlib.sha256)
+        for part in parts:
+            data = part.encode("utf-8", "surrogatepass")
+            mac.update(len(data).to_bytes(8, "big"))
+            mac.update(data)
+        return mac.hexdigest()
+
+    def digest(self, kind: str, text: str) -> str:
+        """Digest of a script (normalised first) or a job name; the daemon's ``digest`` hook."""
+        if kind == "script":
+            return self._mac("script", normalise_script(text))
+        if kind == "name":
+            return self._mac("name", text.strip())
+        raise ValueError(f"unknown digest kind {kind!r}")
+
+    def keys_from_digests(self, user: str, script_digest: str = "",
+                          name_digest: str = "") -> JobKeys:
+        """Fingerprint keys from a user and the digests ``digest`` produced."""
+        return JobKeys(
+            exact=self._mac("key:exact", user, script_digest) if user and script_digest else "",
+            name=self._mac("key:name", user, name_digest) if user and name_digest else "",
+            user=self._mac("key:user", user) if user else "",
+        )
+
+    def job_keys(self, user: str, script: str = "", name: str = "") -> JobKeys:
+        """Fingerprint keys straight from the texts (which are not kept)."""
+        return self.keys_from_digests(
+            user,
+            self.digest("script", script) if script else "",
+            self.digest("name", name) if name else "",
+        )

@@ -1,0 +1,136 @@
+"""The classes / kb commands, including the exact ``kb predict-pairs`` interface."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from slurm_gpushare import kb_cli
+from slurm_gpushare.store import Store
+
+PROFILES = """job,gpu_util_pct,mem_util_pct,mem_used_mib,mem_total_mib,gpu_type
+heavy,95,55,9000,16384,v100
+light,5,1,1500,16384,v100
+medium,60,25,8000,16384,v100
+"""
+
+
+def run(*args, env=None):
+    runner = CliRunner()
+    groups = {g.name: g for g in kb_cli.commands}
+    return runner.invoke(groups[args[0]], list(args[1:]), env=env, catch_exceptions=False)
+
+
+@pytest.fixture
+def profiles(tmp_path):
+    path = tmp_path / "profiles.csv"
+    path.write_text(PROFILES)
+    return path
+
+
+@pytest.fixture(autouse=True)
+def no_site_model(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPUSHARE_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.delenv("GPUSHARE_CLASSES_MODEL", raising=False)
+
+
+def test_predict_pairs_csv_interface(profiles):
+    result = run("kb", "predict-pairs", str(profiles))
+    assert result.exit_code == 0
+    lines = result.output.splitlines()
+    assert lines[0] == "job_a,job_b,class_a,class_b,pred_speed_a,pred_speed_b,pred_ps_pct,fits_memory"
+    rows = list(csv.DictReader(io.StringIO(result.output)))
+    assert [(r["job_a"], r["job_b"]) for r in rows] == [
+        ("heavy", "light"), ("heavy", "medium"), ("light", "medium")]
+    assert [r["fits_memory"] for r in rows] == ["true", "false", "true"]
+    for r in rows:
+        a, b = float(r["pred_speed_a"]), float(r["pred_speed_b"])
+        assert 0 < a <= 1 and 0 < b <= 1
+        assert float(r["pred_ps_pct"]) == pytest.approx(100 * (1 - max(1 / a, 1 / b) / 2),
+                                                        abs=0.05)
+    classes = {r["job_a"]: int(r["class_a"]) for r in rows}
+    assert classes["heavy"] > classes["light"]  # class ids are ordered light -> heavy
+
+
+def test_predict_pairs_json_matches_csv(profiles):
+    rows = json.loads(run("kb", "predict-pairs", str(profiles), "--json").output)
+    text = list(csv.DictReader(io.StringIO(run("kb", "predict-pairs", str(profiles)).output)))
+    assert len(rows) == 3 and rows[1]["fits_memory"] is False
+    assert [str(r["pred_speed_a"]) for r in rows] == [r["pred_speed_a"] for r in text]
+
+
+@pytest.mark.parametrize("content, message", [
+    ("job,gpu_util_pct\nx,1\n", "missing column(s) mem_util_pct, mem_used_mib, mem_total_mib"),
+    (PROFILES.replace("95,55", "lots,55"), "line 2: gpu_util_pct is not a number"),
+    (PROFILES.replace(",16384,v100\nlight", ",0,v100\nlight"), "line 2: mem_total_mib must be > 0"),
+])
+def test_predict_pairs_errors_are_one_line(tmp_path, content, message):
+    path = tmp_path / "bad.csv"
+    path.write_text(content)
+    from slurm_gpushare.cli import main
+    import contextlib
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        assert main(["kb", "predict-pairs", str(path)]) == 1
+    assert message in err.getvalue() and len(err.getvalue().strip().splitlines()) == 1
+
+
+def test_classes_fit_show_and_missing_model(tmp_path):
+    result = CliRunner().invoke(kb_cli.classes_group, ["show"])
+    assert result.exit_code == 1 and "no class model" in result.output
+    data = tmp_path / "jobs.csv"
+    rows = ["mgup_max,mgmap_max_pct,mgtsamp_max"]
+    rows += [f"{90 + i % 3},{60 - i % 2},{50 + i % 4}" for i in range(10)]
+    rows += [f"{5 + i % 3},{4 + i % 2},{1 + i % 2}" for i in range(10)]
+    data.write_text("\n".join(rows) + "\n")
+    model = tmp_path / "m.json"
+    fitted = run("classes", "fit", "--data", str(data), "--model", str(model), "--json")
+    assert json.loads(fitted.output)["k"] == 2 and model.exists()
+    shown = json.loads(run("classes", "show", "--model", str(model), "--json").output)
+    assert shown["k"] == 2 and shown["centroids"][0]["MGUP"] < shown["centroids"][1]["MGUP"]
+
+
+def test_classes_fit_from_store(tmp_path):
+    with Store(tmp_path / "s.db") as store:
+        for i in range(12):
+            load = 90 if i % 2 else 5
+            store.ingest_summary({"job_id": str(i), "gpu_index": 0, "mgup_max": load + i % 3,
+                                  "mgmap_max_pct": load / 2, "mgtsamp_max": load / 3 + i % 2})
+    result = run("classes", "fit", "--store", str(tmp_path / "s.db"), "--model",
+                 str(tmp_path / "m.json"), "--json")
+    assert json.loads(result.output)["k"] == 2
+
+
+def test_reproduce_reports_the_comparison():
+    result = json.loads(run("classes", "reproduce", "--json").output)
+    assert result["k"] == 3 and len(result["jobs"]) == 12
+    text = run("classes", "reproduce").output
+    assert "adjusted Rand index" in text and "contingency" in text
+
+
+def test_kb_show_with_store(tmp_path):
+    seeded = json.loads(run("kb", "show", "--json").output)
+    assert sum(p["count"] for p in seeded["pairs"]) == 34
+    with Store(tmp_path / "s.db") as store:
+        store.record_corun("1", "2", class_a=0, class_b=0, isd_a=2.0, isd_b=2.0,
+                           gpu_type="v100")
+    learned = json.loads(run("kb", "show", "--store", str(tmp_path / "s.db"), "--gpu-type",
+                             "v100", "--json").output)
+    cell = next(p for p in learned["pairs"] if (p["class_a"], p["class_b"]) == (0, 0))
+    assert cell["source"] == "gpu" and cell["compatible"] is False
+
+
+def test_commands_are_registered_in_the_main_cli():
+    import click
+
+    from slurm_gpushare.cli import cli
+
+    ctx = click.Context(cli)
+    assert {"classes", "kb"} <= set(cli.list_commands(ctx))
+    assert {"fit", "show", "reproduce"} <= set(cli.get_command(ctx, "classes").commands)
+    assert {"show", "predict-pairs", "evaluate"} <= set(cli.get_command(ctx, "kb").commands)

@@ -1,0 +1,123 @@
+"""The knowledge base (ISD/PS per class pair) and the pair-interference model."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from slurm_gpushare import knowledge
+from slurm_gpushare.classes import default_classes
+from slurm_gpushare.knowledge import (KnowledgeBase, PairInterferenceModel, class_of_history,
+                                      fits_memory, measured_isd, packing_saving,
+                                      recommend_pair)
+from slurm_gpushare.store import Store
+
+
+def test_formulas_reproduce_a_published_row():
+    # Table III: Inceptionv3 (alone 316.2 s) with SmallBERT L2 (alone 253.9 s)
+    assert measured_isd(338.8, 316.2) == pytest.approx(0.0715, abs=5e-4)
+    assert measured_isd(294.5, 253.9) == pytest.approx(0.1599, abs=5e-4)
+    assert packing_saving(338.8, 294.5, 316.2, 253.9) == pytest.approx(0.405, abs=1e-3)  # 40.5%
+    with pytest.raises(ValueError):
+        measured_isd(10, 0)
+
+
+def test_seeded_base_counts_and_orientation():
+    kb = KnowledgeBase.seeded()  # the paper's cluster ids
+    assert kb.classes() == [0, 1, 2]
+    assert sum(r["count"] for r in kb.table()) == 34
+    ab, ba = kb.pair(0, 2, "p100"), kb.pair(2, 0, "p100")
+    assert ab.source == "gpu" and (ab.isd_a, ab.isd_b) == (ba.isd_b, ba.isd_a)
+    assert kb.pair(0, 2, "v100").source == "class-pair"  # unknown type: any GPU
+    unknown = kb.pair(0, 9)
+    assert unknown.source == "prior" and unknown.count == 0 and unknown.spread > 0
+    # class 0 with class 0 includes Inceptionv3 + ResNet-50 (62-66% slowdown): too risky
+    assert not kb.compatible(0, 0)
+    assert kb.compatible(0, 1)
+
+
+def test_online_observations_change_the_verdict():
+    kb = KnowledgeBase.seeded(default_classes())
+    assert kb.compatible(0, 1, "a100")
+    for _ in range(5):
+        kb.observe(1, 0, isd_a=0.9, isd_b=0.1, gpu_type="a100")
+    stats = kb.pair(0, 1, "a100")
+    assert stats.source == "gpu" and stats.count == 5
+    assert stats.isd_a == pytest.approx(0.1) and stats.isd_b == pytest.approx(0.9)
+    assert not kb.compatible(0, 1, "a100")
+    assert kb.compatible(0, 1, "p100")  # the seed's GPU keeps its own evidence
+
+
+def test_save_load_and_from_store(tmp_path):
+    classes = default_classes()
+    kb = KnowledgeBase.seeded(classes)
+    kb.observe(2, 2, 0.5, 0.6, ps=0.1, gpu_type="v100")
+    kb.save(tmp_path / "kb.json")
+    again = KnowledgeBase.load(tmp_path / "kb.json")
+    assert again.table("v100") == kb.table("v100")
+    assert again.classes_digest == classes.digest()
+    with Store(tmp_path / "s.db") as store:
+        store.record_corun("1", "2", class_a=2, class_b=2, isd_a=0.5, isd_b=0.6, ps=0.1,
+                           gpu_type="v100")
+        store.record_corun("3", "4")  # not measured yet: ignored
+        learned = KnowledgeBase.from_store(store, classes)
+    assert learned.table("v100") == kb.table("v100")
+
+
+def test_class_of_history_uses_the_most_specific_runs():
+    classes = default_classes()
+    history = [
+        {"matched_key": 0, "mgup_max": 92.0, "mgmap_max_pct": 55.0, "mgtsamp_max": 55.0},
+        {"matched_key": 2, "mgup_max": 3.0, "mgmap_max_pct": 3.0, "mgtsamp_max": 0.0},
+    ]
+    job_class, detail = class_of_history(classes, history)
+    assert job_class == classes.predict_one(92, 55, 55) and "exact script" in detail
+    assert class_of_history(classes, history[1:])[0] == classes.predict_one(3, 3, 0)
+    assert class_of_history(classes, [{"mgup_max": None}])[0] is None
+
+
+def test_gavel_proxy_uses_no_pair_measurement(monkeypatch):
+    profiles = knowledge.gavel_profiles()
+    util = profiles.set_index(["gpu", "job"])["gpu_util_pct"]
+    assert util[("v100", "ResNet-50 (batch size 64)")] > 50
+    assert util[("v100", "Recommendation (batch size 1024)")] < 10
+    assert profiles["mem_util_pct"].isna().all()  # not derivable: left unknown, not invented
+    pairs = knowledge.gavel_pairs()
+    scrambled = pairs.assign(norm_a=pairs["norm_a"].sample(frac=1, random_state=0).to_numpy(),
+                             norm_b=0.5)
+    monkeypatch.setattr(knowledge, "gavel_pairs", lambda: scrambled)
+    pd.testing.assert_frame_equal(knowledge.gavel_profiles(), profiles)
+
+
+def test_pair_model_is_monotone_and_bounded():
+    model = PairInterferenceModel.default()
+    me = {"gpu_util_pct": 60, "mem_util_pct": 20, "mem_used_mib": 4000, "mem_total_mib": 16384}
+    speeds = [model.predict_speed(me, me | {"gpu_util_pct": u})[0] for u in range(0, 101, 10)]
+    assert all(a >= b - 1e-9 for a, b in zip(speeds, speeds[1:]))
+    assert all(0.05 <= s <= 1.0 for s in speeds)
+    assert speeds[0] > speeds[-1]
+    with pytest.raises(Exception):
+        PairInterferenceModel().predict_speed(me, me)  # not fitted
+
+
+def test_fits_memory_and_recommendation():
+    a = {"gpu_util_pct": 5, "mem_util_pct": 1, "mem_used_mib": 9000, "mem_total_mib": 16384}
+    b = a | {"mem_used_mib": 8000}
+    assert fits_memory(a, b) is False and fits_memory(a, a | {"mem_used_mib": 7000}) is True
+    assert fits_memory(a, b | {"mem_used_mib": None}) is None
+    assert recommend_pair(a, b) is False  # does not fit, whatever the speeds
+
+    class Optimist:
+        def predict_speed(self, x, y):
+            return 0.9, 0.8
+
+    assert recommend_pair(a, b | {"mem_used_mib": 100}, model=Optimist()) is True
+    assert recommend_pair(a, b | {"mem_used_mib": 100}, model=Optimist(), threshold=0.85) is False
+
+
+def test_held_out_evaluation_ranks_better_than_chance():
+    figures = knowledge.evaluate_pair_model("family")
+    assert figures["sides"] > 1000 and figures["held_out"].startswith("leave-one-family-out")
+    assert figures["spearman"] > 0.2  # shuffled predictions would give ~0
+    assert 0 <= figures["all_pairs_below_threshold_rate"] <= 1
+    assert figures["recommended_below_threshold"] <= figures["recommended_pairs"]

@@ -1,0 +1,316 @@
+"""Telemetry: scenario replay, the sampler's summaries, the NVML adapter's failure handling,
+process attribution, and the prolog/epilog collector."""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+import threading
+import time
+import types
+
+
+from slurm_gpushare import agent
+from slurm_gpushare.store import Store
+from slurm_gpushare.telemetry import ScenarioProvider, open_provider
+from slurm_gpushare.telemetry.nvml import NvmlProvider, job_of_pid
+from slurm_gpushare.telemetry.sampler import SUMMARY_FIELDS, JobSampler
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def replay(profile, job_id="7", gpus=(0,), steps=8, dt=1.0):
+    """Sample a profile ``steps`` times, ``dt`` seconds apart, on a fake clock."""
+    clock = FakeClock()
+    wall = FakeClock()
+    provider = ScenarioProvider(profile, job_id=job_id, clock=clock, wall=wall)
+    sampler = JobSampler(provider, job_id, gpus, cluster="c1", clock=clock)
+    for _ in range(steps):
+        sampler.sample_once()
+        clock.now += dt
+        wall.now += dt
+    return sampler.summaries()
+
+
+ALONE = {"gpus": [{"index": 0, "name": "Tesla V100-SXM2-16GB", "mem_total_mib": 16000,
+                   "phases": [
+                       {"duration_s": 4, "util_gpu": 40, "util_mem": 10, "mem_used_mib": 4000,
+                        "sm_clock_mhz": 1300},
+                       {"duration_s": 4, "util_gpu": 80, "util_mem": 30, "mem_used_mib": 8000,
+                        "sm_clock_mhz": 1500, "fail": ["util_mem"]}]}]}
+
+
+def test_alone_summary_from_device_readings():
+    (s,) = replay(ALONE)
+    assert set(s) == set(SUMMARY_FIELDS)
+    assert (s["mgup_max"], s["mgup_mean"]) == (80.0, 60.0)
+    assert (s["mgmap_max_mib"], s["mgmap_max_pct"]) == (8000.0, 50.0)
+    # util_mem failed during the second phase: the max and mean come from the first only
+    assert (s["mgtsamp_max"], s["mgtsamp_mean"]) == (10.0, 10.0)
+    assert s["samples"] == 8 and s["duration_s"] == 7.0
+    assert s["gpu_model"] == "Tesla V100-SXM2-16GB" and s["sm_clock_max_mhz"] == 1500.0
+    assert s["gpm_sm_occupancy_mean"] is None  # not in the profile: not available
+    assert s["shared"] is False and s["coruns"] == []
+    assert "no-process-list" in s["conditions"]
+
+
+SHARED = {"gpus": [{"index": 0, "name": "A100", "mem_total_mib": 40000, "phases": [
+    {"duration_s": 3, "util_gpu": 50, "util_mem": 20, "mem_used_mib": 6000,
+     "processes": [{"pid": 10, "job_id": "self", "used_mib": 6000, "sm_util": 50, "mem_util": 20}]},
+    {"duration_s": 5, "util_gpu": 95, "util_mem": 60, "mem_used_mib": 20000,
+     "processes": [{"pid": 10, "job_id": "self", "used_mib": 7000, "sm_util": 45, "mem_util": 25},
+                   {"pid": 20, "job_id": "8", "used_mib": 13000, "sm_util": 50, "mem_util": 35},
+                   {"pid": 30, "used_mib": 500, "sm_util": 0, "mem_util": 0}]}]}]}
+
+
+def test_shared_gpu_is_attributed_per_process_with_coruns():
+    (s,) = replay(SHARED, job_id="7")
+    assert s["shared"] is True and s["attribution"] == "device+process"
+    assert s["mgup_max"] == 50.0  # never the device's 95%: that includes job 8
+    assert s["mgmap_max_mib"] == 7000.0 and s["mgtsamp_max"] == 25.0
+    assert {c["job_id"]: c["overlap_s"] for c in s["coruns"]} == {"8": 5.0, "other": 5.0}
+
+
+def test_lost_gpu_is_a_condition_not_a_crash():
+    profile = json.loads(json.dumps(ALONE))
+    profile["gpus"][0]["lost_after_s"] = 3
+    profile["gpus"].append({"index": 1, "mem_total_mib": 1000,
+                            "phases": [{"util_gpu": 5, "mem_used_mib": 10}]})
+    s0, s1 = replay(profile, gpus=(0, 1))
+    assert "gpu-lost" in s0["conditions"] and s0["samples"] == 3
+    assert s0["mgup_max"] == 40.0
+    assert s1["samples"] == 8 and s1["conditions"] == ["no-process-list"]
+
+
+def test_a_failing_provider_never_raises():
+    class Broken:
+        def sample(self, index):
+            raise RuntimeError("driver hiccup")
+
+    sampler = JobSampler(Broken(), "1", [0])
+    sampler.sample_once()
+    (s,) = sampler.summaries()
+    assert s["samples"] == 0 and s["conditions"] == ["sample-error:RuntimeError"]
+
+
+def test_run_stops_on_event_and_when_all_gpus_are_lost():
+    profile = {"gpus": [{"index": 0, "lost_after_s": 0.05, "phases": [{"util_gpu": 1}]}]}
+    sampler = JobSampler(ScenarioProvider(profile), "1", [0], interval_s=0.01)
+    started = time.monotonic()
+    sampler.run(threading.Event())  # returns by itself: the only GPU is lost
+    assert time.monotonic() - started < 5
+    assert "gpu-lost" in sampler.summaries()[0]["conditions"]
+
+
+def test_scenario_from_toml_and_env(tmp_path, monkeypatch):
+    path = tmp_path / "p.toml"
+    path.write_text('[[gpus]]\nindex = 0\n[[gpus.phases]]\nutil_gpu = 12\n'
+                    '[[gpus.phases.processes]]\npid = 5\njob_id = "self"\n')
+    monkeypatch.setenv("GPUSHARE_TELEMETRY_SCENARIO", str(path))
+    provider = open_provider(job_id="99")
+    assert isinstance(provider, ScenarioProvider)
+    assert provider.job_of_pid(5) == "99" and provider.sample(0).util_gpu == 12.0
+
+
+def test_job_of_pid_from_environ_and_cgroup(tmp_path):
+    def proc(pid, environ=None, cgroup=None):
+        d = tmp_path / str(pid)
+        d.mkdir()
+        if environ is not None:
+            (d / "environ").write_bytes(environ)
+        if cgroup is not None:
+            (d / "cgroup").write_text(cgroup)
+
+    proc(1, environ=b"PATH=/bin\0SLURM_JOB_ID=4242\0HOME=/x\0")
+    proc(2, cgroup="0::/system.slice/slurmstepd.scope/job_77/step_0/user/task_0\n")
+    proc(3, cgroup="12:devices:/slurm/uid_1000/job_88/step_batch\n")
+    proc(4, environ=b"PATH=/bin\0", cgroup="0::/user.slice\n")
+    assert [job_of_pid(p, tmp_path) for p in (1, 2, 3, 4, 5)] == ["4242", "77", "88", None, None]
+
+
+def fake_pynvml(lost_after=None, fail=()):
+    """A stand-in for the pynvml module: the adapter's failure paths without a GPU."""
+    nv = types.SimpleNamespace()
+
+    class NVMLError(Exception):
+        def __init__(self, value):
+            self.value = value
+
+    calls = {"n": 0}
+    nv.NVMLError = NVMLError
+    nv.NVML_ERROR_GPU_IS_LOST, nv.NVML_ERROR_GPU_NOT_FOUND, nv.NVML_CLOCK_SM = 15, 28, 1
+    nv.nvmlInit = lambda: None
+    nv.nvmlShutdown = lambda: None
+    nv.nvmlDeviceGetCount = lambda: 1
+    nv.nvmlDeviceGetHandleByIndex = lambda i: f"h{i}"
+
+    def guard(name, value):
+        def fn(*args):
+            if lost_after is not None and calls["n"] > lost_after:
+                raise NVMLError(15)
+            if name in fail:
+                raise NVMLError(3)  # not supported
+            return value
+        return fn
+
+    def rates(handle):
+        calls["n"] += 1
+        return guard("rates", types.SimpleNamespace(gpu=70, memory=20))()
+
+    nv.nvmlDeviceGetUUID = guard("uuid", b"GPU-abc")
+    nv.nvmlDeviceGetName = guard("name", "NVIDIA H100")
+    nv.nvmlDeviceGetUtilizationRates = rates
+    nv.nvmlDeviceGetMemoryInfo = guard("memory", types.SimpleNamespace(used=2 << 30,
+                                                                        total=80 << 30))
+    nv.nvmlDeviceGetClockInfo = guard("clock", 1980)
+    nv.nvmlDeviceGetComputeRunningProcesses = guard(
+        "procs", [types.SimpleNamespace(pid=10, usedGpuMemory=1 << 30),
+                  types.SimpleNamespace(pid=11, usedGpuMemory=(1 << 64) - 1)])
+
+    def process_util(handle, since):
+        return [types.SimpleNamespace(pid=10, timeStamp=since + 5, smUtil=60, memUtil=15)]
+
+    nv.nvmlDeviceGetProcessUtilization = process_util
+
+    def no_gpm(handle):
+        raise NVMLError(3)
+
+    nv.nvmlGpmQueryDeviceSupport = no_gpm
+    return nv
+
+
+def test_nvml_adapter_per_metric_failure_is_none(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(fail=("memory", "clock")))
+    provider = NvmlProvider()
+    s = provider.sample(0)
+    assert (s.util_gpu, s.util_mem, s.name, s.uuid) == (70.0, 20.0, "NVIDIA H100", "GPU-abc")
+    assert s.mem_used_mib is None and s.sm_clock_mhz is None and not s.lost
+    assert s.gpm_sm_occupancy is None and s.gpm_dram_bw_util is None
+    by_pid = {p.pid: p for p in s.processes}
+    assert by_pid[10].used_mib == 1024.0 and by_pid[10].sm_util == 60.0
+    assert by_pid[11].used_mib is None and by_pid[11].sm_util is None  # NOT_AVAILABLE, no sample
+    provider.close()
+
+
+def test_nvml_adapter_lost_gpu(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(lost_after=2))
+    provider = NvmlProvider()
+    sampler = JobSampler(provider, "5", [0])
+    for _ in range(4):
+        sampler.sample_once()
+    (s,) = sampler.summaries()
+    assert s["samples"] == 2 and s["conditions"] == ["gpu-lost"] and s["mgup_max"] == 70.0
+
+
+# -- the collector ------------------------------------------------------------------------
+def test_collect_delivers_one_summary_per_gpu(tmp_path):
+    provider = ScenarioProvider(SHARED, job_id="7")
+    got = []
+    stop = threading.Event()
+    stop.set()  # one sample, then stop
+    n = agent.collect("7", "0", provider=provider, deliver=got.append, stop=stop, cluster="c1")
+    assert n == 1 and got[0]["job_id"] == "7" and got[0]["samples"] == 1
+
+
+def test_collect_without_telemetry_or_gpus_does_nothing(monkeypatch):
+    monkeypatch.delenv("GPUSHARE_TELEMETRY_SCENARIO", raising=False)
+    monkeypatch.setattr("slurm_gpushare.telemetry.open_provider", lambda *a, **k: None)
+    logs = []
+    assert agent.collect("7", "0", deliver=lambda s: None, stop=threading.Event(),
+                         log=logs.append) == 0
+    assert "no GPU telemetry" in logs[0]
+    provider = ScenarioProvider(ALONE)
+    assert agent.collect("7", "", provider=provider, deliver=lambda s: None,
+                         stop=threading.Event(), log=logs.append) == 0
+
+
+def serve_once(path, reply):
+    """A one-shot daemon stand-in: reads one line, answers ``reply``."""
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen(1)
+    received = []
+
+    def handle():
+        conn, _ = server.accept()
+        with conn:
+            data = b""
+            while not data.endswith(b"\n"):
+                data += conn.recv(65536)
+            received.append(json.loads(data))
+            conn.sendall(json.dumps(reply).encode() + b"\n")
+        server.close()
+
+    thread = threading.Thread(target=handle, daemon=True)
+    thread.start()
+    return received, thread
+
+
+def test_default_delivery_sends_ingest_or_spools(tmp_path):
+    sock = tmp_path / "d.sock"
+    summary = {"job_id": "9", "gpu_index": 0, "cluster": "c1", "mgup_max": 1.0}
+    received, thread = serve_once(sock, {"v": 1, "ok": True, "new": True})
+    deliver = agent.default_deliver(str(sock), tmp_path / "spool")
+    assert deliver(summary) == "sent"
+    thread.join(5)
+    assert received == [{"v": 1, "op": "ingest", "summary": summary}]
+    # a refusal or no daemon at all: spooled, and a later drain into the store ingests it
+    received, thread = serve_once(tmp_path / "e.sock", {"v": 1, "ok": False, "error": "busy"})
+    assert agent.default_deliver(str(tmp_path / "e.sock"), tmp_path / "spool")(summary) == "spooled"
+    assert deliver(summary | {"job_id": "10"}) == "spooled"
+    spooled = sorted(p.name for p in (tmp_path / "spool").iterdir())
+    assert spooled == ["c1-10-0.json", "c1-9-0.json"]
+    with Store(tmp_path / "s.db") as store:
+        assert agent.drain_spool(tmp_path / "spool", store.ingest_summary) == (2, 0)
+        assert len(store.all_summaries()) == 2
+    assert list((tmp_path / "spool").iterdir()) == []
+
+
+def wait_for(predicate, timeout=15.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_prolog_start_and_epilog_stop_are_idempotent_and_exit_0(tmp_path):
+    scenario = tmp_path / "profile.json"
+    scenario.write_text(json.dumps(SHARED))
+    state = tmp_path / "state"
+    common = ["--job-id", "31", "--gpus", "0", "--cluster", "c1", "--state-dir", str(state),
+              "--socket", str(tmp_path / "absent.sock"), "--scenario", str(scenario),
+              "--interval", "0.05"]
+    started = time.monotonic()
+    assert agent.main(["start", *common]) == 0
+    assert agent.main(["start", *common]) == 0  # already running: no second collector
+    assert time.monotonic() - started < 3  # the prolog is not held up
+    pidfile = agent.pid_path(state, "31")
+    pid = int(pidfile.read_text())
+    assert wait_for(lambda: b"collector" in (state / "agent.log").read_bytes())
+    time.sleep(0.3)
+    assert agent.main(["stop", *common, "--wait", "10"]) == 0
+    assert wait_for(lambda: (agent.spool_dir(state) / "c1-31-0.json").exists())
+    assert not pidfile.exists()
+    assert agent.main(["stop", *common]) == 0  # nothing to stop: still fine
+    summary = json.loads((agent.spool_dir(state) / "c1-31-0.json").read_text())
+    assert summary["samples"] >= 2 and summary["mgup_max"] == 50.0
+    log = (state / "agent.log").read_text()
+    assert log.count("collector started") == 1 and "already running" in log
+    assert f"pid {pid}" in log
+
+
+def test_bad_invocations_still_exit_0(tmp_path):
+    state = str(tmp_path / "st")
+    assert agent.main(["start", "--job-id", "", "--state-dir", state]) == 0
+    assert agent.main(["frobnicate"]) == 0
+    assert agent.main(["stop", "--job-id", "../../etc", "--state-dir", state]) == 0
+    assert not (tmp_path / "st" / "agent").exists()

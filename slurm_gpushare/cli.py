@@ -18,6 +18,7 @@ COMMAND_MODULES = [
     "slurm_gpushare.daemon",
     "slurm_gpushare.testcluster",
     "slurm_gpushare.demo",
+    "slurm_gpushare.memory_eval",
     "slurm_gpushare.kb_cli",
 ]
 # Command name -> module, for the lazy lookup; commands not listed are found by importing all.

@@ -20,6 +20,7 @@ COMMAND_MODULES = [
     "slurm_gpushare.demo",
     "slurm_gpushare.memory_eval",
     "slurm_gpushare.kb_cli",
+    "slurm_gpushare.report_cli",
 ]
 # Command name -> module, for the lazy lookup; commands not listed are found by importing all.
 COMMAND_INDEX = {

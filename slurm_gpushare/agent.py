@@ -206,6 +206,11 @@ def collect(job_id: str, gpus: str | None, *, provider=None, deliver: Deliver,
             log(f"job {job_id}: no GPU telemetry here (no NVML, no scenario); nothing collected")
             return 0
         indices = parse_gpus(gpus, provider)
+        if not indices and os.environ.get("SLURMD_NODENAME"):
+            # Slurm set no GPU variables (shards on 22.05, file-backed GPUs): ask slurmctld.
+            from .slurmjobs import gpu_indices
+
+            indices = gpu_indices(job_id, os.environ["SLURMD_NODENAME"])
         if not indices:
             log(f"job {job_id}: no GPUs given; nothing collected")
             return 0

@@ -30,6 +30,7 @@ import click
 
 from . import __version__
 from .config import Config, ConfigError, load_config
+from .estimate import HistoryEstimator
 from .fingerprint import Fingerprinter
 from .policy import decide
 from .protocol import ProtocolError, parse_request, reply_error, reply_ok
@@ -78,24 +79,26 @@ class RecordWriter:
         self.thread = threading.Thread(target=self._run, name="record-writer", daemon=True)
         self.thread.start()
 
-    def put(self, method: str, *args) -> None:
+    def put(self, work: Callable[..., Any], *args) -> None:
+        """Run ``work(*args)`` on the writer thread (dropped, with a log line, if backed up)."""
         if self.store is None:
             return
         try:
-            self.queue.put_nowait((method, args))
+            self.queue.put_nowait((work, args))
         except queue.Full:
-            _event(logging.WARNING, "record-dropped", method=method)
+            _event(logging.WARNING, "record-dropped", work=getattr(work, "__name__", "?"))
 
     def _run(self) -> None:
         while True:
             item = self.queue.get()
             if item is None:
                 return
-            method, args = item
+            work, args = item
             try:
-                getattr(self.store, method)(*args)
+                work(*args)
             except Exception:  # noqa: BLE001 -- a bad record must not stop the writer
-                log.exception("record-failed", extra={"fields": {"method": method}})
+                log.exception("record-failed",
+                              extra={"fields": {"work": getattr(work, "__name__", "?")}})
             finally:
                 self.queue.task_done()
 
@@ -128,6 +131,10 @@ class Predictor:
         self.fingerprinter = fingerprinter or Fingerprinter.from_file(config.daemon.secret_file)
         self.store = store
         self.records = RecordWriter(store)
+        self.estimator = None
+        if store is not None:
+            self.estimator = HistoryEstimator(store)
+            self.estimator.estimate([], config)  # warm-up: first calls pay for imports
         self.counters: Counter[str] = Counter()
         self._lock = threading.Lock()
 
@@ -176,7 +183,11 @@ class Predictor:
         decision_id = secrets.token_hex(4)
         keys = self.fingerprinter.keys_from_digests(
             request.user or str(request.uid), request.script_digest, request.name_digest)
-        decision = decide(request, config, decision_id=decision_id)
+        estimate, history = None, "no store"
+        if self.estimator is not None:
+            estimate, history = self.estimator.estimate(keys.as_list(), config,
+                                                        request.mem_hint_mib)
+        decision = decide(request, config, estimate=estimate, decision_id=decision_id)
         elapsed_us = int((time.perf_counter() - started) * 1e6)
         self._count(f"{op}:{decision.action}")
         _event(logging.INFO, "decision" if op == "decide" else "explain",
@@ -184,12 +195,14 @@ class Predictor:
                reason=decision.reason, uid=request.uid, account=request.account,
                partition=request.partition, share_gib=decision.share_gib,
                gpu_types=list(decision.gpu_types), writes=dict(decision.writes),
+               job_class=estimate.job_class if estimate else None, history=history,
                decide_us=elapsed_us)
         if op == "decide":
-            self.records.put("record_decision", {
+            self.records.put(self.store.record_decision, {
                 **decision.to_dict(), "ts": time.time(), "uid": request.uid,
                 "account": request.account, "partition": request.partition,
-                "keys": keys.as_list()})
+                "keys": keys.as_list(),
+                "job_class": estimate.job_class if estimate else None})
         return reply_ok(decision)
 
     def _ingest(self, message: dict[str, Any]) -> dict[str, Any]:
@@ -197,9 +210,24 @@ class Predictor:
         summary = message.get("summary")
         if not isinstance(summary, dict):
             raise ProtocolError("summary must be an object")
-        self.records.put("ingest_summary", summary)
+        self.records.put(self._store_summary, summary)
         self._count("ingest")
         return reply_ok()
+
+    def _store_summary(self, summary: dict[str, Any]) -> None:
+        """On the writer thread: keep the summary and tie the job to its decision, so the
+        summary becomes history under the job's fingerprint keys."""
+        if not self.store.ingest_summary(summary):
+            return
+        job_id = str(summary.get("job_id", ""))
+        job = lookup_job(job_id) if job_id else None
+        linked = bool(job and job.decision_id and self.store.link_decision(
+            job.decision_id, job_id, str(summary.get("cluster", ""))))
+        if self.estimator is not None:
+            self.estimator.invalidate()
+        _event(logging.INFO, "ingested", job_id=job_id, gpu_index=summary.get("gpu_index"),
+               gpu_model=summary.get("gpu_model"), peak_mib=summary.get("mgmap_max_mib"),
+               linked=linked, coruns=len(summary.get("coruns") or []))
 
     def _job(self, message: dict[str, Any], peer: Peer) -> dict[str, Any]:
         """The decision recorded for one job; owners and admins only."""
@@ -291,6 +319,8 @@ class DaemonServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
 
     daemon_threads = True
     allow_reuse_address = True
+    # socketserver's default backlog of 5 refuses (EAGAIN) a burst of connections.
+    request_queue_size = 256
 
     def __init__(self, predictor: Predictor, *, public: bool = False,
                  stopping: threading.Event | None = None):

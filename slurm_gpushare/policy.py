@@ -156,6 +156,9 @@ def decide(request: JobRequest, config: Config, *, estimate: JobEstimate | None 
     if estimate is None:
         return keep_tagged("first-run", "no history yet: runs on a whole GPU and is profiled "
                                         "so that its next run can share")
+    if not estimate.memory_mib:
+        return keep_tagged("memory-unknown", f"{estimate.detail}; keeps a whole GPU",
+                           source=estimate.source)
     candidates = list(config.gpu_types)
     if gpu.type:
         candidates = [g for g in candidates if g.name == gpu.type]

@@ -80,3 +80,22 @@ def lookup_job(job_id: str, timeout: float = 5.0) -> SlurmJob | None:
             return SlurmJob(job_id, int(fields[1]) if fields[1].isdigit() else None,
                             fields[4], fields[2], fields[3])
     return None
+
+
+def gpu_indices(job_id: str, node: str, timeout: float = 10.0) -> list[int]:
+    """GPU indices a job holds on one node, from ``scontrol show job -d``.
+
+    The fallback when Slurm sets neither SLURM_JOB_GPUS nor CUDA_VISIBLE_DEVICES (shards on
+    22.05, file-backed test GPUs): lines like ``Nodes=n1 CPU_IDs=0 Mem=0 GRES=shard:8(IDX:0)``.
+    """
+    out = _run(["scontrol", "show", "job", "-d", job_id], timeout) or ""
+    indices: set[int] = set()
+    for nodes, spec in re.findall(r"Nodes=(\S+) .*?GRES=(\S+)", out):
+        if nodes != node and node not in (_run(["scontrol", "show", "hostnames", nodes],
+                                                timeout) or "").split():
+            continue
+        for group in re.findall(r"\(IDX:([\d,\-]+)\)", spec):
+            for part in group.split(","):
+                low, _, high = part.partition("-")
+                indices.update(range(int(low), int(high or low) + 1))
+    return sorted(indices)

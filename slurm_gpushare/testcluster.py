@@ -29,6 +29,8 @@ from typing import Callable
 import click
 
 from .config import load_config
+from .telemetry.fakegpu import ROOT_ENV as FAKEGPU_ROOT_ENV
+from .telemetry.fakegpu import write_board
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_STATE_DIR = "/tmp/slurm-gpushare-cluster"
@@ -64,6 +66,8 @@ NODES = (
     FakeNode("a100-2", "a100", 2, 80),
 )
 GPU_MODELS = {"v100": "V100-16GB", "a100": "A100-80GB"}
+# What NVML would call the fake GPUs, and the memory it would report (MiB).
+NVML_NAMES = {"v100": ("Tesla V100-SXM2-16GB", 16160), "a100": ("NVIDIA A100-SXM4-80GB", 81920)}
 
 
 class ClusterError(click.ClickException):
@@ -131,6 +135,19 @@ class TestCluster:
         return self.run / "gpushare.sock"
 
     @property
+    def fakegpu_root(self) -> Path:
+        return self.root / "fakegpu"
+
+    def training_script(self, *, work_s: float, util: float = 50.0, mem_util: float = 20.0,
+                        mem_mib: dict[str, float] | None = None) -> str:
+        """A job script that "trains" on its fake GPU (see telemetry/fakegpu.py)."""
+        mem = " ".join(f"--mem {t}:{m:g}" for t, m in (mem_mib or {"v100": 6000}).items())
+        return ("#!/bin/sh\n# an ordinary training job on the test cluster's fake GPUs\n"
+                f"export {FAKEGPU_ROOT_ENV}={self.fakegpu_root} PYTHONPATH={REPO}\n"
+                f"exec {self.python} -m slurm_gpushare.telemetry.fakegpu run "
+                f"--work {work_s:g} --util {util:g} --mem-util {mem_util:g} {mem}\n")
+
+    @property
     def daemon_config(self) -> Path:
         return self.etc / "gpushare.toml"
 
@@ -152,13 +169,32 @@ class TestCluster:
     # ---- configuration ---------------------------------------------------------------------
     def write_config(self) -> None:
         for sub in ("etc", "log", "run", "ctld", "spool", "munge", "mysql", "dev", "jobs",
-                    "predictor"):
+                    "predictor", "fakegpu"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         for node in self.nodes:
             devdir = self.root / "dev" / node.name
             devdir.mkdir(parents=True, exist_ok=True)
             for index in range(node.gpus):
                 (devdir / f"nvidia{index}").touch()
+            name, total = NVML_NAMES[node.gpu_type]
+            write_board(self.fakegpu_root, node.name, node.gpu_type,
+                        [{"index": i, "name": name, "mem_total_mib": total}
+                         for i in range(node.gpus)])
+        # Telemetry collection: prolog/epilog wrappers that point the agent at this cluster.
+        self._write(self.etc / "gpushare-agent.env", "\n".join([
+            f"PATH=/usr/sbin:/usr/bin:/sbin:/bin",
+            f"SLURM_CONF={self.slurm_conf}",
+            f"GPUSHARE_PYTHON={self.python}",
+            f"GPUSHARE_STATE_DIR={self.root}/agent",
+            f"GPUSHARE_SOCKET={self.daemon_socket}",
+            f"GPUSHARE_FAKEGPU_ROOT={self.fakegpu_root}",
+            f"PYTHONPATH={REPO}",
+            "export PATH SLURM_CONF PYTHONPATH",
+        ]) + "\n")
+        for hook in ("prolog", "epilog"):
+            self._write(self.etc / hook, "#!/bin/sh\n"
+                        f"GPUSHARE_AGENT_ENV={self.etc}/gpushare-agent.env "
+                        f"exec {REPO}/scripts/{hook}.sh\n", mode=0o755)
         self._write(self.slurm_conf, self._slurm_conf())
         self._write(self.etc / "gres.conf", self._gres_conf())
         self._write(self.etc / "slurmdbd.conf", self._slurmdbd_conf(), mode=0o600)
@@ -211,6 +247,8 @@ class TestCluster:
             "SlurmdDebug=info",
             "SlurmdParameters=config_overrides",
             "ProctrackType=proctrack/linuxproc",
+            f"Prolog={self.etc}/prolog",
+            f"Epilog={self.etc}/epilog",
             "TaskPlugin=task/none",
             "MpiDefault=none",
             "SelectType=select/cons_tres",
@@ -530,7 +568,9 @@ class TestCluster:
             lines = [line for line in out.splitlines() if line]
             if not lines:
                 return False
-            record.update(zip(fields.split(","), lines[0].split("|")))
+            names = fields.split(",")
+            # The last field may itself contain "|" (free text): split only as far as needed.
+            record.update(zip(names, lines[0].split("|", len(names) - 1)))
             return record.get("State", "") not in ("PENDING", "RUNNING", "")
 
         _wait_until(stored, timeout, f"accounting for job {job_id}", interval=0.5)

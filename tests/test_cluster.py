@@ -34,12 +34,15 @@ def test_ordinary_gpu_job_becomes_a_share(cluster):
               if str(j["job_id"]) == job_id]
     assert queued and queued[0]["tres_per_node"] == "gres:shard:8"
 
-    record = cluster.sacct(job_id, "JobID,State,AdminComment,AllocTRES,Constraints,NodeList")
+    # Free text last: Constraints may hold "|", sacct -P's delimiter.
+    record = cluster.sacct(job_id, "JobID,State,AllocTRES,NodeList,AdminComment,Constraints")
     assert record["State"] == "COMPLETED"
     assert record["AdminComment"] == job["AdminComment"]
     assert "gres/shard=8" in record["AllocTRES"] and "gres/gpu=" not in record["AllocTRES"]
-    # 22.05's slurmdbd leaves Constraints empty: the tag's types= is the durable record.
     assert record["NodeList"] in {"a100-1", "a100-2", "v100-1", "v100-2"}
+    # 22.05 fills Constraints in some accounting records and leaves it empty in others: the
+    # tag's types= is the durable record of where a share was allowed to run.
+    assert record["Constraints"] in ("a100|v100", "")
 
     # The daemon logged the same decision, with its reason.
     decisions = [json.loads(line) for line in (cluster.log / "gpushare.log").read_text().splitlines()]

@@ -3,7 +3,8 @@
 A *provider* answers ``device_indices()``, ``sample(index) -> DeviceSample``,
 ``job_of_pid(pid)`` and ``close()``. ``open_provider`` picks the scenario provider when a
 profile is given (or ``$GPUSHARE_TELEMETRY_SCENARIO`` names one), real NVML otherwise, and
-returns None where neither is available (no driver, no GPU): callers then collect nothing.
+on the local test cluster the fake-GPU board ($GPUSHARE_FAKEGPU_ROOT); returns None where
+none is available (no driver, no GPU): callers then collect nothing.
 """
 
 from __future__ import annotations
@@ -27,6 +28,11 @@ def open_provider(scenario: str | os.PathLike | None = None, *, job_id: str | No
     scenario = scenario or os.environ.get(SCENARIO_ENV)
     if scenario:
         return ScenarioProvider.from_file(scenario, job_id=job_id)
+    fake_root, node = os.environ.get("GPUSHARE_FAKEGPU_ROOT"), os.environ.get("SLURMD_NODENAME")
+    if fake_root and node:  # the local test cluster's fake GPUs
+        from .fakegpu import FakeGpuProvider
+
+        return FakeGpuProvider(fake_root, node)
     try:
         return NvmlProvider()
     except Exception:  # noqa: BLE001 -- no driver / no GPU: telemetry is simply absent

@@ -1,0 +1,10 @@
+#!/bin/sh
+# slurm-gpushare prolog: start the job's GPU telemetry collector and return at once.
+# slurm.conf: Prolog=/path/to/prolog.sh (runs as root on each node of the job).
+# Settings (GPUSHARE_PYTHON, GPUSHARE_STATE_DIR, GPUSHARE_SOCKET, ...) come from
+# $GPUSHARE_AGENT_ENV (default /etc/default/slurm-gpushare). It never delays or fails a job:
+# whatever happens, it exits 0.
+[ -r "${GPUSHARE_AGENT_ENV:-/etc/default/slurm-gpushare}" ] && . "${GPUSHARE_AGENT_ENV:-/etc/default/slurm-gpushare}"
+export GPUSHARE_STATE_DIR GPUSHARE_SOCKET GPUSHARE_FAKEGPU_ROOT GPUSHARE_TELEMETRY_SCENARIO
+"${GPUSHARE_PYTHON:-/opt/slurm-gpushare/bin/python}" -m slurm_gpushare.agent start >/dev/null 2>&1
+exit 0

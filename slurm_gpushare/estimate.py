@@ -1,0 +1,118 @@
+"""What a job's own history says about its next run: a ``policy.JobEstimate``.
+
+History is the telemetry summaries of the job's earlier runs, found in the store by its keyed
+fingerprint (exact script, then job name, then user). From them: the OOM-safe peak memory on
+every configured GPU type (observed peaks per type, carried to other types by the cross-type
+predictor, plus its calibrated margin), the run time per type, and the interference class.
+Nothing here looks at the job's model, data or hyper-parameters: only NVML telemetry.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from typing import Any, Mapping, Sequence
+
+from .config import Config
+from .policy import JobEstimate
+
+
+def observed_peaks(history: Sequence[Mapping[str, Any]]) -> dict[str, list[float]]:
+    """Peak MiB per GPU model from the runs matched by the most specific key.
+
+    Runs that never touched the GPU (peak 0: a job that held it but ran nothing on it) say
+    nothing about the job's need and are skipped.
+    """
+    usable = [s for s in history if (s.get("mgmap_max_mib") or 0) > 0 and s.get("gpu_model")]
+    if not usable:
+        return {}
+    best = min(s.get("matched_key", 0) for s in usable)
+    peaks: dict[str, list[float]] = defaultdict(list)
+    for summary in usable:
+        if summary.get("matched_key", 0) == best:
+            peaks[summary["gpu_model"]].append(float(summary["mgmap_max_mib"]))
+    return dict(peaks)
+
+
+def observed_runtimes(history: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """Median duration per GPU model of the runs that did not share their GPU."""
+    durations: dict[str, list[float]] = defaultdict(list)
+    for summary in history:
+        if summary.get("gpu_model") and summary.get("duration_s") and not summary.get("coruns"):
+            durations[summary["gpu_model"]].append(float(summary["duration_s"]))
+    return {model: sorted(values)[len(values) // 2] for model, values in durations.items()}
+
+
+class HistoryEstimator:
+    """Builds estimates for the daemon; thread-safe; cached until the next ingest."""
+
+    def __init__(self, store, *, predictor=None, classes=None, runtime=None):
+        from .classes import default_classes
+        from .memory import default_predictor
+        from .runtime import RuntimeTransfer, load_gavel
+
+        self.store = store
+        self.predictor = predictor or default_predictor()
+        self.classes = classes or default_classes()
+        self.runtime = runtime or RuntimeTransfer().fit(load_gavel())
+        self._cache: dict[tuple, tuple[JobEstimate | None, str]] = {}
+        self._lock = threading.Lock()
+
+    def invalidate(self) -> None:
+        with self._lock:
+            self._cache.clear()
+
+    def estimate(self, keys: Sequence[str], config: Config,
+                 hint_mib: int | None = None) -> tuple[JobEstimate | None, str]:
+        """``(estimate, why)``; the estimate is None when the job has no usable history."""
+        cache_key = (tuple(keys), hint_mib, id(config))
+        with self._lock:
+            if cache_key in self._cache:
+                return self._cache[cache_key]
+        result = self._estimate(keys, config, hint_mib)
+        with self._lock:
+            self._cache[cache_key] = result
+        return result
+
+    def _estimate(self, keys, config, hint_mib) -> tuple[JobEstimate | None, str]:
+        from .knowledge import class_of_history
+        from .memory import estimate_memory
+
+        history = self.store.history(list(keys)) if keys else []
+        peaks = observed_peaks(history)
+        if not peaks:
+            return None, "no earlier run with GPU telemetry"
+        job_class, class_detail = class_of_history(self.classes, history)
+        verdict = estimate_memory(peaks, config.gpu_types, self.predictor, hint_mib=hint_mib)
+        if not verdict.known:
+            return JobEstimate(source="history", memory_mib={}, job_class=job_class,
+                               detail=verdict.reason), verdict.reason
+        runtime_s = self._runtimes(history, config)
+        seen = ", ".join(f"{max(v) / 1024:.1f} GiB on {model}" for model, v in peaks.items())
+        estimate = verdict.job_estimate(runtime_s=runtime_s or None, job_class=job_class)
+        detail = f"history: peak {seen}; {estimate.detail}" if estimate.detail else f"history: peak {seen}"
+        if job_class is not None:
+            detail += f"; {class_detail.split(' (')[0]}"
+        estimate = JobEstimate(source="history", memory_mib=estimate.memory_mib,
+                               runtime_s=estimate.runtime_s, job_class=job_class, detail=detail)
+        return estimate, detail
+
+    def _runtimes(self, history, config) -> dict[str, float]:
+        """Predicted run time per configured type from the job's solo runs (catalogue models)."""
+        from .gpus import default_catalogue
+
+        catalogue = default_catalogue()
+        observed = {}
+        for name, seconds in observed_runtimes(history).items():
+            try:
+                observed[catalogue.lookup(name).model] = seconds
+            except KeyError:
+                continue
+        out = {}
+        for gpu_type in config.gpu_types if observed else ():
+            try:
+                target = catalogue.for_gpu_type(gpu_type).model
+                out[gpu_type.name] = float(self.runtime.predict_runtime(observed, target))
+            except (KeyError, ValueError):
+                continue
+        return out

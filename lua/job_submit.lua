@@ -136,6 +136,7 @@ local function read_request(job_desc, part_list, submit_uid)
     mem_per_tres = job_desc.mem_per_tres,
     ntasks_per_tres = job_desc.ntasks_per_tres,
     features = job_desc.features,
+    exc_nodes = job_desc.exc_nodes,
     time_limit = job_desc.time_limit,
     min_nodes = job_desc.min_nodes,
     max_nodes = job_desc.max_nodes,
@@ -204,7 +205,7 @@ local function validate(reply, request)
   return decision
 end
 
-local function record_failure(why)
+local function record_failure(uid, why)
   failures = failures + 1
   counters.failed = counters.failed + 1
   local note = ""
@@ -212,7 +213,7 @@ local function record_failure(why)
     open_until = socket.gettime() + settings.breaker_cooldown_s
     note = string.format("; not asking for %ds", settings.breaker_cooldown_s)
   end
-  slurm.log_info("gpushare: job left as submitted: %s%s", why, note)
+  slurm.log_info("gpushare: job left as submitted (uid %s): %s%s", tostring(uid), why, note)
 end
 
 function slurm_job_submit(job_desc, part_list, submit_uid)
@@ -229,7 +230,8 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
     if open_until > 0 then
       if socket.gettime() < open_until then
         counters.skipped = counters.skipped + 1
-        slurm.log_info("gpushare: job left as submitted: daemon unavailable (breaker open)")
+        slurm.log_info("gpushare: job left as submitted (uid %s): daemon unavailable (breaker open)",
+                       tostring(job_desc.user_id))
         return
       end
       open_until = 0 -- half-open: this call is the probe
@@ -240,12 +242,13 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
                       job = read_request(job_desc, part_list, submit_uid) }
     counters.asked = counters.asked + 1
     local line, why = ask_daemon(request)
-    if not line then return record_failure(why) end
+    local uid = job_desc.user_id
+    if not line then return record_failure(uid, why) end
     local parsed_ok, reply = pcall(cjson.decode, line)
-    if not parsed_ok then drop_connection(); return record_failure("unreadable reply") end
+    if not parsed_ok then drop_connection(); return record_failure(uid, "unreadable reply") end
     local decision
     decision, why = validate(reply, request)
-    if not decision then drop_connection(); return record_failure(why) end
+    if not decision then drop_connection(); return record_failure(uid, why) end
     failures = 0
 
     -- All checks passed: write every field now, in one go.

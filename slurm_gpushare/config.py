@@ -55,6 +55,8 @@ class DaemonConfig:
     secret_file: str = "/etc/slurm-gpushare/secret"
     # Slurm ClusterName, recorded with job ids (job ids are unique per cluster only).
     cluster_name: str = ""
+    # How often the view of running shares (squeue/sinfo) is refreshed, in the background.
+    view_refresh_s: float = 5.0
 
 
 @dataclass(frozen=True)

@@ -29,12 +29,13 @@ from typing import Any, Callable
 import click
 
 from . import __version__
+from .clusterview import SlurmClusterView
 from .config import Config, ConfigError, load_config
 from .estimate import HistoryEstimator
 from .fingerprint import Fingerprinter
 from .policy import decide
 from .protocol import ProtocolError, parse_request, reply_error, reply_ok
-from .slurmjobs import lookup_job
+from .slurmjobs import lookup_job, parse_tag
 from .store import Store
 
 log = logging.getLogger("slurm_gpushare.daemon")
@@ -126,15 +127,20 @@ class Predictor:
     USER_OPS = {"ping", "explain", "job"}
 
     def __init__(self, config: Config, *, fingerprinter: Fingerprinter | None = None,
-                 store: Store | None = None):
+                 store: Store | None = None, view=None):
         self.config = config
         self.fingerprinter = fingerprinter or Fingerprinter.from_file(config.daemon.secret_file)
         self.store = store
         self.records = RecordWriter(store)
         self.estimator = None
+        self.knowledge = None
+        self.view = view
         if store is not None:
+            from .knowledge import KnowledgeBase
+
             self.estimator = HistoryEstimator(store)
             self.estimator.estimate([], config)  # warm-up: first calls pay for imports
+            self.knowledge = KnowledgeBase.from_store(store, self.estimator.classes)
         self.counters: Counter[str] = Counter()
         self._lock = threading.Lock()
 
@@ -185,9 +191,10 @@ class Predictor:
             request.user or str(request.uid), request.script_digest, request.name_digest)
         estimate, history = None, "no store"
         if self.estimator is not None:
-            estimate, history = self.estimator.estimate(keys.as_list(), config,
+            estimate, history = self.estimator.estimate(keys.sizing_keys(), config,
                                                         request.mem_hint_mib)
-        decision = decide(request, config, estimate=estimate, decision_id=decision_id)
+        decision = decide(request, config, estimate=estimate, view=self.view,
+                          knowledge=self.knowledge, decision_id=decision_id)
         elapsed_us = int((time.perf_counter() - started) * 1e6)
         self._count(f"{op}:{decision.action}")
         _event(logging.INFO, "decision" if op == "decide" else "explain",
@@ -225,9 +232,41 @@ class Predictor:
             job.decision_id, job_id, str(summary.get("cluster", ""))))
         if self.estimator is not None:
             self.estimator.invalidate()
+        learned = self._learn_coruns(summary, job) if linked else 0
         _event(logging.INFO, "ingested", job_id=job_id, gpu_index=summary.get("gpu_index"),
                gpu_model=summary.get("gpu_model"), peak_mib=summary.get("mgmap_max_mib"),
-               linked=linked, coruns=len(summary.get("coruns") or []))
+               linked=linked, coruns=len(summary.get("coruns") or []), learned=learned)
+
+    def _learn_coruns(self, summary: dict[str, Any], job) -> int:
+        """Record this job's side of each co-run (its class and measured slowdown) and
+        rebuild the knowledge base when a pair has both sides. Returns pairs completed."""
+        from .estimate import config_type_of, observed_runtimes
+        from .knowledge import KnowledgeBase, measured_isd
+
+        coruns = [c for c in summary.get("coruns") or [] if c.get("job_id")]
+        record = self.store.decision(job.decision_id) if coruns else None
+        if not record:
+            return 0
+        duration = float(summary.get("duration_s") or 0)
+        solo = observed_runtimes(self.store.history(record.get("keys", []))).get(
+            summary.get("gpu_model", ""))
+        gpu_type = config_type_of(summary.get("gpu_model", ""), self.config)
+        cluster = str(summary.get("cluster", ""))
+        completed = 0
+        for corun in coruns:
+            other = lookup_job(str(corun["job_id"]))
+            other_class = parse_tag(other.admin_comment).get("class") if other else None
+            # A measured slowdown only when the co-run covered (nearly) the whole run.
+            isd = (measured_isd(duration, solo) if solo and duration
+                   and float(corun.get("overlap_s") or 0) >= 0.8 * duration else None)
+            self.store.record_corun(
+                job.job_id, str(corun["job_id"]), cluster=cluster,
+                gpu_uuid=str(summary.get("gpu_uuid") or ""), overlap_s=corun.get("overlap_s"),
+                gpu_type=gpu_type, class_a=record.get("job_class"),
+                class_b=int(other_class) if other_class is not None else None, isd_a=isd)
+            completed += 1
+        self.knowledge = KnowledgeBase.from_store(self.store, self.estimator.classes)
+        return completed
 
     def _job(self, message: dict[str, Any], peer: Peer) -> dict[str, Any]:
         """The decision recorded for one job; owners and admins only."""
@@ -371,7 +410,9 @@ def open_store(config: Config) -> Store:
 def serve(config_path: str | None) -> None:
     config = load_config(config_path)
     setup_logging(config)
-    predictor = Predictor(config, store=open_store(config))
+    view = SlurmClusterView(config, interval_s=config.daemon.view_refresh_s)
+    view.start()
+    predictor = Predictor(config, store=open_store(config), view=view)
     stopping = threading.Event()
     servers = [DaemonServer(predictor, stopping=stopping)]
     if config.daemon.query_socket:

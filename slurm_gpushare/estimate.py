@@ -34,6 +34,39 @@ def observed_peaks(history: Sequence[Mapping[str, Any]]) -> dict[str, list[float
     return dict(peaks)
 
 
+# A peak at this share of the GPU's memory (as NVML measured it) means the framework grabbed
+# the memory up front (TensorFlow, JAX) rather than needing it.
+PREALLOC_PCT = 95.0
+
+
+def preallocated(history: Sequence[Mapping[str, Any]]) -> str:
+    """Why the job looks like a pre-allocating framework, or "" if it does not."""
+    for summary in history:
+        pct = summary.get("mgmap_max_pct")
+        if pct is not None and pct >= PREALLOC_PCT:
+            return (f"its peak was {pct:.0f}% of a {summary.get('gpu_model') or 'GPU'}"
+                    f" ({(summary.get('mgmap_max_mib') or 0) / 1024:.1f} GiB)")
+    return ""
+
+
+def config_type_of(gpu_model: str, config: Config) -> str | None:
+    """The configured GPU type name of an NVML/catalogue model name, if any."""
+    from .gpus import default_catalogue
+
+    catalogue = default_catalogue()
+    try:
+        model = catalogue.lookup(gpu_model).model
+    except KeyError:
+        return None
+    for gpu_type in config.gpu_types:
+        try:
+            if catalogue.for_gpu_type(gpu_type).model == model:
+                return gpu_type.name
+        except KeyError:
+            continue
+    return None
+
+
 def observed_runtimes(history: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     """Median duration per GPU model of the runs that did not share their GPU."""
     durations: dict[str, list[float]] = defaultdict(list)
@@ -64,7 +97,11 @@ class HistoryEstimator:
 
     def estimate(self, keys: Sequence[str], config: Config,
                  hint_mib: int | None = None) -> tuple[JobEstimate | None, str]:
-        """``(estimate, why)``; the estimate is None when the job has no usable history."""
+        """``(estimate, why)``; the estimate is None when the job has no usable history.
+
+        ``keys`` are the job's exact-script and job-name keys, most specific first. Never the
+        user-only key: a user's other jobs say nothing reliable about this one's memory.
+        """
         cache_key = (tuple(keys), hint_mib, id(config))
         with self._lock:
             if cache_key in self._cache:
@@ -83,6 +120,13 @@ class HistoryEstimator:
         if not peaks:
             return None, "no earlier run with GPU telemetry"
         job_class, class_detail = class_of_history(self.classes, history)
+        grabbed = preallocated(history)
+        if grabbed:
+            if hint_mib:  # the user's hint is all that can size it: the policy's hint path
+                return None, f"{grabbed}; sized from the memory hint"
+            why = f"{grabbed}: the framework pre-allocates, so its need is unknown"
+            return JobEstimate(source="history", memory_mib={}, job_class=job_class,
+                               detail=why), why
         verdict = estimate_memory(peaks, config.gpu_types, self.predictor, hint_mib=hint_mib)
         if not verdict.known:
             return JobEstimate(source="history", memory_mib={}, job_class=job_class,
@@ -94,7 +138,8 @@ class HistoryEstimator:
         if job_class is not None:
             detail += f"; {class_detail.split(' (')[0]}"
         estimate = JobEstimate(source="history", memory_mib=estimate.memory_mib,
-                               runtime_s=estimate.runtime_s, job_class=job_class, detail=detail)
+                               runtime_s=estimate.runtime_s, job_class=job_class, detail=detail,
+                               excluded=verdict.excluded)
         return estimate, detail
 
     def _runtimes(self, history, config) -> dict[str, float]:

@@ -103,6 +103,10 @@ class JobKeys:
     name: str = ""
     user: str = ""
 
+    def sizing_keys(self) -> list[str]:
+        """The keys whose history may size a share: exact script, then job name."""
+        return [k for k in (self.exact, self.name) if k]
+
     def as_list(self) -> list[str]:
         """Non-empty keys, most specific first (the order ``Store.history`` expects)."""
         return [k for k in (self.exact, self.name, self.user) if k]

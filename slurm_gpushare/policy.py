@@ -33,6 +33,7 @@ class JobEstimate:
     runtime_s: Mapping[str, float] = field(default_factory=dict)
     job_class: int | None = None
     detail: str = ""  # one phrase for the reason, e.g. "peak 9.1 GiB on v100 + 12% margin"
+    excluded: Mapping[str, str] = field(default_factory=dict)  # type -> why it cannot hold the job
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,34 @@ class ClusterView(Protocol):
     """The cluster as a decision sees it (the daemon's cached sinfo/squeue, or the simulator)."""
 
     def nodes(self) -> Sequence[NodeView]: ...
+
+
+class Compatibility(Protocol):
+    """Which interference classes may share a GPU (knowledge.KnowledgeBase)."""
+
+    def compatible(self, class_a: int, class_b: int, gpu_type: str | None = None) -> bool: ...
+
+
+def incompatible_nodes(job_class: int | None, fits: Sequence[GpuType], partitions: Sequence[str],
+                       view: ClusterView | None, knowledge: Compatibility | None
+                       ) -> tuple[list[str], int]:
+    """Nodes of the fitting types whose resident shares would interfere with the job.
+
+    Returns ``(excluded, candidates)``. Slurm places shards by node, not by GPU, so a node is
+    excluded when any share running on it is of an incompatible class. Nothing is excluded
+    when that would leave no candidate node (the job would only wait longer).
+    """
+    if job_class is None or view is None or knowledge is None:
+        return [], 0
+    types = {g.name for g in fits}
+    candidates = [n for n in view.nodes() if n.gpu_type in types
+                  and (not n.partitions or any(p in n.partitions for p in partitions))]
+    excluded = [n.name for n in candidates
+                if any(not knowledge.compatible(job_class, r, n.gpu_type)
+                       for r in n.resident_classes)]
+    if len(excluded) == len(candidates):
+        return [], len(candidates)
+    return sorted(excluded), len(candidates)
 
 
 def _keep(code: str, reason: str, decision_id: str = "", **details) -> Decision:
@@ -111,7 +140,8 @@ def _tag(action: str, decision_id: str, code: str, **fields) -> str:
 
 
 def decide(request: JobRequest, config: Config, *, estimate: JobEstimate | None = None,
-           view: ClusterView | None = None, decision_id: str = "") -> Decision:
+           view: ClusterView | None = None, knowledge: Compatibility | None = None,
+           decision_id: str = "") -> Decision:
     """Keep the job as submitted, or turn its one whole GPU into a share of GPU memory.
 
     Jobs that cannot or must not share (no GPU, several GPUs, multi-node, exclusive, partition
@@ -169,6 +199,8 @@ def decide(request: JobRequest, config: Config, *, estimate: JobEstimate | None 
     for gpu_type in candidates:
         need = estimate.memory_mib.get(gpu_type.name)
         if need is None:
+            if gpu_type.name in estimate.excluded:
+                too_big.append(gpu_type)
             continue
         (fits if need <= gpu_type.memory_gib * 1024 else too_big).append(gpu_type)
     if not fits:
@@ -188,16 +220,28 @@ def decide(request: JobRequest, config: Config, *, estimate: JobEstimate | None 
         # 22.05: a shared gres per job needs one node; move it per node and drop the job-wide GPU.
         writes["tres_per_job"] = tresmod.replace(request.tres_per_job, "gpu", None)
     writes["features"] = features
+    away, candidates = incompatible_nodes(estimate.job_class, fits, partitions, view, knowledge)
+    if away:
+        # Appended, not merged: the user's list may be a hostlist expression (n[1,3-4]).
+        writes["exc_nodes"] = ",".join(([request.exc_nodes] if request.exc_nodes else []) + away)
     type_names = tuple(g.name for g in fits)
     code = f"{estimate.source}-share"
-    writes["admin_comment"] = _tag("share", decision_id, code, shard=share_gib,
-                                   types="+".join(type_names))
+    tag_fields = {"shard": share_gib, "types": "+".join(type_names)}
+    if estimate.job_class is not None:
+        tag_fields["class"] = estimate.job_class
+    writes["admin_comment"] = _tag("share", decision_id, code, **tag_fields)
     reason = (f"{estimate.detail}: {share_gib} GiB share (gres/shard) on "
               f"{', '.join(f'{g.name} ({g.memory_gib} GiB)' for g in fits)}")
     if too_big:
         reason += f"; excluded {', '.join(g.name for g in too_big)} (does not fit)"
+    if away:
+        reason += (f"; away from {', '.join(away)} (resident shares of a class that interferes "
+                   f"with class {estimate.job_class})")
     return Decision(action="share", code=code, reason=reason, decision_id=decision_id,
                     writes=writes, share_gib=share_gib, gpu_types=type_names,
                     details={"source": estimate.source,
                              "memory_mib": dict(estimate.memory_mib),
-                             "excluded_types": [g.name for g in too_big]})
+                             "runtime_s": dict(estimate.runtime_s),
+                             "job_class": estimate.job_class,
+                             "excluded_types": [g.name for g in too_big],
+                             "excluded_nodes": away, "candidate_nodes": candidates})

@@ -36,12 +36,17 @@ WRITABLE_FIELDS = {
 
 STRING_FIELDS = (
     "user", "account", "partition", "qos", "tres_per_job", "tres_per_node", "tres_per_socket",
-    "tres_per_task", "cpus_per_tres", "mem_per_tres", "features", "script", "name", "comment",
+    "tres_per_task", "cpus_per_tres", "mem_per_tres", "features", "exc_nodes", "script", "name",
+    "comment",
 )
 NUMBER_FIELDS = (
     "uid", "time_limit", "min_nodes", "max_nodes", "num_tasks", "shared", "ntasks_per_tres",
 )
 JOB_FIELDS = STRING_FIELDS + NUMBER_FIELDS
+
+# Names Slurm gives jobs that were not named (sbatch reading stdin, --wrap, salloc/srun shells):
+# they would make unrelated jobs look like one, so they form no name key.
+GENERIC_JOB_NAMES = frozenset({"", "sbatch", "wrap", "bash", "sh", "interactive", "salloc"})
 
 
 class ProtocolError(ValueError):
@@ -71,6 +76,7 @@ class JobRequest:
     mem_per_tres: str = ""
     ntasks_per_tres: int | None = None
     features: str = ""
+    exc_nodes: str = ""
     time_limit_min: int | None = None
     min_nodes: int | None = None
     max_nodes: int | None = None
@@ -190,14 +196,15 @@ def parse_request(message: Any, *, opt_out_token: str = "gpushare=off",
         tres_per_socket=strings["tres_per_socket"], tres_per_task=strings["tres_per_task"],
         cpus_per_tres=strings["cpus_per_tres"], mem_per_tres=strings["mem_per_tres"],
         ntasks_per_tres=count("ntasks_per_tres"),
-        features=strings["features"],
+        features=strings["features"], exc_nodes=strings["exc_nodes"],
         time_limit_min=count("time_limit"),
         min_nodes=count("min_nodes"), max_nodes=count("max_nodes"), num_tasks=count("num_tasks"),
         # job_desc.shared: 0 = --exclusive, 2 = --exclusive=user, 3 = --exclusive=mcs.
         exclusive=shared in (0, 2, 3),
         opt_out=opt_out, mem_hint_mib=hint,
         script_digest=digest("script", strings["script"]) if digest and strings["script"] else "",
-        name_digest=digest("name", strings["name"]) if digest and strings["name"] else "",
+        name_digest=(digest("name", strings["name"])
+                     if digest and strings["name"].strip() not in GENERIC_JOB_NAMES else ""),
     )
     return op, request
 

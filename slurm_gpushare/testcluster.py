@@ -352,7 +352,7 @@ class TestCluster:
             f'secret_file = "{self.root}/predictor/secret"\n\n'
             "[policy]\n"
             'sharing_partitions = ["gpu"]\n'
-            'first_run = "default-share"\n'
+            'first_run = "whole-gpu"\n'
             "default_share_gib = 8\n\n"
             "[hook]\n"
             "timeout_ms = 50\n"
@@ -479,6 +479,12 @@ class TestCluster:
     def stop_daemon(self) -> None:
         self._terminate("gpushare")
 
+    def restart_daemon(self) -> None:
+        """Restart the predictor daemon (new code or config) and wait until the hook uses it."""
+        self.stop_daemon()
+        self.start_daemon()
+        self.wait_hook()
+
     def start(self) -> None:
         """Bring every component up; components already running are left as they are."""
         self.write_config()
@@ -488,6 +494,20 @@ class TestCluster:
         self.start_daemon()
         self._start_slurmctld()
         self._start_slurmds()
+        self.wait_hook()
+
+    def wait_hook(self, timeout: float = 60) -> None:
+        """Poll until slurmctld's hook gets answers from the daemon again (its circuit breaker
+        may still be open after a daemon restart): a held probe job must come back tagged."""
+
+        def tagged() -> bool:
+            job_id = self.sbatch("--hold", "--gres=gpu:1", "--comment=gpushare:mem=1G",
+                                 "--job-name=gpushare-probe", script="#!/bin/sh\ntrue\n")
+            comment = self.job(job_id).get("AdminComment", "")
+            self.slurm("scancel", job_id, check=False)
+            return comment.startswith("gpushare:")
+
+        _wait_until(tagged, timeout, "the hook to reach the daemon", interval=0.5)
 
     def _terminate(self, name: str, timeout: float = 30) -> None:
         pid = self._pid(name)

@@ -142,3 +142,23 @@ def test_request_parsing_turns_unset_markers_into_none_and_drops_texts():
 def test_config_errors_are_specific(raw, message):
     with pytest.raises(ConfigError, match=message):
         parse_config(raw)
+
+
+def test_generic_job_names_form_no_name_key():
+    for name, expected in (("sbatch", ""), ("wrap", ""), ("resnet-sweep", "name-digest")):
+        _, parsed = parse_request({"v": 1, "op": "decide", "job": {"uid": 5, "name": name}},
+                                  digest=lambda kind, text: f"{kind}-digest")
+        assert parsed.name_digest == expected
+
+
+def test_only_script_or_name_keys_size_a_share():
+    from slurm_gpushare.estimate import observed_peaks
+    from slurm_gpushare.fingerprint import Fingerprinter
+
+    keys = Fingerprinter(b"s" * 32).job_keys("alice", script="#!/bin/sh\ntrain\n", name="")
+    assert keys.sizing_keys() == [keys.exact] and keys.user not in keys.sizing_keys()
+    run = {"gpu_model": "Tesla V100-SXM2-16GB", "mgmap_max_mib": 9000.0}
+    # The most specific key's runs decide; runs that never touched the GPU say nothing.
+    assert observed_peaks([{**run, "matched_key": 1, "mgmap_max_mib": 5000.0},
+                           {**run, "matched_key": 0}]) == {"Tesla V100-SXM2-16GB": [9000.0]}
+    assert observed_peaks([{**run, "matched_key": 0, "mgmap_max_mib": 0}]) == {}

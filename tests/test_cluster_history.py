@@ -1,0 +1,99 @@
+"""End to end on the real cluster: a job's own telemetry decides its next run.
+
+First runs are profiled on whole GPUs (first_run = "whole-gpu"); the prolog/epilog collector
+reads the fake GPU board, the daemon stores the summary and links it to the job's keyed
+fingerprint; the resubmitted script is then sized, typed and classified from that history.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import uuid
+
+import pytest
+
+pytestmark = pytest.mark.cluster
+
+
+def unique_script(cluster, **workload) -> str:
+    # A fresh variable gives the script its own fingerprint in every test run (a comment would
+    # not: the fingerprint ignores comments, as a resubmitted script's edits often are).
+    shebang, rest = cluster.training_script(**workload).split("\n", 1)
+    return f"{shebang}\nRUN={uuid.uuid4().hex}\n{rest}"
+
+
+def decision_of(cluster, job: dict) -> dict:
+    decision_id = job["AdminComment"].split("id=")[1].split(":")[0]
+    for line in (cluster.log / "gpushare.log").read_text().splitlines():
+        entry = json.loads(line)
+        if entry.get("event") == "decision" and entry.get("id") == decision_id:
+            return entry
+    raise AssertionError(f"decision {decision_id} not logged")
+
+
+def wait_ingested(cluster, job_id: str, timeout: float = 60) -> dict:
+    """Poll the daemon log until the job's telemetry was stored and linked to its decision."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for line in (cluster.log / "gpushare.log").read_text().splitlines():
+            entry = json.loads(line)
+            if entry.get("event") == "ingested" and entry.get("job_id") == job_id:
+                assert entry["linked"], entry
+                return entry
+        time.sleep(0.25)
+    raise AssertionError(f"telemetry of job {job_id} never arrived")
+
+
+def profile(cluster, script: str, *args: str) -> dict:
+    """Run a job for the first time (whole GPU) and wait for its telemetry."""
+    job_id = cluster.sbatch("--gres=gpu:1", *args, script=script)
+    first = cluster.job(job_id)
+    assert first["TresPerNode"].startswith("gres:gpu:")
+    assert first["AdminComment"].endswith(":why=first-run")
+    assert cluster.wait_state(job_id, {"COMPLETED", "FAILED"}, timeout=90) == "COMPLETED"
+    return wait_ingested(cluster, job_id)
+
+
+def test_history_on_one_type_sizes_the_share_for_the_others(cluster):
+    script = unique_script(cluster, work_s=2, util=40, mem_mib={"v100": 9000, "a100": 9700})
+    ingested = profile(cluster, script, "--gres=gpu:v100:1")
+    assert ingested["gpu_model"] == "Tesla V100-SXM2-16GB" and ingested["peak_mib"] == 9000
+
+    job = cluster.job(cluster.sbatch("--gres=gpu:1", "--hold", script=script))
+    cluster.slurm("scancel", job["JobId"])
+    decision = decision_of(cluster, job)
+    assert decision["action"] == "share" and decision["code"] == "history-share"
+    assert set(decision["gpu_types"]) == {"v100", "a100"}
+    # Sized from the V100 peak for both types: the larger of the two safe estimates, in GiB.
+    assert "peak 8.8 GiB on Tesla V100-SXM2-16GB" in decision["reason"]
+    shards = int(job["TresPerNode"].rsplit(":", 1)[1])
+    assert math.ceil(9000 * 1.05 / 1024) <= shards <= 16
+    assert job["Features"] == "a100|v100"
+    assert f"shard={shards}" in job["AdminComment"] and ":class=" in job["AdminComment"]
+    assert decision["job_class"] is not None and decision["history"].startswith("history:")
+
+
+def test_history_excludes_types_where_the_job_does_not_fit(cluster):
+    script = unique_script(cluster, work_s=2, util=40, mem_mib={"a100": 20000})
+    ingested = profile(cluster, script, "--gres=gpu:a100:1")
+    assert ingested["peak_mib"] == 20000
+
+    job = cluster.job(cluster.sbatch("--gres=gpu:1", "--hold", script=script))
+    cluster.slurm("scancel", job["JobId"])
+    decision = decision_of(cluster, job)
+    assert job["Features"] == "a100"
+    assert int(job["TresPerNode"].rsplit(":", 1)[1]) >= math.ceil(20000 * 1.05 / 1024)
+    assert "excluded v100 (does not fit)" in decision["reason"]
+
+
+def test_preallocating_framework_keeps_a_whole_gpu(cluster):
+    # 15.5 of 15.8 GiB on a V100: looks like TensorFlow grabbing the whole GPU.
+    script = unique_script(cluster, work_s=1, util=40, mem_mib={"v100": 15500, "a100": 78000})
+    profile(cluster, script, "--gres=gpu:v100:1")
+    job = cluster.job(cluster.sbatch("--gres=gpu:1", "--hold", script=script))
+    cluster.slurm("scancel", job["JobId"])
+    decision = decision_of(cluster, job)
+    assert (decision["action"], decision["code"]) == ("keep", "memory-unknown")
+    assert job["TresPerNode"] == "gres:gpu:1" and "pre-allocates" in decision["reason"]

@@ -62,8 +62,10 @@ def test_report_figures_equal_hand_computation(cluster, tmp_path):
     # -- the workload ---------------------------------------------------------------------
     solo = {m: _submit(cluster, m, s, "--gres=gpu:1", "--comment=gpushare=off",
                        f"--nodelist={SOLO_NODE}") for m, s in SOLO_S.items()}
-    shared = {m: _submit(cluster, m, s, "--gres=gpu:1", f"--nodelist={SHARED_NODE}")
-              for m, s in SHARED_S.items()}
+    # New jobs run whole by default (first_run = "whole-gpu"); a 7 GiB hint (+10%) shares
+    # them at once in 8 GiB shares.
+    shared = {m: _submit(cluster, m, s, "--gres=gpu:1", "--comment=gpushare:mem=7G",
+                         f"--nodelist={SHARED_NODE}") for m, s in SHARED_S.items()}
     whole = _submit(cluster, "c", 3, "--gres=gpu:1", "-p", "gpu-excl", f"--nodelist={EXCL_NODE}")
     ids = list(solo.values()) + list(shared.values()) + [whole]
     placements = _watch_placements(cluster, ids)

@@ -21,6 +21,7 @@ COMMAND_MODULES = [
     "slurm_gpushare.memory_eval",
     "slurm_gpushare.kb_cli",
     "slurm_gpushare.report_cli",
+    "slurm_gpushare.user_cli",
 ]
 # Command name -> module, for the lazy lookup; commands not listed are found by importing all.
 COMMAND_INDEX = {
@@ -29,6 +30,14 @@ COMMAND_INDEX = {
     "hook-config": "slurm_gpushare.daemon",
     "cluster": "slurm_gpushare.testcluster",
     "demo": "slurm_gpushare.demo",
+    "sbatch": "slurm_gpushare.user_cli",
+    "explain": "slurm_gpushare.user_cli",
+    "check-config": "slurm_gpushare.user_cli",
+    "gen-config": "slurm_gpushare.user_cli",
+    "report": "slurm_gpushare.report_cli",
+    "memory": "slurm_gpushare.memory_eval",
+    "classes": "slurm_gpushare.kb_cli",
+    "kb": "slurm_gpushare.kb_cli",
 }
 
 
@@ -77,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
     try:
-        cli.main(args=argv, prog_name="slurm-gpushare", standalone_mode=False)
+        # In this mode click returns the exit code of ctx.exit(n) / Exit(n) instead of raising.
+        status = cli.main(args=argv, prog_name="slurm-gpushare", standalone_mode=False)
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         return 130
@@ -95,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         click.echo(f"slurm-gpushare: error: {exc} (run with --debug for the traceback)", err=True)
         return 1
-    return 0
+    return status if isinstance(status, int) else 0
 
 
 def sbatch_main(argv: list[str] | None = None) -> int:

@@ -59,3 +59,9 @@ def test_daemon_commands_do_not_import_the_heavy_modules():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=str(REPO), timeout=60)
     assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout + out.stderr
+
+
+def test_exit_codes_of_commands_reach_the_caller(tmp_path, monkeypatch):
+    # `cluster status` exits 1 when components are down (an empty state dir: all are).
+    monkeypatch.setenv("GPUSHARE_CLUSTER_DIR", str(tmp_path / "none"))
+    assert main(["cluster", "status"]) == 1

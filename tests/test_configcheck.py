@@ -1,0 +1,244 @@
+"""check-config and gen-config: Slurm's files read as Slurm reads them, the live cluster
+checked clean, a deliberately broken copy of its configuration found out -- and the printed
+fixes, applied as printed, make it clean again."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from slurm_gpushare.cli import main
+from slurm_gpushare.config import parse_config
+from slurm_gpushare.explain import request
+from slurm_gpushare.configcheck import (Checker, GpuNode, SlurmConf, compress_hostlist,
+                                        expand_hostlist, generate_fragments, gres_conf_shards,
+                                        gres_tokens)
+
+REPO = Path(__file__).resolve().parent.parent
+CONFIG = parse_config({"gpu_types": {"v100": {"memory_gib": 16}, "a100": {"memory_gib": 80}},
+                       "policy": {"sharing_partitions": ["gpu"]}})
+
+
+# ---- reading Slurm's files -------------------------------------------------------------------------
+
+def test_hostlists_expand_and_compress():
+    assert expand_hostlist("gpu-[01-03,07],login1") == ["gpu-01", "gpu-02", "gpu-03", "gpu-07",
+                                                        "login1"]
+    assert compress_hostlist(["gpu-01", "gpu-02", "gpu-03", "gpu-07", "login1", "head"]) == \
+        "head,gpu-[01-03,07],login1"
+    assert expand_hostlist(compress_hostlist(["n9", "n10", "n11"])) == ["n9", "n10", "n11"]
+
+
+def test_slurm_conf_reading_follows_slurms_rules(tmp_path):
+    (tmp_path / "nodes.conf").write_text("NodeName=DEFAULT Features=fast\n"
+                                         "NodeName=g[1-2] Gres=gpu:a100:4,shard:320 \\\n"
+                                         "   CPUs=64  # trailing comment\n")
+    (tmp_path / "slurm.conf").write_text("# header\ngrestypes=gpu,shard\nInclude nodes.conf\n"
+                                         "PartitionName=gpu Nodes=g[1-2]\n")
+    conf = SlurmConf.read(tmp_path / "slurm.conf")
+    assert conf.get("GresTypes") == "gpu,shard"
+    assert set(conf.nodes) == {"g1", "g2"} and conf.nodes["g2"]["cpus"] == "64"
+    assert conf.nodes["g1"]["features"] == "fast" and "gpu" in conf.partitions
+
+
+def test_gres_strings_and_gres_conf_counts(tmp_path):
+    assert gres_tokens("gpu:v100:2(S:0-1),shard:v100:32") == [("gpu", "v100", 2),
+                                                              ("shard", "v100", 32)]
+    assert gres_tokens("(null)") == [] and gres_tokens("gpu:4") == [("gpu", None, 4)]
+    (tmp_path / "gres.conf").write_text("NodeName=g[1-2] Name=shard Count=160\n"
+                                        "NodeName=g1 Name=shard Count=2\nName=shard Count=1\n")
+    assert gres_conf_shards(tmp_path / "gres.conf", ["g1", "g2", "g3"]) == {"g1": 163, "g2": 161,
+                                                                            "g3": 1}
+
+
+def test_missing_lua_modules_are_an_error_with_the_package_fix(tmp_path):
+    checker = Checker(tmp_path / "slurm.conf", None, live=None, lua_binary="",
+                      lua_dirs=[str(tmp_path)])
+    checker.check_lua()
+    finding = checker.findings[-1]
+    assert finding.level == "error" and "socket/unix.so, cjson.so" in finding.message
+    assert finding.fix.startswith("apt-get install lua-socket lua-cjson")
+    (tmp_path / "socket").mkdir()
+    (tmp_path / "socket" / "unix.so").touch()
+    (tmp_path / "cjson.so").touch()
+    checker.check_lua()
+    assert checker.findings[-1].level == "ok"
+
+
+def test_generated_fragments_pass_the_checks(tmp_path):
+    nodes = [GpuNode(f"gpu{i:02d}", "a100", 4, ("ib",)) for i in range(1, 5)]
+    nodes.append(GpuNode("old1", "v100", 2))
+    slurm, gres = generate_fragments(nodes, CONFIG)
+    assert "NodeName=gpu[01-04] Gres=gpu:a100:4,shard:320 Features=ib,a100" in slurm
+    assert "NodeName=old1 Name=shard Count=32" in gres
+    (tmp_path / "slurm.conf").write_text(slurm + "PartitionName=gpu Nodes=ALL\n")
+    (tmp_path / "gres.conf").write_text(gres)
+    checker = Checker(tmp_path / "slurm.conf", None, live=None)
+    checker.config = CONFIG
+    checker.conf = SlurmConf.read(tmp_path / "slurm.conf")
+    checker.check_slurm_params()
+    checker.check_nodes()
+    assert [f for f in checker.findings if f.level != "ok"] == []
+
+
+def test_gen_config_for_given_nodes_and_its_errors(tmp_path, capsys):
+    toml = tmp_path / "gpushare.toml"
+    toml.write_text("[gpu_types.a100]\nmemory_gib = 80\n")
+    assert main(["gen-config", "--config", str(toml), "--node", "gpu[01-04]:a100:4"]) == 0
+    out = capsys.readouterr().out
+    assert "NodeName=gpu[01-04] Gres=gpu:a100:4,shard:320 Features=a100" in out
+    assert "NodeName=gpu[01-04] Name=gpu Type=a100 File=/dev/nvidia[0-3]" in out
+    assert main(["gen-config", "--config", str(toml), "--node", "n1:h100:8"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "[gpu_types.h100]" in err
+    assert main(["gen-config", "--config", str(toml), "--node", "n1-a100-8"]) == 1
+    assert "NAME:TYPE:COUNT" in capsys.readouterr().err
+
+
+# ---- on the real test cluster -----------------------------------------------------------------------
+
+pytest_cluster = pytest.mark.cluster
+
+
+@pytest.fixture
+def live_env(cluster, monkeypatch):
+    """Slurm clients talk to the running test cluster (the live half of every check), whose
+    daemon answers (polled: it may be restarting)."""
+    monkeypatch.setenv("SLURM_CONF", str(cluster.slurm_conf))
+    deadline = time.monotonic() + 45
+    while True:
+        try:
+            if request(str(cluster.daemon_socket), {"v": 1, "op": "ping"}, 1.0).get("ok"):
+                return cluster
+        except (OSError, ValueError):
+            pass
+        if time.monotonic() > deadline:
+            pytest.fail("the test cluster's daemon does not answer")
+        time.sleep(0.2)
+
+
+@pytest_cluster
+def test_the_running_test_cluster_is_clean(live_env, capsys):
+    status = main(["check-config", "--config", str(live_env.daemon_config), "--json"])
+    report = json.loads(capsys.readouterr().out)
+    errors = [f for f in report["findings"] if f["level"] == "error"]
+    assert status == 0 and errors == [] and report["ok"]
+    checked = {(f["check"], f["where"]) for f in report["findings"] if f["level"] == "ok"}
+    # Both halves ran: the file and the running slurmctld.
+    assert ("gres-types", str(live_env.slurm_conf)) in checked
+    assert ("gres-types", "slurmctld") in checked
+    assert {f["check"] for f in report["findings"]} >= {
+        "select-type", "accounting-tres", "job-submit", "hook-files", "hook-settings",
+        "shard-count", "gres-conf", "daemon", "lua-modules", "telemetry"}
+
+
+def _break(etc: Path) -> None:
+    """Break a copy of the cluster's etc/ the ways admins do."""
+    conf = etc / "slurm.conf"
+    text = conf.read_text()
+    text = text.replace("GresTypes=gpu,shard", "GresTypes=gpu")
+    text = re.sub(r"^AccountingStorageTRES=.*\n", "", text, flags=re.M)
+    text = re.sub(r"(NodeName=v100-1 .*shard:)32", r"\g<1>30", text)
+    text = re.sub(r"(NodeName=a100-2 .*Features=)a100,", r"\1", text)
+    conf.write_text(text)
+    gres = etc / "gres.conf"
+    gres.write_text(gres.read_text().replace("NodeName=v100-1 Name=shard Count=32",
+                                             "NodeName=v100-1 Name=shard Count=30"))
+    (etc / "gpushare_tres.lua").unlink()
+    hook = json.loads((etc / "gpushare_hook.json").read_text())
+    hook["socket"] = "/run/elsewhere.sock"
+    (etc / "gpushare_hook.json").write_text(json.dumps(hook))
+
+
+def _apply(fix: str) -> None:
+    """Apply a printed fix exactly as printed (a line to set in a file, or a command)."""
+    match = re.match(r"^in (\S+) set: (.+)$", fix)
+    if match:
+        path, line = Path(match.group(1)), match.group(2)
+        key = re.match(r"^(NodeName=\S+ Name=shard|NodeName=\S+|[A-Za-z]+=)", line).group(1)
+        lines = path.read_text().splitlines()
+        hits = [i for i, old in enumerate(lines) if old.startswith(key + ("" if key.endswith("=")
+                                                                          else " "))]
+        if hits:
+            lines[hits[0]] = line
+        else:
+            lines.append(line)
+        path.write_text("\n".join(lines) + "\n")
+    elif fix.startswith("slurm-gpushare "):
+        assert main(shlex.split(fix)[1:]) == 0
+    else:
+        subprocess.run(shlex.split(fix), check=True)
+
+
+@pytest_cluster
+def test_a_broken_copy_gets_the_right_findings_and_fixes(live_env, tmp_path, capsys):
+    etc = tmp_path / "etc"
+    shutil.copytree(live_env.etc, etc, symlinks=False)  # the hook's links become plain copies
+    _break(etc)
+    args = ["check-config", "--slurm-conf", str(etc / "slurm.conf"),
+            "--config", str(etc / "gpushare.toml"), "--json"]
+    assert main(args) == 1
+    captured = capsys.readouterr()
+    assert captured.err.count("\n") == 1 and "problem(s) to fix" in captured.err
+    report = json.loads(captured.out)
+    broken = {"gres-types", "accounting-tres", "shard-count", "gres-conf", "node-features",
+              "hook-files", "hook-settings"}
+    errors = {(f["check"], f["message"].split(":")[0]): f for f in report["findings"]
+              if f["level"] == "error"}
+    assert {check for check, _ in errors} == broken
+    conf, gres = etc / "slurm.conf", etc / "gres.conf"
+    wanted = {
+        ("gres-types", "GresTypes=gpu has neither shard nor mps"):
+            f"in {conf} set: GresTypes=gpu,shard",
+        ("select-type", None): None,
+        ("accounting-tres", "AccountingStorageTRES=(unset) lacks gres/shard"):
+            f"in {conf} set: AccountingStorageTRES=gres/gpu,gres/shard",
+        ("shard-count", "v100-1 has 30 shards; 32 expected (2 x 16 GiB v100, one shard per GiB)"):
+            f"in {conf} set: NodeName=v100-1 NodeHostname=localhost Port=17001 CPUs=8 "
+            "RealMemory=8000 Gres=gpu:v100:2,shard:32 Features=v100,gpumem16g State=UNKNOWN",
+        ("gres-conf", "gres.conf gives v100-1 30 shards; 32 expected (GPUs x GiB)"):
+            f"in {gres} set: NodeName=v100-1 Name=shard Count=32",
+        ("node-features", "a100-2 lacks feature a100"): None,
+        ("hook-files", f"{etc / 'gpushare_tres.lua'} is missing"):
+            f"install -m 0644 {REPO / 'lua' / 'gpushare_tres.lua'} {etc / 'gpushare_tres.lua'}",
+        ("hook-settings", f"{etc / 'gpushare_hook.json'} points the hook at '/run/elsewhere.sock' "
+                          "but the daemon listens on "
+                          f"'{live_env.daemon_socket}'"):
+            f"slurm-gpushare hook-config --config {etc / 'gpushare.toml'} -o "
+            f"{etc / 'gpushare_hook.json'}",
+    }
+    for (check, message), fix in wanted.items():
+        if message is None:
+            continue
+        assert (check, message) in errors, (check, message, sorted(errors))
+        if fix:
+            assert errors[(check, message)]["fix"] == fix
+    assert errors[("node-features", "a100-2 lacks feature a100")]["fix"].endswith(
+        "Features=gpumem80g,a100 State=UNKNOWN")
+    assert not any(check == "select-type" for check, _ in errors)
+    # The running slurmctld still has everything: only the files are at fault.
+    assert all(f["where"] != "slurmctld" for f in errors.values())
+
+    for finding in errors.values():
+        _apply(finding["fix"])
+    assert main(args) == 0, capsys.readouterr().out
+    capsys.readouterr()
+
+
+@pytest_cluster
+def test_gen_config_from_sinfo_matches_the_cluster(live_env, capsys):
+    assert main(["gen-config", "--nodes-from-sinfo", "--config",
+                 str(live_env.daemon_config)]) == 0
+    out = capsys.readouterr().out
+    for node in live_env.nodes:
+        shards = node.gpus * node.memory_gib
+        assert re.search(rf"NodeName=\S*{node.gpu_type}\S* Gres=gpu:{node.gpu_type}:{node.gpus},"
+                         rf"shard:{shards} Features={node.features}\n", out), out
+        assert re.search(rf"Name=shard Count={shards}\n", out)

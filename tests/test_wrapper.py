@@ -1,0 +1,400 @@
+"""gpushare-sbatch: sbatch's arguments read as sbatch reads them, pass-through fidelity,
+--explain / --no-share, the decision shown after submission, and `slurm-gpushare explain`."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from slurm_gpushare import protocol, wrapper
+from slurm_gpushare.cli import main as cli_main
+from slurm_gpushare.config import Config
+from slurm_gpushare.explain import (decision_from_tag, decision_rows, parse_scontrol_line,
+                                    parse_tag, render_rows)
+from slurm_gpushare.sbatchargs import (SbatchArgsError, Submission, add_comment_token,
+                                       script_options, split_command_line, time_minutes)
+
+REPO = Path(__file__).resolve().parent.parent
+FLAGS = wrapper.WRAPPER_FLAGS
+SCRIPT = "#!/bin/sh\n#SBATCH --gres=gpu:1\n#SBATCH --comment=\"my run\"  # trailing note\nsleep 0\n"
+
+
+# ---- sbatch's command line ---------------------------------------------------------------------
+
+def test_options_end_at_the_script_and_its_arguments_are_untouched():
+    line = split_command_line(["-p", "gpu", "--gres=gpu:1", "job.sh", "--no-share", "-p", "x"],
+                              FLAGS)
+    assert line.script == "job.sh" and line.script_args == ["--no-share", "-p", "x"]
+    assert line.wrapper_flags == set()
+    assert line.option_words == ["-p", "gpu", "--gres=gpu:1"]
+
+
+def test_an_option_argument_that_looks_like_a_wrapper_flag_stays_an_argument():
+    line = split_command_line(["--comment", "--explain", "job.sh"], FLAGS)
+    assert line.last("comment").value == "--explain" and line.wrapper_flags == set()
+
+
+def test_getopt_rules_clusters_abbreviations_optional_arguments():
+    line = split_command_line(["-Hpgpu", "--part", "debug", "--explain", "-k", "--exclusive",
+                               "--", "s.sh", "a"], FLAGS)
+    assert [(o.name, o.value) for o in line.options] == [
+        ("hold", None), ("partition", "gpu"), ("partition", "debug"), ("no-kill", None),
+        ("exclusive", None)]
+    assert line.wrapper_flags == {"--explain"}
+    assert line.script == "s.sh" and line.script_args == ["a"]
+    assert "--explain" not in line.option_words and line.option_words[-1] == "--"
+
+
+def test_arguments_sbatch_would_refuse_are_reported():
+    with pytest.raises(SbatchArgsError, match="ambiguous"):
+        split_command_line(["--ex", "s.sh"])
+    with pytest.raises(SbatchArgsError, match="unrecognized"):
+        split_command_line(["--no-such-option", "s.sh"])
+    with pytest.raises(SbatchArgsError, match="requires an argument"):
+        split_command_line(["--partition"])
+
+
+def test_sbatch_lines_stop_at_the_first_command_and_honour_quotes_and_comments():
+    script = ("#!/bin/bash\n\n# a comment\n#SBATCH -p gpu --comment 'two words'  # note\n"
+              "#SBATCH --gres=gpu:a100:1\necho start\n#SBATCH --partition=ignored\n")
+    assert [(o.name, o.value) for o in script_options(script)] == [
+        ("partition", "gpu"), ("comment", "two words"), ("gres", "gpu:a100:1")]
+    het = "#SBATCH -p a\n#SBATCH hetjob\n#SBATCH -p b\n"
+    assert [o.value for o in script_options(het)] == ["a"]
+
+
+def test_command_line_beats_environment_beats_script():
+    script = "#!/bin/sh\n#SBATCH -p from-script\n#SBATCH -t 10\n#SBATCH -J script-name\n"
+    line = split_command_line(["-p", "from-cli", "job.sh"])
+    sub = Submission.build(line, script, environ={"SBATCH_PARTITION": "from-env",
+                                                  "SBATCH_TIMELIMIT": "20"})
+    assert sub.get("partition") == "from-cli" and sub.get("time") == "20"
+    assert sub.get("job-name") == "script-name"
+
+
+@pytest.mark.parametrize("text,minutes", [
+    ("90", 90), ("1:30", 2), ("2:00:00", 120), ("1-0", 1440), ("1-02:03", 1563),
+    ("1-02:03:01", 1564), ("UNLIMITED", 0xFFFFFFFF)])
+def test_time_limits_as_slurm_counts_them(text, minutes):
+    assert time_minutes(text) == minutes
+
+
+def test_job_fields_for_gpu_options():
+    line = split_command_line(["--gpus-per-node=1", "--gres=shard:2,nic:1", "--gpus=a100:2",
+                               "--gpus-per-task=1", "--cpus-per-gpu=4", "--mem-per-gpu=2G",
+                               "-N", "1-2", "-n", "2", "--exclusive=user", "-t", "1:00:00",
+                               "-C", "a100", "-A", "proj", "-q", "high", "-x", "n[1-2]",
+                               "job.sh"])
+    job = Submission.build(line, "#!/bin/sh\n", environ={}).job_fields(uid=1000, user="alice")
+    script = job.pop("script")
+    assert script == "#!/bin/sh\n"
+    assert job == {
+        "uid": 1000, "user": "alice", "account": "proj", "qos": "high",
+        "tres_per_node": "gres:gpu:1,gres:shard:2,gres:nic:1", "tres_per_job": "gres:gpu:a100:2",
+        "tres_per_task": "gres:gpu:1", "cpus_per_tres": "gres:gpu:4",
+        "mem_per_tres": "gres:gpu:2048", "features": "a100", "exc_nodes": "n[1-2]",
+        "time_limit": 60,
+        "min_nodes": 1, "max_nodes": 2, "num_tasks": 2, "shared": 2, "name": "job.sh"}
+
+
+def test_explain_builds_every_field_the_hook_sends():
+    line = split_command_line(["-p", "gpu", "-A", "a", "-q", "q", "--gres=gpu:1", "--gpus=1",
+                               "--gpus-per-socket=1", "--gpus-per-task=1", "--cpus-per-gpu=1",
+                               "--mem-per-gpu=1", "--ntasks-per-gpu=1", "-C", "f", "-x", "n1",
+                               "-t", "1", "-N", "1", "-n", "1", "--exclusive", "-J", "j",
+                               "--comment=c", "job.sh"])
+    job = Submission.build(line, "#!/bin/sh\n", environ={}).job_fields(uid=1, user="u")
+    assert set(job) == set(protocol.JOB_FIELDS)
+
+
+def test_wrap_builds_sbatchs_script_and_name():
+    line = split_command_line(["--wrap", "python train.py"])
+    job = Submission.build(line, "", environ={}).job_fields(uid=1, user="u", default_partition="gpu")
+    assert job["script"] == ("#!/bin/sh\n# This script was created by sbatch --wrap.\n\n"
+                             "python train.py\n")
+    assert job["name"] == "wrap" and job["partition"] == "gpu"
+
+
+# ---- --no-share --------------------------------------------------------------------------------
+
+def test_comment_token_is_added_once_keeping_the_users_text():
+    assert add_comment_token(None, "gpushare=off") == "gpushare=off"
+    assert add_comment_token("my run", "gpushare=off") == "my run gpushare=off"
+    assert add_comment_token("a,gpushare=off", "gpushare=off") == "a,gpushare=off"
+
+
+def test_no_share_keeps_the_script_comment_and_the_script_arguments(tmp_path):
+    script = tmp_path / "job.sh"
+    script.write_text(SCRIPT)
+    line = split_command_line(["-p", "gpu", "--no-share", "--", str(script), "--comment=x"], FLAGS)
+    argv = wrapper.opt_out_argv(line, None, Config())
+    assert argv == ["-p", "gpu", "--comment=my run gpushare=off", "--", str(script), "--comment=x"]
+    line = split_command_line(["--comment", "cli", "--no-share", str(script)], FLAGS)
+    assert wrapper.opt_out_argv(line, None, Config())[:3] == ["--comment", "cli",
+                                                              "--comment=cli gpushare=off"]
+
+
+# ---- pass-through, with a stand-in sbatch that records what it got -----------------------------
+
+FAKE_SBATCH = """#!/bin/sh
+printf '%s\\n' "$@" > "$RECORD.argv"
+cat > "$RECORD.stdin"
+printf 'Submitted batch job 4294967290\\n'
+printf 'sbatch: some note\\n' >&2
+exit 7
+"""
+
+
+def _run_wrapper(tmp_path, args, *, stdin=b"", env=None):
+    fake = tmp_path / "sbatch"
+    fake.write_text(FAKE_SBATCH)
+    fake.chmod(0o755)
+    environ = {**os.environ, "GPUSHARE_SBATCH": str(fake), "RECORD": str(tmp_path / "rec"),
+               "GPUSHARE_QUERY_SOCKET": str(tmp_path / "no-daemon.sock"),
+               "PYTHONPATH": str(REPO), **(env or {})}
+    code = "import sys; from slurm_gpushare.wrapper import main; sys.exit(main(sys.argv[1:]))"
+    return subprocess.run([sys.executable, "-c", code, *args], input=stdin, env=environ,
+                          capture_output=True, timeout=30)
+
+
+def test_passes_everything_through_unchanged(tmp_path):
+    args = ["-J", "a b", "--wrap=x", "--", "weird arg", "--explain"]
+    result = _run_wrapper(tmp_path, args, stdin=b"input bytes\x00\xff")
+    assert result.returncode == 7
+    assert result.stdout == b"Submitted batch job 4294967290\n"
+    assert (tmp_path / "rec.argv").read_text().splitlines() == args
+    assert (tmp_path / "rec.stdin").read_bytes() == b"input bytes\x00\xff"
+    errors = result.stderr.decode().splitlines()
+    # sbatch's own stderr first, then exactly one line of ours (no daemon: a warning).
+    assert errors[0] == "sbatch: some note" and len(errors) == 2
+    assert errors[1].startswith("gpushare-sbatch: warning: the gpushare daemon is not reachable")
+    assert "4294967290 was submitted as plain sbatch would" in errors[1]
+
+
+def test_no_share_with_the_script_on_stdin(tmp_path):
+    result = _run_wrapper(tmp_path, ["-o", "/dev/null", "--no-share"], stdin=SCRIPT.encode())
+    assert result.returncode == 7
+    assert (tmp_path / "rec.argv").read_text().splitlines() == [
+        "-o", "/dev/null", "--comment=my run gpushare=off"]
+    assert (tmp_path / "rec.stdin").read_bytes() == SCRIPT.encode()
+
+
+def test_explain_without_daemon_is_one_line_and_submits_nothing(tmp_path):
+    result = _run_wrapper(tmp_path, ["--explain", "-p", "gpu", "--gres=gpu:1", "--wrap", "true"])
+    assert result.returncode == 1 and not (tmp_path / "rec.argv").exists()
+    assert result.stderr.decode().count("\n") == 1
+    assert "not reachable" in result.stderr.decode() and result.stdout == b""
+
+
+# ---- --explain against a daemon in this process ----------------------------------------------------
+
+def test_explain_asks_the_daemon_and_submits_nothing(daemon, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("GPUSHARE_QUERY_SOCKET", daemon.query_socket)
+    monkeypatch.setenv("GPUSHARE_SBATCH", "/nonexistent/sbatch")  # would fail if called
+    script = tmp_path / "train.sh"
+    script.write_text("#!/bin/sh\n#SBATCH --comment=gpushare:mem=20G\npython train.py\n")
+    assert wrapper.main(["--explain", "-p", "gpu", "--gres=gpu:1", str(script)]) == 0
+    out = capsys.readouterr().out
+    assert "would run as a share: 22 GiB of GPU memory (gres/shard) on a100" in out
+    assert "excluded v100" in out and "[hint-share]" in out
+    assert "submitted  nothing" in out
+
+    assert wrapper.main(["--explain", "--json", "--no-share", "-p", "gpu", "--gpus=1",
+                         str(script)]) == 0
+    answer = json.loads(capsys.readouterr().out)
+    assert answer["decision"]["code"] == "opt-out"
+    assert answer["job"]["comment"] == "gpushare:mem=20G gpushare=off"
+    assert "script" not in answer["job"] and answer["job"]["script_bytes"] > 0
+
+
+def test_explain_reports_unusable_arguments_in_one_line(daemon, monkeypatch, capsys):
+    monkeypatch.setenv("GPUSHARE_QUERY_SOCKET", daemon.query_socket)
+    assert wrapper.main(["--explain", "-t", "soon", "--wrap", "x"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "invalid time limit" in err
+    assert wrapper.main(["--json", "--wrap", "x"]) == 1
+    assert "--json goes with --explain" in capsys.readouterr().err
+
+
+# ---- what Slurm recorded ---------------------------------------------------------------------------
+
+def test_tags_and_scontrol_lines_are_read_safely():
+    tag = parse_tag("gpushare:v1:share:id=0a1b2c3d:shard=22:types=a100:why=hint-share")
+    assert tag == {"version": 1, "action": "share", "id": "0a1b2c3d", "shard": 22,
+                   "types": ["a100"], "why": "hint-share"}
+    assert parse_tag("") is None and parse_tag("someone else's note") is None
+    kept = decision_from_tag(parse_tag("gpushare:v1:keep:id=0a1b2c3d:why=first-run"))
+    assert kept["action"] == "keep" and "whole GPU" in kept["reason"]
+    assert "[first-run]" in render_rows(decision_rows(kept))
+    fields = parse_scontrol_line("JobId=5 AdminComment=gpushare:v1:x Comment=a b gpushare=off "
+                                 "AdminComment=fake StdErr=/x")
+    assert fields["AdminComment"] == "gpushare:v1:x"
+    assert fields["Comment"] == "a b gpushare=off" and fields["StdErr"] == "/x"
+
+
+# ---- on the real test cluster -------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def hook_ready(cluster):
+    """Wait (polling) until the hook gets answers from the daemon: a held probe job carries a
+    tag. Right after a daemon restart the hook's breaker may still be open for a few seconds."""
+    deadline = time.monotonic() + 45
+    while True:
+        probe = cluster.sbatch("-H", "--gres=gpu:1", "-o", "/dev/null")
+        tagged = "AdminComment" in cluster.job(probe)
+        cluster.slurm("scancel", probe, check=False)
+        if tagged:
+            return cluster
+        if time.monotonic() > deadline:
+            pytest.fail("the test cluster's hook gets no answers from its daemon")
+        time.sleep(0.5)
+
+
+def _use_cluster(cluster, monkeypatch):
+    monkeypatch.setenv("SLURM_CONF", str(cluster.slurm_conf))
+    monkeypatch.setenv("GPUSHARE_CONFIG", str(cluster.daemon_config))
+    monkeypatch.delenv("GPUSHARE_QUERY_SOCKET", raising=False)
+    monkeypatch.delenv("GPUSHARE_SBATCH", raising=False)
+    monkeypatch.chdir(cluster.root / "jobs")
+
+
+def _submit(capfd, *args):
+    status = wrapper.main(["-o", "/dev/null", *args])
+    out, err = capfd.readouterr()
+    return status, out, err
+
+
+@pytest.mark.cluster
+def test_fields_match_what_slurmctld_records(cluster, monkeypatch, tmp_path):
+    """The fields --explain builds equal those sbatch sends (seen on a kept, held job)."""
+    _use_cluster(cluster, monkeypatch)
+    script = tmp_path / "fit.sh"
+    script.write_text("#!/bin/sh\n#SBATCH --gres=gpu:1\n#SBATCH -t 1-02:03:04\nsleep 0\n")
+    args = ["-p", "gpu-excl", "--gpus=2", "--gpus-per-task=1", "-n", "2", "--cpus-per-gpu=2",
+            "--mem-per-gpu=1G", "-C", "v100", "-N", "1-2", "--exclusive=user", "-x", "a100-2",
+            "--comment=hi there", str(script)]
+    job = wrapper.explain_fields(split_command_line(args), None, Config())
+    job_id = cluster.sbatch("-H", *args[:-1], script=script.read_text())
+    try:
+        seen = cluster.job(job_id)
+        record = parse_scontrol_line(cluster.slurm("scontrol", "-o", "show", "job", job_id)
+                                     .stdout.splitlines()[0])
+    finally:
+        cluster.slurm("scancel", job_id, check=False)
+    assert job["tres_per_node"] == seen["TresPerNode"]
+    assert job["tres_per_job"] == seen["TresPerJob"]
+    assert job["tres_per_task"] == seen["TresPerTask"]
+    assert job["cpus_per_tres"] == seen["CpusPerTres"]
+    assert job["mem_per_tres"] == seen["MemPerTres"]
+    assert job["features"] == seen["Features"]
+    assert job["exc_nodes"] == seen["ExcNodeList"]
+    assert job["comment"] == record["Comment"]
+    assert job["shared"] == 2 and seen["OverSubscribe"] == "USER"
+    days, hms = seen["TimeLimit"].split("-")
+    hours, minutes, seconds = map(int, hms.split(":"))
+    assert job["time_limit"] == int(days) * 1440 + hours * 60 + minutes + (seconds > 0)
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("args", [
+    ["--gres=gpu:1"],
+    ["--gpus=1", "--comment=gpushare:mem=20G"],
+    ["--gres=gpu:a100:1", "-t", "30"],
+    ["--gres=gpu:1", "--no-share"],
+    ["--gres=gpu:1", "--exclusive"],
+    ["-p", "gpu-excl", "--gres=gpu:1"],
+    ["--gres=gpu:1", "--comment=gpushare:mem=100G"],
+])
+def test_explain_predicts_what_the_hook_does(hook_ready, monkeypatch, capfd, args):
+    cluster = hook_ready
+    _use_cluster(cluster, monkeypatch)
+    argv = [*args, "--wrap", "sleep 0"]
+    assert wrapper.main(["--explain", "--json", *argv]) == 0
+    decision = json.loads(capfd.readouterr().out)["decision"]
+    status, out, err = _submit(capfd, "-H", *argv)
+    job_id = re.fullmatch(r"Submitted batch job (\d+)\n", out).group(1)
+    try:
+        tag = parse_tag(cluster.job(job_id).get("AdminComment"))
+    finally:
+        cluster.slurm("scancel", job_id, check=False)
+    assert status == 0
+    expected = parse_tag((decision.get("writes") or {}).get("admin_comment"))
+    if expected is None:
+        assert tag is None
+    else:  # the same tag, but for the decision id each request gets
+        assert tag and {**tag, "id": ""} == {**expected, "id": ""}
+        assert tag["why"] == decision["code"]
+    if decision["action"] == "share":
+        assert f"job {job_id} runs as a share: {tag['shard']} GiB" in err
+    else:
+        assert f"job {job_id} keeps its whole GPU(s)" in err
+
+
+@pytest.mark.cluster
+def test_submission_output_is_sbatchs(hook_ready, monkeypatch, capfd):
+    cluster = hook_ready
+    _use_cluster(cluster, monkeypatch)
+    status, out, err = _submit(capfd, "--parsable", "--gres=gpu:1", "--wrap", "sleep 0")
+    assert status == 0 and re.fullmatch(r"\d+\n", out)
+    tag = parse_tag(cluster.job(out.strip()).get("AdminComment"))
+    verb = "runs as a share" if tag["action"] == "share" else "keeps its whole GPU(s)"
+    assert err.count("\n") == 1 and err.startswith(f"gpushare: job {out.strip()} {verb}")
+    assert err.endswith(f"[{tag['why']}]; details: slurm-gpushare explain {out.strip()}\n")
+
+    # sbatch's own failures: same status and the same message as sbatch run by hand.
+    plain = cluster.slurm("sbatch", "--no-such-option", "x.sh", check=False)
+    status, out, err = _submit(capfd, "--no-such-option", "x.sh")
+    assert (status, out, err) == (plain.returncode, plain.stdout, plain.stderr)
+    assert status != 0
+
+    # A CPU job, and a user-side view of the daemon that is down: one warning line.
+    monkeypatch.setenv("GPUSHARE_QUERY_SOCKET", str(cluster.root / "run" / "absent.sock"))
+    status, out, err = _submit(capfd, "--wrap", "true")
+    assert status == 0 and out.startswith("Submitted batch job ")
+    assert err.count("\n") == 1 and "warning: the gpushare daemon is not reachable" in err
+
+
+@pytest.mark.cluster
+def test_no_share_opts_out_and_keeps_the_comment(cluster, monkeypatch, capfd, tmp_path):
+    _use_cluster(cluster, monkeypatch)
+    script = tmp_path / "job.sh"
+    script.write_text(SCRIPT)
+    status, out, err = _submit(capfd, "--parsable", "--no-share", str(script))
+    job = cluster.job(out.strip())
+    record = parse_scontrol_line(cluster.slurm("scontrol", "-o", "show", "job", out.strip())
+                                 .stdout.splitlines()[0])
+    assert status == 0 and job["TresPerNode"] == "gres:gpu:1" and "AdminComment" not in job
+    assert record["Comment"] == "my run gpushare=off"
+    assert "(opted out)" in err
+
+
+@pytest.mark.cluster
+def test_explain_a_submitted_job(hook_ready, monkeypatch, capfd):
+    cluster = hook_ready
+    _use_cluster(cluster, monkeypatch)
+    status, out, _ = _submit(capfd, "--parsable", "--gres=gpu:1", "--comment=gpushare:mem=20G",
+                             "--wrap", "sleep 0")
+    job_id = out.strip()
+    tag = parse_tag(cluster.job(job_id)["AdminComment"])
+    assert cli_main(["explain", job_id, "--json"]) == 0
+    report = json.loads(capfd.readouterr().out)
+    assert report["source"] == "daemon"  # the daemon's own record, not just the job's tag
+    decision = report["decision"]
+    assert (decision["action"], decision["decision_id"], decision["share_gib"],
+            decision["gpu_types"], decision["code"]) == (
+        "share", tag["id"], tag["shard"], tag["types"], tag["why"])
+    assert report["slurm"]["TresPerNode"] == f"gres:shard:{tag['shard']}"
+    assert cli_main(["explain", job_id]) == 0
+    text = capfd.readouterr().out
+    assert f"job {job_id}" in text and f"runs as a share: {tag['shard']} GiB" in text
+
+    assert cli_main(["explain", "999999999"]) == 1
+    err = capfd.readouterr().err
+    assert err.count("\n") == 1 and "999999999" in err

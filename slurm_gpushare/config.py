@@ -74,6 +74,10 @@ class PolicyConfig:
     mem_hint_token: str = "gpushare:mem="
     # Headroom added on top of a memory hint, as a fraction (CUDA context, fragmentation).
     hint_margin: float = 0.10
+    # GPU-time budget per GPU, in % of one GPU: a share also takes that part of the GPU's
+    # shards that its peak utilisation is of this budget, so co-runners' utilisations cannot
+    # add up past it (Slurm enforces it with the shard counts). 0 sizes by memory only.
+    gpu_time_budget_pct: float = 100.0
 
 
 @dataclass(frozen=True)

@@ -137,9 +137,12 @@ class HistoryEstimator:
         detail = f"history: peak {seen}; {estimate.detail}" if estimate.detail else f"history: peak {seen}"
         if job_class is not None:
             detail += f"; {class_detail.split(' (')[0]}"
+        utils = [s["mgup_max"] for s in history if s.get("mgup_max") is not None
+                 and s.get("matched_key", 0) == min(h.get("matched_key", 0) for h in history)]
         estimate = JobEstimate(source="history", memory_mib=estimate.memory_mib,
                                runtime_s=estimate.runtime_s, job_class=job_class, detail=detail,
-                               excluded=verdict.excluded)
+                               excluded=verdict.excluded,
+                               util_pct=max(utils) if utils else None)
         return estimate, detail
 
     def _runtimes(self, history, config) -> dict[str, float]:

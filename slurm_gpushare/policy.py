@@ -32,6 +32,7 @@ class JobEstimate:
     memory_mib: Mapping[str, float] = field(default_factory=dict)
     runtime_s: Mapping[str, float] = field(default_factory=dict)
     job_class: int | None = None
+    util_pct: float | None = None  # peak GPU utilisation seen (MGUP): the GPU time it needs
     detail: str = ""  # one phrase for the reason, e.g. "peak 9.1 GiB on v100 + 12% margin"
     excluded: Mapping[str, str] = field(default_factory=dict)  # type -> why it cannot hold the job
 
@@ -134,6 +135,16 @@ def _combine_features(user: str, types: Sequence[GpuType]) -> str | None:
     return f"{user}&{ours}"
 
 
+def shards_needed(gpu_type: GpuType, memory_mib: float, util_pct: float | None,
+                  budget_pct: float) -> int:
+    """Shards (GiB) a job needs on one GPU type: its memory, or its part of the GPU-time
+    budget (co-runners' peak utilisations may add up to ``budget_pct``) if that is more."""
+    memory = math.ceil(memory_mib / 1024)
+    if util_pct is None or budget_pct <= 0:
+        return memory
+    return max(memory, math.ceil(util_pct / budget_pct * gpu_type.memory_gib))
+
+
 def _tag(action: str, decision_id: str, code: str, **fields) -> str:
     extra = "".join(f"{key}={value}:" for key, value in fields.items())
     return f"{TAG_PREFIX}{action}:id={decision_id or '-'}:{extra}why={code}"
@@ -208,8 +219,24 @@ def decide(request: JobRequest, config: Config, *, estimate: JobEstimate | None 
                                     f"({', '.join(g.name for g in too_big) or 'none known'}); "
                                     "keeps a whole GPU", source=estimate.source)
 
-    share_gib = max(math.ceil(estimate.memory_mib[g.name] / 1024) for g in fits)
-    share_gib = max(share_gib, 1)
+    # Shards per type: the job's memory in GiB, or its share of the GPU's time if that is
+    # more (so Slurm's own shard accounting keeps co-runners within the GPU-time budget).
+    needs = {g.name: shards_needed(g, estimate.memory_mib[g.name], estimate.util_pct,
+                                   config.policy.gpu_time_budget_pct) for g in fits}
+    fits, too_busy = ([g for g in fits if needs[g.name] <= g.memory_gib],
+                      [g for g in fits if needs[g.name] > g.memory_gib])
+    too_big += too_busy
+    if not fits:
+        return keep_tagged("does-not-fit", f"{estimate.detail}: its GPU time does not fit a "
+                                           "share of any type; keeps a whole GPU",
+                           source=estimate.source)
+    # Fastest predicted type first (SchedTune's min-JCT choice); the same shard count must
+    # then be safe and within budget on every other type offered.
+    fits.sort(key=lambda g: (estimate.runtime_s.get(g.name) is None,
+                             estimate.runtime_s.get(g.name, 0.0)))
+    share_gib = max(needs[fits[0].name], 1)
+    slower = [g for g in fits[1:] if not needs[g.name] <= share_gib <= g.memory_gib]
+    fits = [g for g in fits if g not in slower]
     features = _combine_features(request.features, fits)
     if features is None:
         return keep("complex-features", "the job's --constraint is too complex to extend")
@@ -232,8 +259,15 @@ def decide(request: JobRequest, config: Config, *, estimate: JobEstimate | None 
     writes["admin_comment"] = _tag("share", decision_id, code, **tag_fields)
     reason = (f"{estimate.detail}: {share_gib} GiB share (gres/shard) on "
               f"{', '.join(f'{g.name} ({g.memory_gib} GiB)' for g in fits)}")
+    if estimate.util_pct is not None and share_gib > math.ceil(
+            estimate.memory_mib[fits[0].name] / 1024):
+        reason += (f", sized by GPU time ({estimate.util_pct:.0f}% of a GPU, budget "
+                   f"{config.policy.gpu_time_budget_pct:.0f}%)")
     if too_big:
         reason += f"; excluded {', '.join(g.name for g in too_big)} (does not fit)"
+    if slower:
+        reason += (f"; not offered on {', '.join(g.name for g in slower)} "
+                   f"(slower, and {share_gib} shards would not suit it)")
     if away:
         reason += (f"; away from {', '.join(away)} (resident shares of a class that interferes "
                    f"with class {estimate.job_class})")

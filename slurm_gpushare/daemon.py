@@ -233,9 +233,21 @@ class Predictor:
         if self.estimator is not None:
             self.estimator.invalidate()
         learned = self._learn_coruns(summary, job) if linked else 0
+        self._check_share(summary, job)
         _event(logging.INFO, "ingested", job_id=job_id, gpu_index=summary.get("gpu_index"),
                gpu_model=summary.get("gpu_model"), peak_mib=summary.get("mgmap_max_mib"),
                linked=linked, coruns=len(summary.get("coruns") or []), learned=learned)
+
+    def _check_share(self, summary: dict[str, Any], job) -> None:
+        """gres/shard sets no hardware limit: record a job that used more than its share, so
+        admins see it (log event, counter, report) before a co-runner runs out of memory."""
+        shard = parse_tag(job.admin_comment).get("shard") if job else None
+        peak = summary.get("mgmap_max_mib")
+        if shard is None or peak is None or peak <= int(shard) * 1024:
+            return
+        self._count("share-exceeded")
+        _event(logging.WARNING, "share-exceeded", job_id=job.job_id, share_gib=int(shard),
+               peak_mib=peak, gpu_model=summary.get("gpu_model"), uid=job.uid)
 
     def _learn_coruns(self, summary: dict[str, Any], job) -> int:
         """Record this job's side of each co-run (its class and measured slowdown) and
@@ -279,14 +291,20 @@ class Predictor:
             return reply_error(f"job {job_id} not found")
         if not peer.admin and job.uid != peer.uid:
             return reply_error("permission denied: not your job")
-        record = None
+        record, co_runners, telemetry = None, [], []
         if self.store is not None and job.decision_id:
             self.records.flush(2)
             self.store.link_decision(job.decision_id, job_id, self.config.daemon.cluster_name)
             record = self.store.decision(job.decision_id)
+            co_runners = [{"job_id": c["job_b"], "class": c["class_b"],
+                           "overlap_s": c["overlap_s"], "isd": c["isd_a"]}
+                          for c in self.store.coruns_of(job_id)]
+            telemetry = [{k: s.get(k) for k in ("gpu_index", "gpu_model", "mgmap_max_mib",
+                                                "mgup_max", "mgtsamp_max", "duration_s")}
+                         for s in self.store.summaries(job_id)]
         return reply_ok(job={"job_id": job_id, "state": job.state, "nodes": job.nodes,
                              "admin_comment": job.admin_comment, "uid": job.uid},
-                        record=record)
+                        record=record, co_runners=co_runners, telemetry=telemetry)
 
 
 def _user_name(uid: int) -> str:

@@ -273,6 +273,20 @@ class Store:
             (cluster, job_a, job_b, gpu_uuid, time.time(), overlap_s, gpu_type, class_a,
              class_b, isd_a, isd_b, ps))
 
+    def coruns_of(self, job_id: str) -> list[dict[str, Any]]:
+        """Co-run observations that involve one job, oriented so that side "a" is the job."""
+        job_id = _check_job(job_id)
+        rows = self._db.execute("SELECT cluster, job_a, job_b, gpu_uuid, ts, overlap_s, "
+                                "gpu_type, class_a, class_b, isd_a, isd_b, ps FROM coruns "
+                                "WHERE job_a = ? OR job_b = ? ORDER BY ts", (job_id, job_id))
+        out = []
+        for row in map(dict, rows.fetchall()):
+            if row["job_b"] == job_id:
+                for a, b in (("job_a", "job_b"), ("class_a", "class_b"), ("isd_a", "isd_b")):
+                    row[a], row[b] = row[b], row[a]
+            out.append(row)
+        return out
+
     def corun_observations(self) -> list[dict[str, Any]]:
         rows = self._db.execute("SELECT cluster, job_a, job_b, gpu_uuid, ts, overlap_s, "
                                 "gpu_type, class_a, class_b, isd_a, isd_b, ps FROM coruns "

@@ -57,7 +57,8 @@ def profile(cluster, script: str, *args: str) -> dict:
 
 
 def test_history_on_one_type_sizes_the_share_for_the_others(cluster):
-    script = unique_script(cluster, work_s=2, util=40, mem_mib={"v100": 9000, "a100": 9700})
+    # Memory-bound (5% GPU time): one shard count can suit both types.
+    script = unique_script(cluster, work_s=2, util=5, mem_mib={"v100": 9000, "a100": 9700})
     ingested = profile(cluster, script, "--gres=gpu:v100:1")
     assert ingested["gpu_model"] == "Tesla V100-SXM2-16GB" and ingested["peak_mib"] == 9000
 
@@ -73,6 +74,18 @@ def test_history_on_one_type_sizes_the_share_for_the_others(cluster):
     assert job["Features"] == "a100|v100"
     assert f"shard={shards}" in job["AdminComment"] and ":class=" in job["AdminComment"]
     assert decision["job_class"] is not None and decision["history"].startswith("history:")
+
+
+def test_gpu_time_bound_job_gets_its_part_of_the_fastest_type(cluster):
+    script = unique_script(cluster, work_s=2, util=40, mem_mib={"v100": 5000, "a100": 5400})
+    profile(cluster, script, "--gres=gpu:v100:1")
+    job = cluster.job(cluster.sbatch("--gres=gpu:1", "--hold", script=script))
+    cluster.slurm("scancel", job["JobId"])
+    decision = decision_of(cluster, job)
+    # 40% of the GPU's time is 32 of an A100's 80 shards (more than its 6 GiB of memory), and
+    # 32 shards do not exist on a 16 GiB V100.
+    assert (job["TresPerNode"], job["Features"]) == ("gres:shard:32", "a100")
+    assert "sized by GPU time (40% of a GPU" in decision["reason"]
 
 
 def test_history_excludes_types_where_the_job_does_not_fit(cluster):
@@ -97,3 +110,23 @@ def test_preallocating_framework_keeps_a_whole_gpu(cluster):
     decision = decision_of(cluster, job)
     assert (decision["action"], decision["code"]) == ("keep", "memory-unknown")
     assert job["TresPerNode"] == "gres:gpu:1" and "pre-allocates" in decision["reason"]
+
+
+def test_a_job_above_its_share_is_reported(cluster):
+    # Profiled at 3 GiB; the next run of the same script grows by 6 GiB (a bigger input, say)
+    # while running on its history-sized share: shards set no hardware limit, so the daemon
+    # must notice from the telemetry and say so.
+    script = unique_script(cluster, work_s=1, util=10, mem_mib={"v100": 3000, "a100": 3000})
+    profile(cluster, script, "--gres=gpu:v100:1")
+    job_id = cluster.sbatch("--gres=gpu:1", script=script,
+                            env={"GPUSHARE_FAKEGPU_EXTRA_MIB": "6000"})
+    assert cluster.job(job_id)["TresPerNode"].startswith("gres:shard:")
+    cluster.wait_state(job_id, {"COMPLETED", "FAILED"}, timeout=90)
+    wait_ingested(cluster, job_id)
+    hits = []
+    deadline = time.monotonic() + 20
+    while not hits and time.monotonic() < deadline:
+        hits = [e for e in map(json.loads, (cluster.log / "gpushare.log").read_text().splitlines())
+                if e.get("event") == "share-exceeded" and e.get("job_id") == job_id]
+        time.sleep(0.25)
+    assert hits and hits[0]["peak_mib"] == 9000 and hits[0]["share_gib"] < 9

@@ -13,6 +13,8 @@ share its SM time; while the registered utilisations sum to more than 100 %, eve
 ``100 / sum`` of its solo speed. Two jobs at 70 % each run at 1/1.4 = 0.714x (ISD 0.4); 30 %
 and 40 % do not slow each other. Memory: a job whose registration would take the GPU past its
 memory dies as CUDA would ("out of memory", exit 2) -- the OOM the sizing must prevent.
+``$GPUSHARE_FAKEGPU_EXTRA_MIB`` in a job's environment makes it use that much more than its
+script says (a run that outgrows its history).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from ..slurmjobs import gpu_indices
 from .nvml import DeviceSample, ProcessSample
 
 ROOT_ENV = "GPUSHARE_FAKEGPU_ROOT"
+EXTRA_ENV = "GPUSHARE_FAKEGPU_EXTRA_MIB"
 TICK_S = 0.1
 
 
@@ -129,6 +132,8 @@ def run_workload(*, root: str, node: str, job_id: str, mem_mib: dict[str, float]
     board = read_board(root, node)
     total = next(g["mem_total_mib"] for g in board["gpus"] if int(g["index"]) == index)
     need = mem_mib.get(gpu_type, max(mem_mib.values()))
+    # Test knob: a run that needs more than the script says (grown input), set per submission.
+    need += float(os.environ.get(EXTRA_ENV, 0) or 0)
     directory = _gpu_dir(root, node, index)
     others = [e for e in _registrations(directory) if str(e["job_id"]) != job_id]
     used = sum(e["mem_mib"] for e in others)

@@ -29,6 +29,9 @@ class GpuType:
     memory_gib: int  # usable memory; one shard = 1 GiB, so this is also the shard count per GPU
     feature: str = ""  # node feature naming the type; defaults to the name
     model: str = ""  # catalogue model for predictors, e.g. "A100-80GB"; defaults to the name
+    # How its GPUs are shared: "shard" (1 shard = 1 GiB, no hardware limit) or "mps" (percent
+    # of a GPU, memory limited by CUDA MPS). One per node: Slurm allows one of them per node.
+    sharing: str = "shard"
 
     def __post_init__(self):
         if not self.feature:
@@ -146,15 +149,18 @@ def parse_config(raw: dict[str, Any], path: str = "") -> Config:
     for name, spec in raw.get("gpu_types", {}).items():
         if not isinstance(spec, dict) or "memory_gib" not in spec:
             raise ConfigError(f"[gpu_types.{name}] needs memory_gib")
-        extra = set(spec) - {"memory_gib", "feature", "model"}
+        extra = set(spec) - {"memory_gib", "feature", "model", "sharing"}
         if extra:
             raise ConfigError(f"unknown key(s) in [gpu_types.{name}]: {', '.join(sorted(extra))}")
         memory = spec["memory_gib"]
         if not isinstance(memory, int) or memory <= 0:
             raise ConfigError(f"[gpu_types.{name}] memory_gib must be a positive integer")
+        sharing = spec.get("sharing", "shard")
+        if sharing not in ("shard", "mps"):
+            raise ConfigError(f"[gpu_types.{name}] sharing must be \"shard\" or \"mps\"")
         gpu_types.append(
             GpuType(name=name, memory_gib=memory, feature=spec.get("feature", ""),
-                    model=spec.get("model", ""))
+                    model=spec.get("model", ""), sharing=sharing)
         )
     config = Config(
         daemon=_section(DaemonConfig, raw.get("daemon", {}), "daemon"),

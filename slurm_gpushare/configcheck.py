@@ -193,16 +193,17 @@ def gres_tokens(text: str | None) -> list[tuple[str, str | None, int]]:
     return tokens
 
 
-def gres_conf_shards(path: Path, nodes: Iterable[str]) -> dict[str, int]:
-    """Shards per node as gres.conf declares them (lines without NodeName= apply to all)."""
+def gres_conf_shards(path: Path, nodes: Iterable[str], name: str = "shard") -> dict[str, int]:
+    """Units of a sharing gres (shard, or mps) per node as gres.conf declares them (lines
+    without NodeName= apply to all)."""
     nodes = list(nodes)
     shards: dict[str, int] = {}
     for _source, line in _logical_lines(path):
         record = {k.lower(): v for k, v in _pairs(line)}
-        if record.get("name") != "shard":
+        if record.get("name") != name:
             continue
         if "count" in record:
-            count_value = gres_tokens(f"shard:{record['count']}")[0][2]
+            count_value = gres_tokens(f"{name}:{record['count']}")[0][2]
         else:  # one shard per File= entry, as Slurm counts them
             count_value = len(expand_hostlist(record["file"])) if "file" in record else 1
         targets = expand_hostlist(record["nodename"]) if "nodename" in record else nodes
@@ -345,18 +346,25 @@ class Checker:
 
     # -- slurm.conf parameters
     def check_slurm_params(self) -> None:
+        # The sharing gres the configured GPU types use (shard unless a type says mps).
+        needed = sorted({g.sharing for g in self.config.gpu_types} if self.config else {"shard"})
         for where, get in self._sources():
             gres = _tokens(get("GresTypes"))
-            if "shard" in gres:
-                self.add("gres-types", "ok", f"GresTypes has shard ({where})", where=where)
-            elif "mps" in gres:
-                self.add("gres-types", "warning", f"GresTypes={','.join(gres)} has mps but not "
-                         "shard: slurm-gpushare's shares are gres/shard", self._where_fix(
-                             where, f"GresTypes={_with(get('GresTypes'), 'shard')}"), where)
-            else:
+            missing = [name for name in needed if name not in gres]
+            fixed = get("GresTypes")
+            for name in missing:
+                fixed = _with(fixed, name)
+            if not missing:
+                self.add("gres-types", "ok", f"GresTypes has {', '.join(needed)} ({where})",
+                         where=where)
+            elif not {"shard", "mps"} & set(gres):
                 self.add("gres-types", "error", f"GresTypes={','.join(gres) or '(unset)'} has "
-                         "neither shard nor mps: no share can be scheduled", self._where_fix(
-                             where, f"GresTypes={_with(get('GresTypes'), 'shard')}"), where)
+                         "neither shard nor mps: no share can be scheduled",
+                         self._where_fix(where, f"GresTypes={fixed}"), where)
+            else:
+                self.add("gres-types", "error", f"GresTypes={','.join(gres)} lacks "
+                         f"{', '.join(missing)}, which the configured GPU types share by",
+                         self._where_fix(where, f"GresTypes={fixed}"), where)
             select = get("SelectType") or "(unset)"
             if select == "select/cons_tres":
                 self.add("select-type", "ok", f"SelectType=select/cons_tres ({where})", where=where)
@@ -432,11 +440,15 @@ class Checker:
             self.add("hook-settings", "ok", f"{path} matches the daemon config", where=str(path))
 
     # -- nodes: GPU types, shard counts, features
-    def _expected_shards(self, gpu_type: str | None, gpus: int) -> int | None:
+    def _expected_units(self, gpu_type: str | None, gpus: int) -> tuple[str, int] | None:
+        """The sharing gres a node of this type must offer and its count: one shard per
+        GiB, or 100 MPS percent per GPU."""
         if not self.config or not gpu_type:
             return None
         spec = self.config.gpu_type(gpu_type)
-        return None if spec is None else gpus * spec.memory_gib
+        if spec is None:
+            return None
+        return spec.sharing, gpus * (100 if spec.sharing == "mps" else spec.memory_gib)
 
     def check_nodes(self) -> None:
         sources = [(str(self.slurm_conf_path), {n: (r.get("gres"), r.get("features", ""))
@@ -454,8 +466,7 @@ class Checker:
                 if not gpus:
                     continue
                 any_gpu = True
-                shards = sum(c for n, _, c in tokens if n == "shard")
-                self._check_node(where, node, gpus, shards, features or "")
+                self._check_node(where, node, gpus, tokens, features or "")
                 if where != "slurmctld" and len(gpus) == 1 and gpus[0][0]:
                     file_nodes[node] = (gpus[0][0], gpus[0][1])
         if not any_gpu:
@@ -469,22 +480,24 @@ class Checker:
                      "slurm-gpushare gen-config --nodes-from-sinfo (gres.conf lines)",
                      str(gres_conf))
             return
-        declared = gres_conf_shards(gres_conf, self.conf.nodes)
+        declared = {name: gres_conf_shards(gres_conf, self.conf.nodes, name)
+                    for name in ("shard", "mps")}
         wrong = []
         for node, (gpu_type, gpus) in sorted(file_nodes.items()):
-            expected = self._expected_shards(gpu_type, gpus)
-            if expected is not None and declared.get(node, 0) != expected:
-                wrong.append((node, declared.get(node, 0), expected))
-        for node, have, expected in wrong:
-            self.add("gres-conf", "error", f"gres.conf gives {node} {have} shards; "
-                     f"{expected} expected (GPUs x GiB)",
-                     f"in {gres_conf} set: NodeName={node} Name=shard Count={expected}",
+            expected = self._expected_units(gpu_type, gpus)
+            if expected is not None and declared[expected[0]].get(node, 0) != expected[1]:
+                wrong.append((node, expected[0], declared[expected[0]].get(node, 0), expected[1]))
+        for node, name, have, expected in wrong:
+            unit = "GPUs x 100" if name == "mps" else "GPUs x GiB"
+            self.add("gres-conf", "error", f"gres.conf gives {node} {have} "
+                     f"{'shards' if name == 'shard' else 'MPS percent'}; {expected} expected ({unit})",
+                     f"in {gres_conf} set: NodeName={node} Name={name} Count={expected}",
                      str(gres_conf))
         if not wrong:
             self.add("gres-conf", "ok", f"{gres_conf}: shard counts match", where=str(gres_conf))
 
     def _check_node(self, where: str, node: str, gpus: list[tuple[str | None, int]],
-                    shards: int, features: str) -> None:
+                    tokens: list, features: str) -> None:
         if len(gpus) > 1:
             self.add("node-gpu-type", "warning", f"{node} has GPUs of several types "
                      f"({', '.join(str(t) for t, _ in gpus)}): shares cannot be limited to one",
@@ -506,14 +519,18 @@ class Checker:
             return
         if spec is None:
             return
-        expected = count * spec.memory_gib
+        name, expected = self._expected_units(gpu_type, count)
+        shards = sum(c for n, _, c in tokens if n == name)
         if shards != expected:
-            gres = f"gpu:{gpu_type}:{count},shard:{expected}"
-            self.add("shard-count", "error", f"{node} has {shards} shards; {expected} expected "
-                     f"({count} x {spec.memory_gib} GiB {gpu_type}, one shard per GiB)",
-                     self._node_fix(where, line, gres=gres), where)
+            gres = f"gpu:{gpu_type}:{count},{name}:{expected}"
+            rule = (f"{count} x 100 MPS percent" if name == "mps" else
+                    f"{count} x {spec.memory_gib} GiB {gpu_type}, one shard per GiB")
+            unit = "shards" if name == "shard" else "MPS percent"
+            self.add("shard-count", "error", f"{node} has {shards} {unit}; {expected} expected "
+                     f"({rule})", self._node_fix(where, line, gres=gres), where)
         else:
-            self.add("shard-count", "ok", f"{node}: {shards} shards ({where})", where=where)
+            unit = "shards" if name == "shard" else "MPS percent"
+            self.add("shard-count", "ok", f"{node}: {shards} {unit} ({where})", where=where)
         have = [f for f in re.split(r"[,&|]", features) if f and f != "(null)"]
         if spec.feature not in have:
             self.add("node-features", "error", f"{node} lacks feature {spec.feature}: shares are "

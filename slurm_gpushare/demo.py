@@ -128,7 +128,8 @@ def run_demo(console: Console) -> dict:
     started = time.monotonic()
     cluster.start()
     console.print(f"[bold]Local cluster up[/] in {time.monotonic() - started:.1f}s: "
-                  "2 nodes x 2 v100 (16 GiB), 2 nodes x 2 a100 (80 GiB); 1 shard = 1 GiB; "
+                  "2 nodes x 2 v100 (16 GiB), 2 nodes x 2 a100 (80 GiB) shared by shards "
+                  "(1 shard = 1 GiB), 1 node x 2 t4 (16 GiB) shared by MPS; "
                   "hook + predictor daemon + telemetry prolog/epilog on.")
     console.print(f"Slurm clients: export SLURM_CONF={cluster.slurm_conf}\n")
 

@@ -135,14 +135,23 @@ def _combine_features(user: str, types: Sequence[GpuType]) -> str | None:
     return f"{user}&{ours}"
 
 
-def shards_needed(gpu_type: GpuType, memory_mib: float, util_pct: float | None,
-                  budget_pct: float) -> int:
-    """Shards (GiB) a job needs on one GPU type: its memory, or its part of the GPU-time
-    budget (co-runners' peak utilisations may add up to ``budget_pct``) if that is more."""
-    memory = math.ceil(memory_mib / 1024)
+MPS_PER_GPU = 100  # gres/mps Count per GPU: percent of one GPU
+
+
+def capacity(gpu_type: GpuType) -> int:
+    """Units of the shared gres on one GPU: shards (GiB) or MPS percent."""
+    return MPS_PER_GPU if gpu_type.sharing == "mps" else gpu_type.memory_gib
+
+
+def units_needed(gpu_type: GpuType, memory_mib: float, util_pct: float | None,
+                 budget_pct: float) -> int:
+    """Units a job needs on one GPU type: its memory, or its part of the GPU-time budget
+    (co-runners' peak utilisations may add up to ``budget_pct``) if that is more."""
+    memory_fraction = memory_mib / (gpu_type.memory_gib * 1024)
+    units = math.ceil(memory_fraction * capacity(gpu_type) - 1e-9)
     if util_pct is None or budget_pct <= 0:
-        return memory
-    return max(memory, math.ceil(util_pct / budget_pct * gpu_type.memory_gib))
+        return units
+    return max(units, math.ceil(util_pct / budget_pct * capacity(gpu_type) - 1e-9))
 
 
 def _tag(action: str, decision_id: str, code: str, **fields) -> str:
@@ -219,30 +228,34 @@ def decide(request: JobRequest, config: Config, *, estimate: JobEstimate | None 
                                     f"({', '.join(g.name for g in too_big) or 'none known'}); "
                                     "keeps a whole GPU", source=estimate.source)
 
-    # Shards per type: the job's memory in GiB, or its share of the GPU's time if that is
-    # more (so Slurm's own shard accounting keeps co-runners within the GPU-time budget).
-    needs = {g.name: shards_needed(g, estimate.memory_mib[g.name], estimate.util_pct,
-                                   config.policy.gpu_time_budget_pct) for g in fits}
-    fits, too_busy = ([g for g in fits if needs[g.name] <= g.memory_gib],
-                      [g for g in fits if needs[g.name] > g.memory_gib])
+    # Units per type (GiB shards, or MPS percent): the job's memory, or its part of the
+    # GPU-time budget if that is more -- so Slurm's own accounting of the shared gres keeps
+    # co-runners within the budget.
+    budget = config.policy.gpu_time_budget_pct
+    needs = {g.name: units_needed(g, estimate.memory_mib[g.name], estimate.util_pct, budget)
+             for g in fits}
+    fits, too_busy = ([g for g in fits if needs[g.name] <= capacity(g)],
+                      [g for g in fits if needs[g.name] > capacity(g)])
     too_big += too_busy
     if not fits:
         return keep_tagged("does-not-fit", f"{estimate.detail}: its GPU time does not fit a "
                                            "share of any type; keeps a whole GPU",
                            source=estimate.source)
-    # Fastest predicted type first (SchedTune's min-JCT choice); the same shard count must
-    # then be safe and within budget on every other type offered.
+    # Fastest predicted type first (SchedTune's min-JCT choice); other types are offered only
+    # where the same request (same gres, same count) is safe and within budget.
     fits.sort(key=lambda g: (estimate.runtime_s.get(g.name) is None,
                              estimate.runtime_s.get(g.name, 0.0)))
-    share_gib = max(needs[fits[0].name], 1)
-    slower = [g for g in fits[1:] if not needs[g.name] <= share_gib <= g.memory_gib]
+    best = fits[0]
+    units = max(needs[best.name], 1)
+    slower = [g for g in fits[1:] if g.sharing != best.sharing
+              or not needs[g.name] <= units <= capacity(g)]
     fits = [g for g in fits if g not in slower]
     features = _combine_features(request.features, fits)
     if features is None:
         return keep("complex-features", "the job's --constraint is too complex to extend")
 
-    shard = tresmod.TresToken(gpu.prefix or "gres:", "shard", None, share_gib)
-    writes = {"tres_per_node": tresmod.replace(request.tres_per_node, "gpu", shard)}
+    share = tresmod.TresToken(gpu.prefix or "gres:", best.sharing, None, units)
+    writes = {"tres_per_node": tresmod.replace(request.tres_per_node, "gpu", share)}
     if field_name == "tres_per_job":
         # 22.05: a shared gres per job needs one node; move it per node and drop the job-wide GPU.
         writes["tres_per_job"] = tresmod.replace(request.tres_per_job, "gpu", None)
@@ -253,21 +266,28 @@ def decide(request: JobRequest, config: Config, *, estimate: JobEstimate | None 
         writes["exc_nodes"] = ",".join(([request.exc_nodes] if request.exc_nodes else []) + away)
     type_names = tuple(g.name for g in fits)
     code = f"{estimate.source}-share"
-    tag_fields = {"shard": share_gib, "types": "+".join(type_names)}
+    # The memory the job may use wherever it lands (MPS enforces it: the TaskProlog reads it).
+    limit_mib = math.ceil(max(estimate.memory_mib[g.name] for g in fits))
+    share_gib = units if best.sharing == "shard" else math.ceil(limit_mib / 1024)
+    tag_fields: dict[str, object] = {best.sharing: units, "types": "+".join(type_names)}
+    if best.sharing == "mps":
+        tag_fields["mem"] = limit_mib
     if estimate.job_class is not None:
         tag_fields["class"] = estimate.job_class
     writes["admin_comment"] = _tag("share", decision_id, code, **tag_fields)
-    reason = (f"{estimate.detail}: {share_gib} GiB share (gres/shard) on "
+    what = (f"{units} GiB share (gres/shard)" if best.sharing == "shard" else
+            f"{units}% MPS share (gres/mps, memory limit {limit_mib / 1024:.1f} GiB)")
+    reason = (f"{estimate.detail}: {what} on "
               f"{', '.join(f'{g.name} ({g.memory_gib} GiB)' for g in fits)}")
-    if estimate.util_pct is not None and share_gib > math.ceil(
-            estimate.memory_mib[fits[0].name] / 1024):
+    by_memory = units_needed(best, estimate.memory_mib[best.name], None, 0)
+    if estimate.util_pct is not None and units > by_memory:
         reason += (f", sized by GPU time ({estimate.util_pct:.0f}% of a GPU, budget "
                    f"{config.policy.gpu_time_budget_pct:.0f}%)")
     if too_big:
         reason += f"; excluded {', '.join(g.name for g in too_big)} (does not fit)"
     if slower:
         reason += (f"; not offered on {', '.join(g.name for g in slower)} "
-                   f"(slower, and {share_gib} shards would not suit it)")
+                   f"(slower, and the same request would not suit it)")
     if away:
         reason += (f"; away from {', '.join(away)} (resident shares of a class that interferes "
                    f"with class {estimate.job_class})")
@@ -278,4 +298,6 @@ def decide(request: JobRequest, config: Config, *, estimate: JobEstimate | None 
                              "runtime_s": dict(estimate.runtime_s),
                              "job_class": estimate.job_class,
                              "excluded_types": [g.name for g in too_big],
-                             "excluded_nodes": away, "candidate_nodes": candidates})
+                             "excluded_nodes": away, "candidate_nodes": candidates,
+                             "sharing": best.sharing, "units": units,
+                             "memory_limit_mib": limit_mib})

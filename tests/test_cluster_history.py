@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 import uuid
 
@@ -98,7 +99,7 @@ def test_history_excludes_types_where_the_job_does_not_fit(cluster):
     decision = decision_of(cluster, job)
     assert job["Features"] == "a100"
     assert int(job["TresPerNode"].rsplit(":", 1)[1]) >= math.ceil(20000 * 1.05 / 1024)
-    assert "excluded v100 (does not fit)" in decision["reason"]
+    assert re.search(r"excluded (t4, )?v100 \(does not fit\)", decision["reason"])
 
 
 def test_preallocating_framework_keeps_a_whole_gpu(cluster):
@@ -130,3 +131,20 @@ def test_a_job_above_its_share_is_reported(cluster):
                 if e.get("event") == "share-exceeded" and e.get("job_id") == job_id]
         time.sleep(0.25)
     assert hits and hits[0]["peak_mib"] == 9000 and hits[0]["share_gib"] < 9
+
+
+def test_mps_share_gets_its_memory_limit_from_the_taskprolog(cluster):
+    script = unique_script(cluster, work_s=2, util=20, mem_mib={"t4": 4000})
+    # The task's environment, as the TaskProlog left it, before the workload starts.
+    shebang, rest = script.split("\n", 1)
+    probe = f"{shebang}\nenv | grep '^CUDA_MPS' | sort > {cluster.root}/jobs/$SLURM_JOB_ID.env\n{rest}"
+    profile(cluster, probe, "--gres=gpu:t4:1")
+    job_id = cluster.sbatch("--gres=gpu:t4:1", script=probe)
+    job = cluster.job(job_id)
+    assert job["TresPerNode"].startswith("gres:mps:")
+    assert cluster.wait_state(job_id, {"COMPLETED", "FAILED"}, timeout=90) == "COMPLETED"
+    tag = job["AdminComment"]
+    mem = tag.split(":mem=")[1].split(":")[0]
+    env = (cluster.root / "jobs" / f"{job_id}.env").read_text().split()
+    assert f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0={mem}M" in env
+    assert any(line.startswith("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=") for line in env)

@@ -143,7 +143,7 @@ def _break(etc: Path) -> None:
     """Break a copy of the cluster's etc/ the ways admins do."""
     conf = etc / "slurm.conf"
     text = conf.read_text()
-    text = text.replace("GresTypes=gpu,shard", "GresTypes=gpu")
+    text = text.replace("GresTypes=gpu,shard,mps", "GresTypes=gpu")
     text = re.sub(r"^AccountingStorageTRES=.*\n", "", text, flags=re.M)
     text = re.sub(r"(NodeName=v100-1 .*shard:)32", r"\g<1>30", text)
     text = re.sub(r"(NodeName=a100-2 .*Features=)a100,", r"\1", text)
@@ -196,7 +196,7 @@ def test_a_broken_copy_gets_the_right_findings_and_fixes(live_env, tmp_path, cap
     conf, gres = etc / "slurm.conf", etc / "gres.conf"
     wanted = {
         ("gres-types", "GresTypes=gpu has neither shard nor mps"):
-            f"in {conf} set: GresTypes=gpu,shard",
+            f"in {conf} set: GresTypes=gpu,mps,shard",
         ("select-type", None): None,
         ("accounting-tres", "AccountingStorageTRES=(unset) lacks gres/shard"):
             f"in {conf} set: AccountingStorageTRES=gres/gpu,gres/shard",

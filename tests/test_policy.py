@@ -194,3 +194,21 @@ def test_gpu_time_budget_zero_sizes_by_memory_only():
         "gpu_types": {"a100": {"memory_gib": 80}}})
     estimate = JobEstimate(source="history", memory_mib={"a100": 7400}, util_pct=50.0)
     assert decide(request(), config, estimate=estimate).writes["tres_per_node"] == "gres:shard:8"
+
+
+def test_mps_types_get_a_percent_share_with_a_memory_limit_in_the_tag():
+    config = parse_config({
+        "policy": {"sharing_partitions": ["gpu"]},
+        "gpu_types": {"t4": {"memory_gib": 16, "sharing": "mps"},
+                      "v100": {"memory_gib": 16}}})
+    estimate = JobEstimate(source="history", memory_mib={"t4": 4000, "v100": 3900},
+                           runtime_s={"t4": 50.0, "v100": 90.0}, util_pct=20.0)
+    decision = decide(request(), config, estimate=estimate, decision_id="m1")
+    # 4000 MiB of 16 GiB is 25% (more than 20% GPU time): mps:25 on the faster T4 only.
+    assert decision.writes["tres_per_node"] == "gres:mps:25"
+    assert decision.writes["features"] == "t4"
+    assert decision.writes["admin_comment"] == (
+        "gpushare:v1:share:id=m1:mps=25:types=t4:mem=4000:why=history-share")
+    assert "memory limit 3.9 GiB" in decision.reason and "not offered on v100" in decision.reason
+    with pytest.raises(ConfigError, match="sharing must be"):
+        parse_config({"gpu_types": {"t4": {"memory_gib": 16, "sharing": "mig"}}})

@@ -212,3 +212,63 @@ def test_mps_types_get_a_percent_share_with_a_memory_limit_in_the_tag():
     assert "memory limit 3.9 GiB" in decision.reason and "not offered on v100" in decision.reason
     with pytest.raises(ConfigError, match="sharing must be"):
         parse_config({"gpu_types": {"t4": {"memory_gib": 16, "sharing": "mig"}}})
+
+
+class FakeView:
+    def __init__(self, *nodes):
+        self._nodes = nodes
+
+    def nodes(self):
+        return self._nodes
+
+
+class ClassRule:
+    """Compatibility as a set of incompatible class pairs."""
+
+    def __init__(self, *bad):
+        self.bad = {frozenset(p) for p in bad}
+
+    def compatible(self, a, b, gpu_type=None):
+        return frozenset((a, b)) not in self.bad
+
+
+def test_nodes_with_incompatible_residents_are_excluded():
+    from slurm_gpushare.policy import NodeView
+
+    view = FakeView(NodeView("a1", "a100", ("gpu",), (2,)), NodeView("a2", "a100", ("gpu",), (0,)),
+                    NodeView("v1", "v100", ("gpu",), (2, 2)), NodeView("v2", "v100", ("gpu",), ()))
+    estimate = JobEstimate(source="history", memory_mib={"v100": 4000, "a100": 4000},
+                           job_class=2, detail="peak 3.8 GiB")
+    decision = decide(request(exc_nodes="old[1-2]"), CONFIG, estimate=estimate, view=view,
+                      knowledge=ClassRule((2, 2)))
+    assert decision.writes["exc_nodes"] == "old[1-2],a1,v1"  # the user's own list is kept
+    assert "away from a1, v1" in decision.reason
+    assert ":class=2:" in decision.writes["admin_comment"]
+
+
+def test_no_exclusion_when_every_candidate_node_interferes():
+    from slurm_gpushare.policy import NodeView
+
+    view = FakeView(NodeView("a1", "a100", ("gpu",), (2,)), NodeView("v1", "v100", ("gpu",), (2,)))
+    estimate = JobEstimate(source="history", memory_mib={"v100": 4000, "a100": 4000}, job_class=2)
+    decision = decide(request(), CONFIG, estimate=estimate, view=view, knowledge=ClassRule((2, 2)))
+    assert "exc_nodes" not in decision.writes  # excluding all would only make it wait
+
+
+def test_resident_classes_come_from_running_share_tags():
+    import json
+
+    from slurm_gpushare.clusterview import resident_classes
+
+    squeue = {"jobs": [
+        {"job_state": "RUNNING", "nodes": "a100-1",
+         "admin_comment": "gpushare:v1:share:id=ab:shard=8:types=a100:class=1:why=history-share"},
+        {"job_state": "RUNNING", "nodes": "a100-1",
+         "admin_comment": "gpushare:v1:share:id=cd:shard=8:types=a100:class=2:why=history-share"},
+        {"job_state": "PENDING", "nodes": "", "admin_comment":
+         "gpushare:v1:share:id=ef:shard=8:types=a100:class=0:why=history-share"},
+        {"job_state": "RUNNING", "nodes": "v100-1",
+         "admin_comment": "gpushare:v1:keep:id=gh:why=first-run"},
+        {"job_state": "RUNNING", "nodes": "v100-2", "admin_comment": "someone else's note"},
+    ]}
+    assert resident_classes(json.dumps(squeue)) == {"a100-1": [1, 2]}

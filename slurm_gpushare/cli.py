@@ -19,6 +19,7 @@ COMMAND_MODULES = [
     "slurm_gpushare.testcluster",
     "slurm_gpushare.demo",
     "slurm_gpushare.memory_eval",
+    "slurm_gpushare.models",
     "slurm_gpushare.kb_cli",
     "slurm_gpushare.report_cli",
     "slurm_gpushare.user_cli",
@@ -38,6 +39,7 @@ COMMAND_INDEX = {
     "memory": "slurm_gpushare.memory_eval",
     "classes": "slurm_gpushare.kb_cli",
     "kb": "slurm_gpushare.kb_cli",
+    "models": "slurm_gpushare.models",
 }
 
 

@@ -33,6 +33,7 @@ from .clusterview import SlurmClusterView
 from .config import Config, ConfigError, load_config
 from .estimate import HistoryEstimator
 from .fingerprint import Fingerprinter
+from .models import load_memory_model
 from .policy import decide
 from .protocol import ProtocolError, parse_request, reply_error, reply_ok
 from .slurmjobs import lookup_job, parse_tag
@@ -138,7 +139,7 @@ class Predictor:
         if store is not None:
             from .knowledge import KnowledgeBase
 
-            self.estimator = HistoryEstimator(store)
+            self.estimator = HistoryEstimator(store, predictor=load_memory_model(config))
             self.estimator.estimate([], config)  # warm-up: first calls pay for imports
             self.knowledge = KnowledgeBase.from_store(store, self.estimator.classes)
         self.counters: Counter[str] = Counter()
@@ -450,6 +451,8 @@ def serve(config_path: str | None) -> None:
         setup_logging(new)
         predictor.config = new
         predictor.fingerprinter = Fingerprinter.from_file(new.daemon.secret_file)
+        if predictor.estimator is not None:  # a model refit by `models fit`
+            predictor.estimator.set_predictor(load_memory_model(new))
         _event(logging.INFO, "reloaded", config=new.path)
 
     def stop(signum, _frame):

@@ -91,6 +91,13 @@ class HistoryEstimator:
         self._cache: dict[tuple, tuple[JobEstimate | None, str]] = {}
         self._lock = threading.Lock()
 
+    def set_predictor(self, predictor=None) -> None:
+        """Use another fitted memory predictor (None: the packaged default)."""
+        from .memory import default_predictor
+
+        self.predictor = predictor or default_predictor()
+        self.invalidate()
+
     def invalidate(self) -> None:
         with self._lock:
             self._cache.clear()

@@ -201,7 +201,8 @@ def test_a_broken_copy_gets_the_right_findings_and_fixes(live_env, tmp_path, cap
         ("accounting-tres", "AccountingStorageTRES=(unset) lacks gres/shard"):
             f"in {conf} set: AccountingStorageTRES=gres/gpu,gres/shard",
         ("shard-count", "v100-1 has 30 shards; 32 expected (2 x 16 GiB v100, one shard per GiB)"):
-            f"in {conf} set: NodeName=v100-1 NodeHostname=localhost Port=17001 CPUs=8 "
+            f"in {conf} set: NodeName=v100-1 NodeHostname=localhost "
+            f"Port={live_env.ports['slurmd_base']} CPUs=8 "
             "RealMemory=8000 Gres=gpu:v100:2,shard:32 Features=v100,gpumem16g State=UNKNOWN",
         ("gres-conf", "gres.conf gives v100-1 30 shards; 32 expected (GPUs x GiB)"):
             f"in {gres} set: NodeName=v100-1 Name=shard Count=32",

@@ -23,6 +23,7 @@ COMMAND_MODULES = [
     "slurm_gpushare.kb_cli",
     "slurm_gpushare.report_cli",
     "slurm_gpushare.user_cli",
+    "slurm_gpushare.sim.cli",
 ]
 # Command name -> module, for the lazy lookup; commands not listed are found by importing all.
 COMMAND_INDEX = {

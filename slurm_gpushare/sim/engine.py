@@ -1,0 +1,684 @@
+"""The event-driven engine: a heap of completion/kill events, arrivals merged in time order.
+
+State is kept in flat arrays indexed by GPU (``g_*``), node (``n_*``) and job (``j_*``) so that a
+placement is a few vectorised numpy operations and an event a few list updates; 82k Philly jobs
+run in seconds. Policies (``policies.py``) decide admission (whole GPUs or a share of so many
+GiB on which types), queue order and placement; the engine does the rest:
+
+- Scheduling passes at each event time: the queue in policy order, up to ``depth`` start
+  attempts (Slurm's ``bf_max_job_test``). Jobs of one shape (GPU count, types, memory, and
+  class for class-aware policies) wait in one bucket; when one fails, the bucket is skipped for
+  the rest of the pass (resources only shrink during a pass). For backfilling policies the first
+  job that cannot start gets an EASY reservation (the earliest time enough of its GPUs free up,
+  from running jobs' planned ends); later jobs start only if they avoid the reserved nodes or
+  are predicted to end before then.
+- Speeds: a GPU's co-runners run at the speeds the interference model gives; whenever a GPU's
+  co-runners change, every job on it is re-planned (progress so far is banked at the old
+  speed, a new completion event is pushed, the old one is invalidated by a version number).
+- OOM: when a job starts, if the real peak memory of the jobs on a GPU exceeds it, the newcomer
+  overflows: it is killed ``oom_delay`` s later (or at its end if sooner), counted, and requeued
+  with its original priority; the policy re-admits it knowing it was killed (a whole GPU).
+  A pair the interference model marks as failing to co-run is handled the same way and counted
+  apart.
+- Every job ends as done, killed (too many kills), rejected (can never fit the cluster),
+  dropped (``drop_unplaced``: not placed on arrival), or cutoff (running at ``until``).
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from .cluster import SPEED_PROFILES, Cluster
+from .workload import Workload
+
+FINISH, KILL = 0, 1
+DONE, KILLED, REJECTED, DROPPED, CUTOFF, PENDING = "done", "killed", "rejected", "dropped", "cutoff", "pending"
+
+
+@dataclass(frozen=True)
+class Request:
+    """What a job asks the scheduler for after admission."""
+
+    whole: bool  # whole GPUs (also every multi-GPU job)
+    types: np.ndarray  # (T,) bool: GPU types it may run on
+    shards: np.ndarray | None = None  # (T,) int: GiB to reserve per GPU type (shares)
+    exclude: frozenset[int] = frozenset()  # node indices it must avoid
+    est_runtime: float = 0.0  # for backfill and ordering
+    code: str = ""  # why (for gpushare: the decision's code)
+
+    def __post_init__(self):
+        key = (self.types.tobytes(), None if self.shards is None else self.shards.tobytes())
+        object.__setattr__(self, "key", key)
+
+    def could_fit(self, room: list[int]) -> bool:
+        """A share could start somewhere, given the most free GiB per type (``room``)."""
+        shards = self.shards
+        return any(ok and shards[t] <= r for t, (ok, r) in enumerate(zip(self.types, room)))
+
+
+@dataclass
+class EngineOptions:
+    depth: int = 500  # jobs examined per scheduling pass (Slurm bf_max_job_test)
+    oom_delay: float = 60.0  # s from start until an overflowing job dies
+    max_kills: int = 3  # kills after which a job is given up
+    drop_unplaced: bool = False  # openb inflation: a pod not placed on arrival is dropped
+    max_jobs_per_gpu: int | None = None  # None: the cluster spec's cap
+
+
+@dataclass
+class Result:
+    """Raw outcome of one run; ``metrics.summarise`` turns it into figures."""
+
+    policy: str
+    jobs: dict  # per-job arrays
+    gpus: dict  # per-GPU accounting arrays
+    timeline: dict  # time, queued, running, busy_gpus, allocated (request units)
+    counters: dict
+    wall_s: float = 0.0
+    codes: dict = field(default_factory=dict)
+
+
+class Engine:
+    def __init__(self, cluster: Cluster, work: Workload, policy, model, *,
+                 options: EngineOptions | None = None, progress: Callable[[int], None] | None = None):
+        self.cluster, self.work, self.policy, self.model = cluster, work, policy, model
+        self.opt = options or EngineOptions()
+        self.cap = self.opt.max_jobs_per_gpu or cluster.max_jobs_per_gpu
+        self.progress = progress
+        G, N = cluster.n_gpus, len(cluster.nodes)
+        self.G, self.N = G, N
+        # GPUs
+        self.g_type = cluster.gpu_type
+        self.g_node = cluster.gpu_node
+        self.g_cap = cluster.gpu_mem_gib.astype(np.int64)
+        self.g_used = np.zeros(G, np.int64)  # GiB reserved (a whole GPU reserves all)
+        self.g_njobs = np.zeros(G, np.int64)
+        self.g_whole = np.zeros(G, bool)
+        self.g_free_at = np.zeros(G + 1)  # planned time the GPU empties; [G] = padding (inf)
+        self.g_free_at[G] = math.inf
+        self.g_jobs: list[list[int]] = [[] for _ in range(G)]
+        self.g_profile = [SPEED_PROFILES.index(cluster.types[t].speed_profile) for t in self.g_type]
+        self.g_last = [0.0] * G
+        self.g_busy = [0.0] * G
+        self.g_work = [0.0] * G
+        self.g_shared = [0.0] * G
+        self.g_speedsum = [0.0] * G
+        self.g_profile_arr = np.array(self.g_profile)
+        self.g_classmask = np.zeros(G, np.int64)  # bit c set: a class-c job shares the GPU
+        self.version = 0  # bumped whenever allocations change (for cached views)
+        # Nodes
+        self.n_type = np.array([n.gpu_type for n in cluster.nodes])
+        self.n_gpus = np.array([n.gpus for n in cluster.nodes])
+        self.n_first = cluster.node_first_gpu
+        self.n_free = self.n_gpus.copy()  # empty GPUs per node
+        gmax = int(self.n_gpus.max())
+        self.n_matrix = np.full((N, gmax), G)  # GPU ids per node, padded with G
+        for i in range(N):
+            self.n_matrix[i, : self.n_gpus[i]] = np.arange(self.n_first[i], self.n_first[i] + self.n_gpus[i])
+        self.free_whole = G
+        self.max_pernode = int(self.n_gpus.max())
+        self.type_gpus = [np.flatnonzero(self.g_type == t) for t in range(len(cluster.types))]
+        self.n_classes = int(work.job_class.max(initial=0)) + 1
+        self._masks: dict = {}
+        self._room_version, self._node_room = -1, None
+        self._share_nodes: dict = {}
+        T = len(cluster.types)
+        self.type_total = np.array([self.n_gpus[self.n_type == t].sum() for t in range(T)])
+        self.type_pernode = np.array([self.n_gpus[self.n_type == t].max(initial=0) for t in range(T)])
+        # Jobs
+        J = len(work)
+        self.J = J
+        self.j_state = [PENDING] * J
+        self.j_first = [math.nan] * J
+        self.j_start = [math.nan] * J
+        self.j_end = [math.nan] * J
+        self.j_rem = [0.0] * J
+        self.j_speed = [1.0] * J
+        self.j_last = [0.0] * J
+        self.j_ver = [0] * J
+        self.j_finish = [0.0] * J
+        self.j_gpus: list[list[int]] = [[] for _ in range(J)]
+        self.j_type = [-1] * J
+        self.j_kills = [0] * J
+        self.j_oom = [0] * J
+        self.j_maxco = [0] * J
+        self.j_req: list[Request | None] = [None] * J
+        self.j_shared = [False] * J
+        self.j_pending_kill = [None] * J
+        self.kind = work.kind.tolist()
+        self.jclass = work.job_class.tolist()
+        self.submit = work.submit.tolist()
+        self.ngpus = work.n_gpus.tolist()
+        self.heap: list = []
+        self.seq = 0
+        self.buckets: dict[tuple, list] = {}
+        self.queued = 0
+        self.arrived_shapes: set = set()  # shapes enqueued since the last pass
+        self.released = True  # resources freed since the last pass
+        self.last_blocked = None
+        self.now = 0.0
+        self.counters = {"oom_kills": 0, "pair_failures": 0, "started": 0, "passes": 0,
+                         "backfilled": 0, "shared_starts": 0}
+        self.t_time: list[float] = []
+        self.t_queued: list[int] = []
+        self.t_running: list[int] = []
+        self.t_busy: list[int] = []
+        self.t_alloc: list[float] = []
+        self.running = 0
+        self.allocated = 0.0  # GPUs requested (trace units) by running jobs
+        self.codes: dict[str, int] = {}
+        policy.prepare(self)
+
+    # --- queries used by policies --------------------------------------------------------
+
+    def gpu_ok_types(self, req: Request, exclude: frozenset[int] | None = None) -> np.ndarray:
+        """GPUs of the request's types outside its and the pass's exclusions (cached)."""
+        key = ("gpu", req.types.tobytes(), req.exclude, exclude)
+        mask = self._masks.get(key)
+        if mask is None:
+            mask = self._node_mask(req, exclude)[self.g_node]
+            self._masks[key] = mask
+        return mask
+
+    def share_candidates(self, req: Request, exclude=None, *, cap: int | None = None) -> np.ndarray:
+        """GPUs (ascending, i.e. Slurm's node order) where the share fits now."""
+        cap = cap or self.cap
+        need = req.shards[self.g_type]
+        ok = (self.gpu_ok_types(req, exclude) & ~self.g_whole & (self.g_njobs < cap)
+              & (self.g_used + need <= self.g_cap))
+        return np.flatnonzero(ok)
+
+    def _node_mask(self, req: Request, exclude) -> np.ndarray:
+        """Nodes of the request's types outside its and the pass's exclusions (cached)."""
+        key = (req.types.tobytes(), req.exclude, exclude)
+        mask = self._masks.get(key)
+        if mask is None:
+            mask = req.types[self.n_type].copy()
+            for node in set(req.exclude) | set(exclude or ()):
+                mask[node] = False
+            if len(self._masks) > 4096:
+                self._masks.clear()
+            self._masks[key] = mask
+        return mask
+
+    def node_room(self) -> np.ndarray:
+        """Most free GiB on one shareable GPU of each node (cached until allocations change)."""
+        if self._room_version != self.version:
+            free = np.where(~self.g_whole & (self.g_njobs < self.cap), self.g_cap - self.g_used, 0)
+            self._node_room = np.maximum.reduceat(free, self.n_first)
+            self._room_version = self.version
+        return self._node_room
+
+    def share_nodes(self, req: Request) -> frozenset:
+        """Nodes of the request's types with room for its share, ignoring its exclusions."""
+        key = (self.version, req.key)
+        nodes = self._share_nodes.get(key)
+        if nodes is None:
+            if len(self._share_nodes) > 1024:
+                self._share_nodes.clear()
+            ok = req.types[self.n_type] & (self.node_room() >= req.shards[self.n_type])
+            nodes = self._share_nodes[key] = frozenset(np.flatnonzero(ok).tolist())
+        return nodes
+
+    def _room_nodes(self, j: int, req: Request) -> frozenset:
+        """Nodes where the job's request could fit now, ignoring exclusions (cached)."""
+        if not req.whole:
+            return self.share_nodes(req)
+        n = min(self.ngpus[j], self.max_pernode)
+        key = (self.version, req.types.tobytes(), n)
+        nodes = self._share_nodes.get(key)
+        if nodes is None:
+            ok = req.types[self.n_type] & (self.n_free >= n)
+            nodes = self._share_nodes[key] = frozenset(np.flatnonzero(ok).tolist())
+        return nodes
+
+    def whole_candidates(self, j: int, req: Request, exclude=None, *,
+                         first: bool = False) -> list[tuple[int, ...]]:
+        """Node groups that can take the job's whole GPUs now: [(node, ...), ...] in node order."""
+        n = self.ngpus[j]
+        nodes_asked = int(self.work.n_nodes[j])
+        type_ok = self._node_mask(req, exclude)
+        if nodes_asked <= 1 and n <= self.max_pernode:
+            fit = type_ok & (self.n_free >= n)
+            if first:
+                k = int(fit.argmax())
+                return [(k,)] if fit[k] else []
+            return [(int(x),) for x in np.flatnonzero(fit)]
+        out = []
+        for t in np.flatnonzero(req.types):
+            per_max = self.type_pernode[t]
+            k = nodes_asked or math.ceil(n / per_max)
+            per = math.ceil(n / k)
+            nodes = np.flatnonzero(type_ok & (self.n_type == t) & (self.n_free >= per))
+            if len(nodes) >= k:
+                out.append(tuple(int(x) for x in nodes[:k]))
+                if first:
+                    break
+        return out
+
+    def take_whole(self, j: int, nodes: tuple[int, ...]) -> list[int]:
+        """The job's GPUs on these nodes: the first empty ones of each."""
+        n, k = self.ngpus[j], len(nodes)
+        per = math.ceil(n / k)
+        gpus = []
+        for node in nodes:
+            want = min(per, n - len(gpus))
+            first = int(self.n_first[node])
+            for g in range(first, first + int(self.n_gpus[node])):
+                if want == 0:
+                    break
+                if self.g_njobs[g] == 0:
+                    gpus.append(g)
+                    want -= 1
+        return gpus
+
+    def can_ever_fit(self, j: int, req: Request) -> bool:
+        n = self.ngpus[j]
+        if not req.whole:
+            return bool(np.any(req.types[self.g_type] & (req.shards[self.g_type] <= self.g_cap)))
+        return bool(np.any(req.types & (self.type_total >= n)))
+
+    # --- events ---------------------------------------------------------------------------
+
+    def _push(self, time: float, kind: int, j: int):
+        self.seq += 1
+        heapq.heappush(self.heap, (time, kind, self.seq, j, self.j_ver[j]))
+
+    def _account(self, g: int):
+        now = self.now
+        dt = now - self.g_last[g]
+        if dt > 0 and self.g_njobs[g]:
+            self.g_busy[g] += dt
+            self.g_work[g] += dt * self.g_speedsum[g]
+            if self.g_njobs[g] > 1:
+                self.g_shared[g] += dt
+        self.g_last[g] = now
+
+    def _replan_gpu(self, g: int):
+        """New speeds for the jobs sharing GPU g; re-plan their completion events."""
+        jobs = self.g_jobs[g]
+        now = self.now
+        if not jobs:
+            self.g_speedsum[g] = 0.0
+            self.g_free_at[g] = 0.0
+            return
+        if len(jobs) == 1:
+            speeds = [1.0]
+        else:
+            speeds = self.model.speeds(self.g_profile[g], [self.kind[i] for i in jobs],
+                                       [self.jclass[i] for i in jobs])
+            if speeds is None:  # a failing pair: time-sliced until the newcomer dies
+                speeds = [1.0 / len(jobs)] * len(jobs)
+        free_at = 0.0
+        for i, s in zip(jobs, speeds):
+            self.j_rem[i] -= (now - self.j_last[i]) * self.j_speed[i]
+            self.j_last[i] = now
+            self.j_speed[i] = s
+            self.j_ver[i] += 1
+            finish = now + max(self.j_rem[i], 0.0) / s
+            self.j_finish[i] = finish
+            self._push(finish, FINISH, i)
+            if self.j_pending_kill[i] is not None:
+                # a pending kill keeps its time; re-push under the new version
+                self._push(self.j_pending_kill[i][0], KILL, i)
+            if finish > free_at:
+                free_at = finish
+            if len(jobs) > self.j_maxco[i]:
+                self.j_maxco[i] = len(jobs)
+        self.g_speedsum[g] = float(sum(speeds))
+        self.g_free_at[g] = free_at
+
+    def start(self, j: int, gpus: list[int]):
+        req = self.j_req[j]
+        now = self.now
+        t = int(self.g_type[gpus[0]])
+        self.j_type[j], self.j_gpus[j] = t, gpus
+        self.j_state[j] = "running"
+        if self.j_first[j] != self.j_first[j]:
+            self.j_first[j] = now
+        self.j_start[j] = now
+        self.j_rem[j] = float(self.work.solo[j, t])
+        self.j_last[j] = now
+        self.j_speed[j] = 1.0
+        self.j_pending_kill[j] = None
+        self.running += 1
+        self.version += 1
+        self.allocated += float(self.work.gpu_request[j])
+        self.counters["started"] += 1
+        shards = 0 if req.whole else int(req.shards[t])
+        overflow, failed = False, False
+        for g in gpus:
+            self._account(g)
+            if self.g_njobs[g] == 0:
+                self.n_free[self.g_node[g]] -= 1
+                self.free_whole -= 1
+            self.g_jobs[g].append(j)
+            self.g_njobs[g] += 1
+            if req.whole:
+                self.g_whole[g] = True
+                self.g_used[g] = self.g_cap[g]
+            else:
+                self.g_used[g] += shards
+            if not req.whole:
+                self.g_classmask[g] |= 1 << self.jclass[j]
+            real = sum(float(self.work.mem_true[i, t]) for i in self.g_jobs[g])
+            if real > self.g_cap[g] * 1024:
+                overflow = True
+            if len(self.g_jobs[g]) > 1:
+                self.j_shared[j] = True
+                if self.model.speeds(self.g_profile[g], [self.kind[i] for i in self.g_jobs[g]],
+                                     [self.jclass[i] for i in self.g_jobs[g]]) is None:
+                    failed = True
+        if self.j_shared[j]:
+            self.counters["shared_starts"] += 1
+        if overflow or failed:
+            when = now + min(self.opt.oom_delay, float(self.work.solo[j, t]) * 0.999)
+            self.j_pending_kill[j] = (when, "oom" if overflow else "pair")
+        for g in gpus:
+            self._replan_gpu(g)
+
+    def _release(self, j: int):
+        gpus = self.j_gpus[j]
+        req = self.j_req[j]
+        t = self.j_type[j]
+        shards = 0 if req.whole else int(req.shards[t])
+        for g in gpus:
+            self._account(g)
+            self.g_jobs[g].remove(j)
+            self.g_njobs[g] -= 1
+            if req.whole:
+                self.g_whole[g] = False
+                self.g_used[g] = 0
+            else:
+                self.g_used[g] -= shards
+            if self.g_njobs[g] == 0:
+                self.n_free[self.g_node[g]] += 1
+                self.free_whole += 1
+            if not req.whole:
+                mask = 0
+                for i in self.g_jobs[g]:
+                    mask |= 1 << self.jclass[i]
+                self.g_classmask[g] = mask
+        self.version += 1
+        self.released = True
+        self.j_ver[j] += 1  # invalidates its pending events
+        self.j_pending_kill[j] = None
+        self.running -= 1
+        self.allocated -= float(self.work.gpu_request[j])
+        for g in gpus:
+            self._replan_gpu(g)
+
+    def _finish(self, j: int):
+        self._release(j)
+        self.j_end[j] = self.now
+        self.j_state[j] = DONE
+
+    def _kill(self, j: int, cause: str):
+        self._release(j)
+        self.j_kills[j] += 1
+        if cause == "oom":
+            self.counters["oom_kills"] += 1
+            self.j_oom[j] += 1
+        else:
+            self.counters["pair_failures"] += 1
+        if self.j_kills[j] >= self.opt.max_kills:
+            self.j_state[j] = KILLED
+            self.j_end[j] = self.now
+            return
+        self._enqueue(j)
+
+    # --- queue and scheduling --------------------------------------------------------------
+
+    def _enqueue(self, j: int):
+        req = self.policy.admit(j, self)
+        self.j_req[j] = req
+        self.codes[req.code] = self.codes.get(req.code, 0) + 1
+        if not self.can_ever_fit(j, req):
+            self.j_state[j] = REJECTED
+            return
+        self.j_state[j] = "queued"
+        # Jobs of one shape (same request, same memory) wait in one bucket, in policy order:
+        # when one fails to start in a pass, the rest of its bucket is skipped at once.
+        need = None if req.whole else tuple(req.shards.tolist())
+        shape = (self.policy.memo_key(j, req), need)
+        bucket = self.buckets.get(shape)
+        if bucket is None:
+            bucket = self.buckets[shape] = []
+        bisect.insort(bucket, (self.policy.key(j, self), j))
+        self.queued += 1
+        self.arrived_shapes.add(shape)
+
+    def _share_room(self) -> list:
+        """Most free GiB on one shareable GPU, per type; per class too for class-aware policies
+        (``[per type, class 0, class 1, ...]``: GPUs the policy would let that class join)."""
+        free = np.where(~self.g_whole & (self.g_njobs < self.cap), self.g_cap - self.g_used, 0)
+        rooms = [[int(free[idx].max(initial=0)) for idx in self.type_gpus]]
+        if self.policy.class_aware:
+            for c in range(self.n_classes):
+                ok = np.where(self.policy.joinable(self, c), free, 0)
+                rooms.append([int(ok[idx].max(initial=0)) for idx in self.type_gpus])
+        return rooms
+
+    def _quick_fits(self, j: int, req: Request, room) -> bool:
+        """Is there room of the request's kind at all (outside the nodes it must avoid)?"""
+        if req.whole:
+            return self.free_whole >= self.ngpus[j]
+        if self.policy.class_aware and not req.could_fit(room[1 + self.jclass[j]]):
+            return False
+        nodes = self.share_nodes(req)
+        return bool(nodes) and not nodes <= req.exclude
+
+    def _reservation(self, j: int, req: Request) -> tuple[float, frozenset[int]]:
+        """EASY: when and where the blocked job j will start, from planned ends."""
+        n = 1 if not req.whole else self.ngpus[j]
+        free_at = self.g_free_at[self.n_matrix]  # (N, gmax); empty GPUs read 0, padding inf
+        ok = req.types[self.n_type]
+        if req.whole and (int(self.work.n_nodes[j]) > 1 or n > self.n_gpus.max()):
+            best = (math.inf, frozenset())
+            for t in np.flatnonzero(req.types):
+                k = int(self.work.n_nodes[j]) or math.ceil(n / self.type_pernode[t])
+                per = math.ceil(n / k)
+                if per > free_at.shape[1]:
+                    continue
+                ready = np.sort(free_at, axis=1)[:, per - 1]
+                ready = np.where(ok & (self.n_type == t), ready, math.inf)
+                order = np.argsort(ready, kind="stable")[:k]
+                when = ready[order[-1]] if len(order) == k else math.inf
+                if when < best[0]:
+                    best = (when, frozenset(int(x) for x in order))
+            return best
+        ready = np.sort(free_at, axis=1)[:, n - 1] if n <= free_at.shape[1] else np.full(self.N, math.inf)
+        ready = np.where(ok, ready, math.inf)
+        node = int(np.argmin(ready))
+        return float(ready[node]), frozenset([node])
+
+    def schedule(self, only: set | None = None):
+        """One pass over the queue in policy order (buckets merged by their heads).
+
+        ``only``: the shapes of jobs that just arrived when nothing was released since the last
+        pass; every other bucket failed then and would fail again.
+        """
+        if not self.queued:
+            return
+        policy = self.policy
+        sharing = policy.shares
+        room = self._share_room() if sharing else None
+        if not (self.free_whole > 0 or (sharing and max(room[0]) > 0)):
+            return
+        self.counters["passes"] += 1
+        shapes = self.buckets if only is None else [s for s in only if s in self.buckets]
+        # Quick test of each bucket's head (is there room of its kind at all?); only buckets
+        # that pass are merged in policy order. The best head that fails may be the blocked job.
+        heads = []
+        first_fail = None
+        for shape in shapes:
+            key, j = self.buckets[shape][0]
+            if self._quick_fits(j, self.j_req[j], room):
+                heads.append((key, shape, 0))
+            elif first_fail is None or key < first_fail[0]:
+                first_fail = (key, j)
+        heapq.heapify(heads)
+        reservation = None
+        blocked = None
+        if only is not None and self.last_blocked is not None:
+            if self.j_state[self.last_blocked[0]] == "queued":
+                blocked = self.last_blocked
+        tried = 0
+        started = False  # room has shrunk since the quick tests
+        backfill = policy.backfill
+        while heads and tried < self.opt.depth:
+            if self.free_whole == 0 and not (sharing and max(room[0]) > 0):
+                break
+            key, shape, pos = heapq.heappop(heads)
+            if blocked is None and first_fail is not None and first_fail[0] < key:
+                blocked = (first_fail[1], self.j_req[first_fail[1]])
+            bucket = self.buckets[shape]
+            j = bucket[pos][1]
+            req = self.j_req[j]
+            if (pos or started) and not self._quick_fits(j, req, room):
+                if blocked is None:
+                    blocked = (j, req)
+                continue
+            tried += 1
+            if blocked is None or not backfill:
+                placed = policy.place(j, req, self, None)
+                if placed is None:
+                    if blocked is None:
+                        blocked = (j, req)
+                    continue  # the whole bucket fails in this pass
+            else:
+                if reservation is None:
+                    reservation = self._reservation(*blocked)
+                shadow, reserved = reservation
+                if self._room_nodes(j, req) <= reserved | req.exclude:
+                    placed = None  # room only on the reserved nodes: no need to ask
+                else:
+                    placed = policy.place(j, req, self, reserved)
+                if placed is None:
+                    # Outside the reservation the bucket fails; its jobs short enough to end
+                    # before the reserved start may still go anywhere.
+                    limit = shadow - self.now
+                    while pos < len(bucket) and self.j_req[bucket[pos][1]].est_runtime > limit:
+                        pos += 1
+                    if pos == len(bucket):
+                        continue
+                    j = bucket[pos][1]
+                    req = self.j_req[j]
+                    placed = policy.place(j, req, self, None)
+                    if placed is None:
+                        continue
+                self.counters["backfilled"] += 1
+            del bucket[pos]
+            self.queued -= 1
+            self.start(j, placed)
+            started = True
+            if sharing:
+                room = self._share_room()
+            if pos < len(bucket):
+                heapq.heappush(heads, (bucket[pos][0], shape, pos))
+        if blocked is None and first_fail is not None:
+            blocked = (first_fail[1], self.j_req[first_fail[1]])
+        if only is None:
+            self.last_blocked = blocked
+        for shape in [s for s, b in self.buckets.items() if not b]:
+            del self.buckets[shape]
+
+    # --- main loop ---------------------------------------------------------------------------
+
+    def run(self) -> Result:
+        import time as _time
+        wall = _time.perf_counter()
+        submit = self.submit
+        heap = self.heap
+        J = self.J
+        until = self.work.until if self.work.until is not None else math.inf
+        a = 0
+        done = 0
+        last_report = 0
+        while True:
+            t_arr = submit[a] if a < J else math.inf
+            t_ev = heap[0][0] if heap else math.inf
+            now = min(t_arr, t_ev)
+            if now == math.inf or now > until:
+                break
+            self.now = now
+            while heap and heap[0][0] <= now:
+                _, kind, _, j, ver = heapq.heappop(heap)
+                if ver != self.j_ver[j] or self.j_state[j] != "running":
+                    continue
+                if kind == FINISH:
+                    if self.j_pending_kill[j] is not None and self.j_pending_kill[j][0] <= now:
+                        self._kill(j, self.j_pending_kill[j][1])
+                    else:
+                        self._finish(j)
+                        done += 1
+                else:
+                    pending = self.j_pending_kill[j]
+                    if pending is not None and pending[0] <= now:
+                        self._kill(j, pending[1])
+            while a < J and submit[a] <= now:
+                self._enqueue(a)
+                a += 1
+            if self.released:
+                self.schedule()
+            elif self.arrived_shapes:
+                self.schedule(self.arrived_shapes)
+            self.released = False
+            self.arrived_shapes = set()
+            if self.opt.drop_unplaced and self.queued:
+                for bucket in self.buckets.values():
+                    for _, j in bucket:
+                        self.j_state[j] = DROPPED
+                self.buckets.clear()
+                self.queued = 0
+            self.t_time.append(now)
+            self.t_queued.append(self.queued)
+            self.t_running.append(self.running)
+            self.t_busy.append(self.G - self.free_whole)
+            self.t_alloc.append(self.allocated)
+            if self.progress is not None and a - last_report >= 1000:
+                self.progress(a - last_report)
+                last_report = a
+        if self.progress is not None:
+            self.progress(J - last_report)
+        end = min(self.now, until) if until < math.inf else self.now
+        self.now = end
+        for g in range(self.G):
+            self._account(g)
+        for j in range(J):
+            if self.j_state[j] == "running":
+                self.j_state[j] = CUTOFF
+            elif self.j_state[j] in ("queued", PENDING):
+                self.j_state[j] = CUTOFF if until < math.inf else self.j_state[j]
+        return self._result(_time.perf_counter() - wall)
+
+    def _result(self, wall: float) -> Result:
+        work = self.work
+        t = np.array(self.j_type)
+        solo = np.where(t >= 0, work.solo[np.arange(self.J), np.maximum(t, 0)], np.nan)
+        jobs = {
+            "job_id": work.job_id, "submit": work.submit, "n_gpus": work.n_gpus,
+            "gpu_request": work.gpu_request,
+            "state": np.array(self.j_state, dtype=object), "first_start": np.array(self.j_first),
+            "start": np.array(self.j_start), "end": np.array(self.j_end),
+            "gpu_type": np.array([self.cluster.types[x].name if x >= 0 else "" for x in t], dtype=object),
+            "solo": solo, "kills": np.array(self.j_kills), "oom_kills": np.array(self.j_oom),
+            "max_corunners": np.array(self.j_maxco), "shared": np.array(self.j_maxco) > 1,
+            "job_class": work.job_class,
+        }
+        gpus = {"type": np.array([self.cluster.types[x].name for x in self.g_type], dtype=object),
+                "busy_s": np.array(self.g_busy), "work_s": np.array(self.g_work),
+                "shared_s": np.array(self.g_shared), "used_gib": self.g_used.copy(),
+                "cap_gib": self.g_cap.copy(), "njobs": self.g_njobs.copy(),
+                "whole": self.g_whole.copy(), "node": self.g_node.copy()}
+        timeline = {"time": np.array(self.t_time), "queued": np.array(self.t_queued),
+                    "running": np.array(self.t_running), "busy_gpus": np.array(self.t_busy),
+                    "allocated": np.array(self.t_alloc)}
+        return Result(self.policy.name, jobs, gpus, timeline, dict(self.counters), wall,
+                      dict(self.codes))

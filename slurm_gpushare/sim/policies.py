@@ -1,0 +1,406 @@
+"""Scheduling policies behind one interface: admission, ordering, placement.
+
+A policy has
+
+- ``admit(j, engine) -> Request``: whole GPUs, or a share of so many GiB per GPU type on which
+  types (called at submission, and again after the job was killed);
+- ``key(j, engine)``: its place in the queue (smaller first);
+- ``place(j, request, engine, exclude) -> [gpu, ...] | None``: where to start it now, avoiding
+  the nodes in ``exclude`` (an EASY reservation); ``None`` if it cannot start;
+- ``backfill``: whether the first blocked job gets an EASY reservation (FCFS policies), and
+  ``shares``: whether it ever shares a GPU.
+
+Multi-GPU and multi-node jobs always take whole GPUs, first fit in Slurm's node order. A job
+killed once (OOM or a failed co-run) is re-admitted on whole GPUs by every policy: its owner
+resubmits it with sharing off.
+
+Policies:
+
+- ``slurm-default``: whole GPUs, FCFS with EASY backfill, nodes in weight order (as Slurm does).
+- ``random-pack``: shares sized by the safe memory estimate on a GPU drawn at random among those
+  where it fits; FCFS with backfill.
+- ``first-fit-share``: aggressive sharing, the SJF-FFS baseline: shortest job first, share sized by
+  the point prediction (no margin: it can OOM), first GPU where it fits; no reservation.
+- ``schedtune``: OOM-safe shares (safe estimate), at most ``threshold`` jobs per GPU (fixed
+  co-location threshold), the GPU with the smallest estimated completion time (predicted run
+  time on the type / the type's mean co-run speed per co-runner); FCFS with backfill.
+- ``class-pair`` (Ray et al.): safe shares next to compatible classes only (knowledge table:
+  both speeds >= 0.5 and a positive packing gain), preferring to pack onto the GPU with the best
+  gain, else an empty GPU; FCFS with backfill.
+- ``sjf-bsbf``: shortest job first; an empty GPU when one is free, else the share with the best
+  sharing benefit (sum of predicted speeds > 1), no preemption, no reservation.
+- ``gpushare``: the daemon's own ``slurm_gpushare.policy.decide`` at submission (a
+  ``JobRequest`` as the hook would send it, the job's safe memory estimate and run times, a
+  view of the simulated cluster, the same class-pair knowledge as the class-aware policies);
+  a share goes where Slurm would put ``gres/shard``: the first node in weight order of an
+  allowed type, not in ``exc_nodes``, with enough free shards.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+
+from slurm_gpushare import policy as daemon_policy
+from slurm_gpushare.config import Config, GpuType, PolicyConfig
+from slurm_gpushare.protocol import JobRequest
+
+from .cluster import SPEED_PROFILES
+from .engine import Request
+from .interference import N_CLASSES, ClassPairTable
+
+
+class Policy:
+    name = ""
+    order = "fcfs"
+    backfill = True
+    shares = False
+    class_aware = False
+
+    def prepare(self, engine) -> None:
+        self.engine = engine
+        work = engine.work
+        self.cap_mib = np.array([t.memory_gib * 1024 for t in engine.cluster.types], float)
+        self.est = np.where(work.allowed, work.runtime_pred, 0.0).max(axis=1)
+
+    # admission helpers
+    def whole(self, j: int, engine, code: str = "whole") -> Request:
+        return Request(True, engine.work.allowed[j], None, frozenset(), float(self.est[j]), code)
+
+    def share(self, j: int, engine, memory: np.ndarray, code: str = "share") -> Request:
+        work = engine.work
+        if work.n_gpus[j] > 1 or work.n_nodes[j] > 1 or engine.j_kills[j]:
+            return self.whole(j, engine, "whole-multi" if engine.j_kills[j] == 0 else "whole-after-kill")
+        types = work.allowed[j] & (memory <= self.cap_mib)
+        if not types.any():
+            return self.whole(j, engine, "whole-no-fit")
+        shards = np.maximum(np.ceil(memory / 1024), 1).astype(np.int64)
+        return Request(False, types, shards, frozenset(), float(self.est[j]), code)
+
+    def admit(self, j: int, engine) -> Request:
+        return self.whole(j, engine)
+
+    def key(self, j: int, engine):
+        if self.order == "sjf":
+            return (self.est[j], j)
+        return (engine.submit[j], j)
+
+    def joinable(self, engine, c: int) -> np.ndarray:
+        """GPUs a share of class c may join (class-aware policies narrow this)."""
+        return np.ones(engine.G, bool)
+
+    def memo_key(self, j: int, req: Request):
+        cls = self.engine.jclass[j] if (self.class_aware and not req.whole) else -1
+        return (req.whole, self.engine.ngpus[j], req.types.tobytes(), req.exclude, cls)
+
+    # placement helpers
+    def first_whole(self, j, req, engine, exclude):
+        groups = engine.whole_candidates(j, req, exclude, first=True)
+        return engine.take_whole(j, groups[0]) if groups else None
+
+    def place(self, j, req, engine, exclude):
+        if req.whole:
+            return self.first_whole(j, req, engine, exclude)
+        cands = engine.share_candidates(req, exclude)
+        return [int(cands[0])] if len(cands) else None
+
+
+class SlurmDefault(Policy):
+    name = "slurm-default"
+
+
+class RandomPack(Policy):
+    name = "random-pack"
+    shares = True
+
+    def __init__(self, seed: int = 0):
+        self.rng = np.random.default_rng(seed)
+
+    def admit(self, j, engine):
+        return self.share(j, engine, engine.work.mem_safe[j])
+
+    def place(self, j, req, engine, exclude):
+        if req.whole:
+            groups = engine.whole_candidates(j, req, exclude)
+            if not groups:
+                return None
+            return engine.take_whole(j, groups[int(self.rng.integers(len(groups)))])
+        cands = engine.share_candidates(req, exclude)
+        return [int(self.rng.choice(cands))] if len(cands) else None
+
+
+class FirstFitShare(Policy):
+    name = "first-fit-share"
+    order = "sjf"
+    backfill = False
+    shares = True
+
+    def admit(self, j, engine):
+        return self.share(j, engine, engine.work.mem_pred[j], "share-unsafe")
+
+
+class KnowledgePolicy(Policy):
+    """A sharing policy that knows pair speeds by class (the knowledge table)."""
+
+    shares = True
+
+    def __init__(self, knowledge: ClassPairTable):
+        self.knowledge = knowledge
+
+    def prepare(self, engine):
+        super().prepare(engine)
+        k = self.knowledge
+        P = k.speed.shape[0]
+        masks = 1 << N_CLASSES
+        # gain[p, c, mask]: predicted throughput gain of adding class c next to the classes in
+        # mask (0 for an empty GPU); compat[p, c, mask]: every resident compatible with c.
+        self.gain = np.zeros((P, N_CLASSES, masks))
+        self.compat = np.ones((P, N_CLASSES, masks), bool)
+        for p in range(P):
+            for c in range(N_CLASSES):
+                for mask in range(1, masks):
+                    members = [b for b in range(N_CLASSES) if mask >> b & 1]
+                    self.gain[p, c, mask] = sum(k.benefit(p, c, b) for b in members)
+                    self.compat[p, c, mask] = all(k.compatible(p, c, b) for b in members)
+
+    def admit(self, j, engine):
+        return self.share(j, engine, engine.work.mem_safe[j])
+
+
+class SchedTune(KnowledgePolicy):
+    name = "schedtune"
+
+    def __init__(self, knowledge: ClassPairTable, threshold: int = 2):
+        super().__init__(knowledge)
+        self.threshold = threshold
+
+    def prepare(self, engine):
+        super().prepare(engine)
+        self.mean_speed = np.array([self.knowledge.mean_speed(p)
+                                    for p in range(self.knowledge.speed.shape[0])])
+
+    def place(self, j, req, engine, exclude):
+        if req.whole:
+            return self.first_whole(j, req, engine, exclude)
+        cands = engine.share_candidates(req, exclude, cap=self.threshold)
+        if not len(cands):
+            return None
+        t = engine.g_type[cands]
+        slow = self.mean_speed[engine.g_profile_arr[cands]] ** engine.g_njobs[cands]
+        jct = engine.work.runtime_pred[j, t] / slow
+        return [int(cands[int(np.argmin(jct))])]
+
+
+class ClassPair(KnowledgePolicy):
+    name = "class-pair"
+    class_aware = True
+
+    def joinable(self, engine, c):
+        return self.compat[engine.g_profile_arr, c, engine.g_classmask]
+
+    def place(self, j, req, engine, exclude):
+        if req.whole:
+            return self.first_whole(j, req, engine, exclude)
+        cands = engine.share_candidates(req, exclude)
+        if not len(cands):
+            return None
+        c = engine.jclass[j]
+        prof = engine.g_profile_arr[cands]
+        mask = engine.g_classmask[cands]
+        ok = self.compat[prof, c, mask]
+        if not ok.any():
+            return None
+        cands, gain, mask = cands[ok], self.gain[prof[ok], c, mask[ok]], mask[ok]
+        shared = mask > 0
+        if shared.any():
+            best = np.flatnonzero(shared)[int(np.argmax(gain[shared]))]
+            return [int(cands[best])]
+        return [int(cands[0])]
+
+
+class SjfBsbf(KnowledgePolicy):
+    name = "sjf-bsbf"
+    order = "sjf"
+    backfill = False
+    class_aware = True
+
+    def joinable(self, engine, c):
+        return (engine.g_njobs == 0) | (self.gain[engine.g_profile_arr, c, engine.g_classmask] > 0)
+
+    def place(self, j, req, engine, exclude):
+        if req.whole:
+            return self.first_whole(j, req, engine, exclude)
+        cands = engine.share_candidates(req, exclude)
+        if not len(cands):
+            return None
+        empty = engine.g_njobs[cands] == 0
+        if empty.any():
+            return [int(cands[int(np.argmax(empty))])]
+        gain = self.gain[engine.g_profile_arr[cands], engine.jclass[j], engine.g_classmask[cands]]
+        best = int(np.argmax(gain))
+        return [int(cands[best])] if gain[best] > 0 else None
+
+
+# --- gpushare: the daemon's decision code -----------------------------------------------------
+
+def expand_hostlist(text: str) -> list[str]:
+    """Slurm hostlist ``a[1-3,5],b2`` -> names."""
+    names = []
+    for part in re.findall(r"[^,\[]+(?:\[[^\]]*\])?", text or ""):
+        match = re.fullmatch(r"([^\[]*)\[([^\]]*)\]", part)
+        if not match:
+            names.append(part)
+            continue
+        prefix, ranges = match.groups()
+        for item in ranges.split(","):
+            lo, _, hi = item.partition("-")
+            width = len(lo)
+            for k in range(int(lo), int(hi or lo) + 1):
+                names.append(f"{prefix}{k:0{width}d}")
+    return names
+
+
+class SimView:
+    """The simulated cluster as ``decide()`` sees it (``policy.ClusterView``).
+
+    Kept thin: node views are rebuilt only for nodes whose resident share classes changed.
+    """
+
+    def __init__(self, engine, partition: str):
+        self.engine, self.partition = engine, partition
+        names = engine.cluster.type_names
+        self._views = [daemon_policy.NodeView(n.name, names[n.gpu_type], (partition,), ())
+                       for n in engine.cluster.nodes]
+        self._masks = np.zeros(len(self._views), np.int64)
+        self._version, self._nodes = -1, tuple(self._views)
+
+    def nodes(self):
+        engine = self.engine
+        if self._version != engine.version:
+            masks = np.bitwise_or.reduceat(engine.g_classmask, engine.n_first)
+            for i in np.flatnonzero(masks != self._masks):
+                classes = tuple(c for c in range(engine.n_classes) if masks[i] >> c & 1)
+                old = self._views[i]
+                self._views[i] = daemon_policy.NodeView(old.name, old.gpu_type, old.partitions,
+                                                        classes)
+            self._masks, self._nodes, self._version = masks, tuple(self._views), engine.version
+        return self._nodes
+
+
+class SimCompatibility:
+    """``policy.Compatibility`` over the simulator's class-pair knowledge."""
+
+    def __init__(self, knowledge: ClassPairTable, profile_of: dict[str, int]):
+        self.knowledge, self.profile_of = knowledge, profile_of
+
+    def compatible(self, class_a: int, class_b: int, gpu_type: str | None = None) -> bool:
+        profile = self.profile_of.get(gpu_type, 2)
+        return self.knowledge.compatible(profile, class_a, class_b)
+
+
+class GpuShare(Policy):
+    """Calls ``slurm_gpushare.policy.decide`` -- the daemon's code -- for every submission."""
+
+    name = "gpushare"
+    shares = True
+
+    def __init__(self, knowledge: ClassPairTable):
+        self.knowledge = knowledge
+
+    def prepare(self, engine):
+        super().prepare(engine)
+        cluster = engine.cluster
+        self.config = Config(
+            policy=PolicyConfig(sharing_partitions=(cluster.partition,)),
+            gpu_types=tuple(GpuType(t.name, t.memory_gib, feature=t.name, model=t.model or t.name,
+                                    sharing="shard")
+                            for t in cluster.types))
+        self.view = SimView(engine, cluster.partition)
+        self.compat = SimCompatibility(self.knowledge, {
+            t.name: SPEED_PROFILES.index(t.speed_profile) for t in cluster.types})
+        self.node_index = {n.name: i for i, n in enumerate(cluster.nodes)}
+        self.type_names = cluster.type_names
+        self.all_types = engine.work.allowed.shape[1]
+        self.decisions: list = []
+
+    def request(self, j: int, engine) -> JobRequest:
+        """The job as the hook would send it: ``sbatch -p <sharing partition> --gres=gpu:N``."""
+        work = engine.work
+        n, k = int(work.n_gpus[j]), int(work.n_nodes[j])
+        if not k:
+            per_max = max(engine.type_pernode[np.flatnonzero(work.allowed[j])])
+            k = max(1, math.ceil(n / per_max))
+        allowed = work.allowed[j]
+        features = "" if allowed.all() else "|".join(
+            self.type_names[t] for t in np.flatnonzero(allowed))
+        return JobRequest(uid=1000, partition=engine.cluster.partition,
+                          tres_per_node=f"gres:gpu:{math.ceil(n / k)}", min_nodes=k,
+                          features=features, opt_out=engine.j_kills[j] > 0)
+
+    def estimate(self, j: int, engine) -> daemon_policy.JobEstimate:
+        work = engine.work
+        names = self.type_names
+        return daemon_policy.JobEstimate(
+            source="history",
+            memory_mib={names[t]: float(work.mem_safe[j, t]) for t in range(len(names))},
+            runtime_s={names[t]: float(work.runtime_pred[j, t]) for t in range(len(names))},
+            job_class=int(work.job_class[j]),
+            detail="simulated history")
+
+    def admit(self, j, engine):
+        decision = daemon_policy.decide(self.request(j, engine), self.config,
+                                        estimate=self.estimate(j, engine), view=self.view,
+                                        knowledge=self.compat, decision_id=f"sim-{j}")
+        if decision.action == "keep":
+            return self.whole(j, engine, decision.code)
+        allowed = engine.work.allowed[j]
+        types = np.array([name in decision.gpu_types for name in self.type_names]) & allowed
+        if not types.any():  # the user's own constraint and the decision's types do not meet
+            return self.whole(j, engine, "no-common-type")
+        shards = np.full(len(self.type_names), int(decision.share_gib), np.int64)
+        exclude = frozenset(self.node_index[name]
+                            for name in expand_hostlist(decision.writes.get("exc_nodes", ""))
+                            if name in self.node_index)
+        est = float(np.where(types, engine.work.runtime_pred[j], 0.0).max())
+        return Request(False, types, shards, exclude, est, decision.code)
+
+    def place(self, j, req, engine, exclude):
+        """As Slurm places gres/shard: the first node (weight order) with room, then its first
+        GPU with enough free shards."""
+        if req.whole:
+            return self.first_whole(j, req, engine, exclude)
+        need = int(req.shards[0])  # one count on every type: a gres request is one string
+        ok = engine._node_mask(req, exclude) & (engine.node_room() >= need)
+        node = int(ok.argmax())
+        if not ok[node]:
+            return None
+        first = int(engine.n_first[node])
+        for g in range(first, first + int(engine.n_gpus[node])):
+            if (not engine.g_whole[g] and engine.g_njobs[g] < engine.cap
+                    and engine.g_used[g] + need <= engine.g_cap[g]):
+                return [g]
+        return None
+
+
+POLICY_NAMES = ("slurm-default", "random-pack", "first-fit-share", "schedtune", "class-pair",
+                "sjf-bsbf", "gpushare")
+
+
+def make_policy(name: str, knowledge: ClassPairTable, seed: int = 0) -> Policy:
+    if name == "slurm-default":
+        return SlurmDefault()
+    if name == "random-pack":
+        return RandomPack(seed)
+    if name == "first-fit-share":
+        return FirstFitShare()
+    if name == "schedtune":
+        return SchedTune(knowledge)
+    if name == "class-pair":
+        return ClassPair(knowledge)
+    if name == "sjf-bsbf":
+        return SjfBsbf(knowledge)
+    if name == "gpushare":
+        return GpuShare(knowledge)
+    raise ValueError(f"unknown policy {name!r} (one of {', '.join(POLICY_NAMES)})")

@@ -1,0 +1,284 @@
+"""Engine and policies on small hand-checked traces: known answers and invariants."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from slurm_gpushare.sim import policies
+from slurm_gpushare.sim.cluster import parse_cluster
+from slurm_gpushare.sim.engine import DONE, Engine, EngineOptions
+from slurm_gpushare.sim.interference import ClassPairTable
+from slurm_gpushare.sim.workload import Workload
+
+
+def cluster(nodes=((1, 1, "v100"),), cap=2, types=("v100",)):
+    """nodes: (count, gpus, type) groups, in Slurm order."""
+    spec = {"name": "t", "partition": "gpu", "reference_gpu": types[0], "max_jobs_per_gpu": cap,
+            "gpu_types": {t: {"memory_gib": 16 if t != "k80" else 12,
+                              "speed_profile": t if t in ("k80", "p100", "v100") else "v100",
+                              "memory_profile": "V100"} for t in types},
+            "nodes": [{"prefix": f"{t}-{i}-", "count": c, "gpus": g, "type": t, "weight": i}
+                      for i, (c, g, t) in enumerate(nodes)]}
+    return parse_cluster(spec)
+
+
+def work(cl, jobs):
+    """jobs: dicts with submit, solo (s), and optionally gpus, mem (GiB real), pred (GiB
+    predicted), cls, kind."""
+    T = len(cl.types)
+    n = len(jobs)
+    get = lambda k, d: np.array([j.get(k, d) for j in jobs])  # noqa: E731
+    solo = np.repeat(get("solo", 100.0).astype(float)[:, None], T, axis=1)
+    mem = np.repeat((get("mem", 4.0) * 1024.0)[:, None], T, axis=1)
+    pred = np.repeat((get("pred", np.nan) * 1024.0)[:, None], T, axis=1)
+    pred = np.where(np.isnan(pred), mem, pred)
+    cap = np.array([t.memory_gib * 1024 for t in cl.types])
+    return Workload(
+        name="t", type_names=cl.type_names, job_id=[str(i) for i in range(n)],
+        submit=get("submit", 0.0).astype(float), n_gpus=get("gpus", 1), n_nodes=np.zeros(n, int),
+        solo=solo, runtime_pred=solo.copy(), allowed=mem <= cap, mem_true=mem, mem_pred=pred,
+        mem_safe=pred * 1.1, kind=get("kind", 0), job_class=get("cls", 0),
+        gpu_request=get("gpus", 1).astype(float))
+
+
+class Constant:
+    """Every co-runner runs at ``speed`` per co-runner (product rule)."""
+
+    name = "constant"
+
+    def __init__(self, speed=0.5, fail=()):
+        self.speed, self.fail = speed, set(fail)
+
+    def speeds(self, profile, kinds, classes):
+        if len(kinds) > 1 and any(k in self.fail for k in kinds):
+            return None
+        return [self.speed ** (len(kinds) - 1)] * len(kinds)
+
+
+def table(speed=0.6, bad=None):
+    """Class-pair knowledge: every pair at ``speed``; pairs in ``bad`` at 0.3."""
+    s = np.full((3, 3, 3), speed)
+    for a, b in bad or ():
+        s[:, a, b] = s[:, b, a] = 0.3
+    return ClassPairTable(s, "test")
+
+
+def run(cl, jobs, policy, model=None, **opts):
+    w = work(cl, jobs)
+    p = policies.make_policy(policy, table()) if isinstance(policy, str) else policy
+    e = Engine(cl, w, p, model or Constant(), options=EngineOptions(**opts))
+    return e, e.run()
+
+
+def jct(result):
+    return list(result.jobs["end"] - result.jobs["submit"])
+
+
+# --- known answers --------------------------------------------------------------------------
+
+def test_single_job_runs_its_solo_time():
+    _, r = run(cluster(), [{"solo": 100}], "slurm-default")
+    assert jct(r) == [100]
+    assert r.jobs["state"][0] == DONE
+
+
+def test_fcfs_whole_gpus_queue_in_order():
+    _, r = run(cluster(), [{"submit": 0, "solo": 100}, {"submit": 1, "solo": 50}], "slurm-default")
+    assert list(r.jobs["start"]) == [0, 100]
+    assert list(r.jobs["end"]) == [100, 150]
+
+
+def test_easy_backfill_starts_short_job_without_delaying_the_reserved_one():
+    cl = cluster(((1, 2, "v100"),))
+    jobs = [{"submit": 0, "solo": 1000},           # A: 1 GPU until 1000
+            {"submit": 1, "solo": 100, "gpus": 2},  # B: blocked, reserved at 1000
+            {"submit": 2, "solo": 100},             # C: ends at 102 < 1000: backfilled
+            {"submit": 3, "solo": 5000}]            # D: would delay B: waits
+    _, r = run(cl, jobs, "slurm-default")
+    assert list(r.jobs["start"]) == [0, 1000, 2, 1100]
+
+
+def test_sharing_slows_both_and_replans_when_one_leaves():
+    # Both at speed 0.5: A (100 s of work) ends at 200; B has done 100 of 300 by then and
+    # runs the remaining 200 alone: ends at 400.
+    _, r = run(cluster(), [{"solo": 100}, {"solo": 300}], "first-fit-share")
+    assert list(r.jobs["end"]) == pytest.approx([200, 400])
+    assert r.jobs["shared"].all()
+
+
+def test_third_co_runner_compounds_slowdowns():
+    # cap 3, speed 0.5 per co-runner: three jobs at 0.25 each.
+    cl = cluster(cap=3)
+    _, r = run(cl, [{"solo": 100}] * 3, "first-fit-share")
+    assert list(r.jobs["end"]) == pytest.approx([400, 400, 400])
+
+
+def test_oom_kills_the_newcomer_and_requeues_it_on_a_whole_gpu():
+    # Predicted 6 GiB each (fits twice), real 10 GiB each: the second overflows the 16 GiB GPU.
+    jobs = [{"solo": 1000, "mem": 10, "pred": 6}, {"submit": 1, "solo": 100, "mem": 10, "pred": 6}]
+    e, r = run(cluster(), jobs, "first-fit-share", oom_delay=60)
+    assert r.counters["oom_kills"] == 1
+    assert list(r.jobs["oom_kills"]) == [0, 1]
+    assert list(r.jobs["state"]) == [DONE, DONE]
+    # killed at 61; A runs at 0.5 for 60 s (30 s of work), then alone: ends at 1030; B waits.
+    assert r.jobs["end"][0] == pytest.approx(1030)
+    assert r.jobs["start"][1] == pytest.approx(1030)
+    assert r.jobs["end"][1] == pytest.approx(1130)
+
+
+def test_safe_estimate_avoids_the_oom():
+    jobs = [{"solo": 1000, "mem": 10, "pred": 10}, {"submit": 1, "solo": 100, "mem": 10, "pred": 10}]
+    for policy in ("random-pack", "schedtune", "class-pair", "sjf-bsbf", "gpushare"):
+        _, r = run(cluster(), jobs, policy)
+        assert r.counters["oom_kills"] == 0, policy
+        assert not r.jobs["shared"].any(), policy
+
+
+def test_failed_pair_is_counted_apart_from_oom():
+    jobs = [{"solo": 1000, "kind": 1}, {"submit": 1, "solo": 100, "kind": 2}]
+    _, r = run(cluster(), jobs, "first-fit-share", model=Constant(fail={2}))
+    assert r.counters["pair_failures"] == 1
+    assert r.counters["oom_kills"] == 0
+    assert (r.jobs["state"] == DONE).all()
+
+
+def test_sjf_orders_by_predicted_run_time():
+    jobs = [{"submit": 0, "solo": 10, "mem": 15}, {"submit": 1, "solo": 500, "mem": 15},
+            {"submit": 2, "solo": 50, "mem": 15}]
+    _, r = run(cluster(cap=1), jobs, "sjf-bsbf")
+    assert list(r.jobs["start"]) == [0, 60, 10]
+
+
+def test_class_pair_keeps_incompatible_classes_apart():
+    pol = policies.ClassPair(table(bad=[(0, 1)]))
+    jobs = [{"solo": 100, "cls": 0}, {"submit": 1, "solo": 100, "cls": 1},
+            {"submit": 2, "solo": 100, "cls": 0}]
+    _, r = run(cluster(((2, 1, "v100"),)), jobs, pol)
+    gpus = r.jobs["start"]
+    assert list(gpus) == [0, 1, 2]
+    # job 2 (class 0) packs next to job 0, not next to the class-1 job
+    assert r.jobs["max_corunners"][0] == 2 and r.jobs["max_corunners"][1] == 1
+
+
+def test_schedtune_threshold_caps_co_location_below_the_cluster_cap():
+    _, r = run(cluster(cap=4), [{"solo": 100, "mem": 2}] * 3, "schedtune")
+    assert r.jobs["max_corunners"].max() == 2
+    assert sorted(r.jobs["start"]) == [0, 0, 200]
+
+
+def test_sjf_bsbf_prefers_an_empty_gpu():
+    _, r = run(cluster(((2, 1, "v100"),)), [{"solo": 100}, {"solo": 100}], "sjf-bsbf")
+    assert not r.jobs["shared"].any()
+    assert list(r.jobs["end"]) == [100, 100]
+
+
+def test_random_pack_is_reproducible_by_seed():
+    cl = cluster(((4, 2, "v100"),), cap=2)
+    jobs = [{"submit": i, "solo": 50 + 7 * i, "mem": 3} for i in range(20)]
+    a = run(cl, jobs, policies.RandomPack(3))[1]
+    b = run(cl, jobs, policies.RandomPack(3))[1]
+    assert list(a.jobs["end"]) == list(b.jobs["end"])
+
+
+def test_multi_gpu_jobs_take_whole_gpus_across_nodes():
+    cl = cluster(((2, 2, "v100"),), cap=4)
+    _, r = run(cl, [{"solo": 100, "gpus": 4}, {"submit": 1, "solo": 10}], "first-fit-share")
+    assert list(r.jobs["start"]) == [0, 100]
+    assert not r.jobs["shared"][0]
+
+
+def test_job_too_big_for_the_cluster_is_rejected():
+    _, r = run(cluster(), [{"solo": 10, "gpus": 2}, {"solo": 10}], "slurm-default")
+    assert list(r.jobs["state"]) == ["rejected", DONE]
+
+
+# --- gpushare goes through the daemon's decide() ---------------------------------------------
+
+def test_gpushare_calls_decide_with_the_safe_estimate(monkeypatch):
+    calls = []
+    real = policies.daemon_policy.decide
+
+    def spy(request, config, **kw):
+        calls.append((request, kw["estimate"]))
+        return real(request, config, **kw)
+
+    monkeypatch.setattr(policies.daemon_policy, "decide", spy)
+    jobs = [{"solo": 100, "mem": 4, "pred": 5}, {"submit": 1, "solo": 100, "gpus": 2}]
+    _, r = run(cluster(((1, 2, "v100"),)), jobs, "gpushare")
+    assert [c[0].tres_per_node for c in calls] == ["gres:gpu:1", "gres:gpu:2"]
+    assert calls[0][0].partition == "gpu"
+    assert calls[0][1].memory_mib["v100"] == pytest.approx(5 * 1024 * 1.1)
+    assert r.codes == {"history-share": 1, "multi-gpu": 1}
+
+
+def test_gpushare_shares_where_decide_says_and_keeps_otherwise():
+    jobs = [{"solo": 100, "mem": 4}, {"submit": 1, "solo": 100, "mem": 4},
+            {"submit": 2, "solo": 100, "mem": 15}]
+    _, r = run(cluster(((1, 1, "v100"),), cap=4), jobs, "gpushare")
+    assert list(r.jobs["start"]) == [0, 1, 200]   # two shares co-run; the big job keeps a GPU
+    assert list(r.jobs["shared"]) == [True, True, False]
+
+
+def test_gpushare_honours_exc_nodes(monkeypatch):
+    from slurm_gpushare.protocol import Decision
+
+    def fake(request, config, **kw):
+        return Decision(action="share", code="history-share", reason="test",
+                        writes={"exc_nodes": "v100-0-[1]"}, share_gib=4, gpu_types=("v100",))
+
+    monkeypatch.setattr(policies.daemon_policy, "decide", fake)
+    e, r = run(cluster(((2, 1, "v100"),)), [{"solo": 100}], "gpushare")
+    assert e.j_gpus[0] == [1]  # node v100-0-1 (GPU 0) excluded
+
+
+def test_hostlist_expansion():
+    assert policies.expand_hostlist("n[1-3,05],gpu7") == ["n1", "n2", "n3", "n05", "gpu7"]
+
+
+# --- invariants -------------------------------------------------------------------------------
+
+class Checked(Engine):
+    """Asserts the invariants after every start and at every event."""
+
+    def start(self, j, gpus):
+        super().start(j, gpus)
+        assert (self.g_used <= self.g_cap).all()
+        for g in gpus:
+            real = sum(self.work.mem_true[i, self.g_type[g]] for i in self.g_jobs[g])
+            if real > self.g_cap[g] * 1024:
+                assert self.j_pending_kill[j] is not None  # an overflow is always recorded
+            assert len(self.g_jobs[g]) <= self.cap
+
+    def schedule(self, only=None):
+        assert self.now >= getattr(self, "_last_now", -math.inf)
+        self._last_now = self.now
+        super().schedule(only)
+
+
+@pytest.mark.parametrize("policy", policies.POLICY_NAMES)
+def test_invariants_on_a_random_small_trace(policy):
+    rng = np.random.default_rng(7)
+    cl = cluster(((2, 2, "v100"), (2, 2, "k80")), cap=3, types=("v100", "k80"))
+    jobs = [{"submit": float(rng.integers(0, 2000)), "solo": float(rng.integers(10, 800)),
+             "gpus": int(rng.choice([1, 1, 1, 2, 4])), "mem": float(rng.uniform(1, 11)),
+             "pred": float(rng.uniform(1, 11)), "cls": int(rng.integers(0, 3)),
+             "kind": int(rng.integers(0, 4))} for _ in range(120)]
+    jobs.sort(key=lambda j: j["submit"])
+    w = work(cl, jobs)
+    e = Checked(cl, w, policies.make_policy(policy, table(bad=[(0, 2)]), 1),
+                Constant(0.6, fail={3}))
+    r = e.run()
+    states = set(r.jobs["state"])
+    assert states <= {DONE, "killed", "rejected"}
+    done = r.jobs["state"] == DONE
+    assert (r.jobs["end"][done] >= r.jobs["start"][done]).all()
+    assert (r.jobs["first_start"][done] >= r.jobs["submit"][done]).all()
+    # a job never runs faster than alone
+    assert ((r.jobs["end"] - r.jobs["start"])[done] >= r.jobs["solo"][done] - 1e-6).all()
+    assert np.all(np.diff(r.timeline["time"]) >= 0)
+    assert e.free_whole == e.G and not e.g_used.any()
+    if policy == "slurm-default":
+        assert not r.jobs["shared"].any()

@@ -34,6 +34,8 @@ def main(argv=None) -> int:
     parser.add_argument("--load", type=float, default=1.0)
     parser.add_argument("--cluster", default="philly")
     parser.add_argument("--data-dir", default=None)
+    parser.add_argument("--gpu-time-budget", type=float, default=100.0,
+                        help="the gpushare policy's gpu_time_budget_pct (0: memory only)")
     parser.add_argument("--out", default=str(ROOT / "bench" / "sim_philly.json"))
     args = parser.parse_args(argv)
     data_dir = args.data_dir or default_data_dir()
@@ -42,11 +44,13 @@ def main(argv=None) -> int:
     work = load_workload("philly", cluster, data_dir,
                          WorkloadOptions(seed=args.seed, limit=args.limit, load=args.load))
     load_s = time.perf_counter() - started
-    outcome = run_policies(cluster, work, list(POLICY_NAMES), data_dir=data_dir, seed=args.seed)
+    outcome = run_policies(cluster, work, list(POLICY_NAMES), data_dir=data_dir, seed=args.seed,
+                           gpu_time_budget_pct=args.gpu_time_budget)
     print_tables(outcome.summary, outcome.relative,
                  title=f"Philly on {cluster.summary()} ({len(work)} jobs, seed {args.seed})")
     doc = {
         "what": "Philly trace, every policy, Gavel measured co-run speeds",
+        "gpu_time_budget_pct": args.gpu_time_budget,
         "command": "python bench/sim_philly.py " + " ".join(argv or sys.argv[1:]),
         "cluster": cluster.summary(), "jobs": len(work), "seed": args.seed, "load": args.load,
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import subprocess
 import threading
 from typing import Sequence
@@ -28,19 +29,21 @@ def _run(argv: list[str], timeout: float) -> str | None:
     return result.stdout if result.returncode == 0 else None
 
 
-def read_nodes(config: Config, timeout: float = 10.0) -> dict[str, tuple[str, tuple[str, ...]]]:
-    """node -> (GPU type, partitions), the GPU type found among the node's features."""
-    out = _run(["sinfo", "-h", "-N", "-o", "%N|%f|%P"], timeout)
+def read_nodes(config: Config, timeout: float = 10.0) -> dict[str, tuple[str, tuple[str, ...], int]]:
+    """node -> (GPU type, partitions, GPUs), the type found among the node's features."""
+    out = _run(["sinfo", "-h", "-N", "-o", "%N|%f|%P|%G"], timeout)
     if out is None:
         return {}
     by_feature = {g.feature: g.name for g in config.gpu_types}
-    nodes: dict[str, tuple[str, set[str]]] = {}
+    nodes: dict[str, tuple[str, set[str], int]] = {}
     for line in out.splitlines():
-        name, features, partition = (line.split("|") + ["", ""])[:3]
+        name, features, partition, gres = (line.split("|") + ["", "", ""])[:4]
         gpu_type = next((by_feature[f] for f in features.split(",") if f in by_feature), "")
-        entry = nodes.setdefault(name, (gpu_type, set()))
+        gpus = sum(int(m.group(1)) for m in re.finditer(r"(?:^|,)gpu:(?:[^:,(]+:)?(\d+)", gres))
+        entry = nodes.setdefault(name, (gpu_type, set(), gpus))
         entry[1].add(partition.rstrip("*"))
-    return {name: (gpu_type, tuple(sorted(parts))) for name, (gpu_type, parts) in nodes.items()}
+    return {name: (gpu_type, tuple(sorted(parts)), gpus)
+            for name, (gpu_type, parts, gpus) in nodes.items()}
 
 
 def resident_classes(squeue_json: str) -> dict[str, list[int]]:
@@ -81,9 +84,9 @@ class SlurmClusterView:
         except (ValueError, TypeError):
             return False
         self._nodes = tuple(
-            NodeView(name=name, gpu_type=gpu_type, partitions=parts,
+            NodeView(name=name, gpu_type=gpu_type, partitions=parts, gpus=gpus,
                      resident_classes=tuple(residents.get(name, ())))
-            for name, (gpu_type, parts) in sorted(node_info.items()) if gpu_type)
+            for name, (gpu_type, parts, gpus) in sorted(node_info.items()) if gpu_type)
         return True
 
     def start(self) -> None:

@@ -43,6 +43,10 @@ class NodeView:
     gpu_type: str
     partitions: tuple[str, ...] = ()
     resident_classes: tuple[int, ...] = ()  # interference classes of jobs sharing its GPUs
+    gpus: int = 0  # GPUs on the node (0: unknown)
+    # Classes per GPU where the view knows them (the simulator); () where it does not (the
+    # daemon: squeue shows a share's node, not its GPU index).
+    gpu_classes: tuple[tuple[int, ...], ...] = ()
 
 
 class ClusterView(Protocol):
@@ -60,20 +64,35 @@ class Compatibility(Protocol):
 def incompatible_nodes(job_class: int | None, fits: Sequence[GpuType], partitions: Sequence[str],
                        view: ClusterView | None, knowledge: Compatibility | None
                        ) -> tuple[list[str], int]:
-    """Nodes of the fitting types whose resident shares would interfere with the job.
+    """Nodes of the fitting types where the job could only land next to a share that
+    interferes with it.
 
-    Returns ``(excluded, candidates)``. Slurm places shards by node, not by GPU, so a node is
-    excluded when any share running on it is of an incompatible class. Nothing is excluded
-    when that would leave no candidate node (the job would only wait longer).
+    Returns ``(excluded, candidates)``. Slurm takes exclusions by node, not by GPU, so a node
+    is excluded only when none of its GPUs is free of an incompatible share: known per GPU
+    where the view has it, else when the node holds at least as many incompatible shares as
+    GPUs (with its GPU count unknown: any). Nothing is excluded when that would leave no
+    candidate node (the job would only wait longer).
     """
     if job_class is None or view is None or knowledge is None:
         return [], 0
     types = {g.name for g in fits}
+    answers: dict[tuple[int, str], bool] = {}
+
+    def clashes(resident: int, gpu_type: str) -> bool:
+        key = (resident, gpu_type)
+        if key not in answers:
+            answers[key] = not knowledge.compatible(job_class, resident, gpu_type)
+        return answers[key]
+
+    def blocked(node: NodeView) -> bool:
+        if node.gpu_classes:
+            return all(any(clashes(r, node.gpu_type) for r in gpu) for gpu in node.gpu_classes)
+        bad = sum(clashes(r, node.gpu_type) for r in node.resident_classes)
+        return bad > 0 and bad >= max(node.gpus, 1)
+
     candidates = [n for n in view.nodes() if n.gpu_type in types
                   and (not n.partitions or any(p in n.partitions for p in partitions))]
-    excluded = [n.name for n in candidates
-                if any(not knowledge.compatible(job_class, r, n.gpu_type)
-                       for r in n.resident_classes)]
+    excluded = [n.name for n in candidates if n.resident_classes and blocked(n)]
     if len(excluded) == len(candidates):
         return [], len(candidates)
     return sorted(excluded), len(candidates)

@@ -272,3 +272,23 @@ def test_resident_classes_come_from_running_share_tags():
         {"job_state": "RUNNING", "nodes": "v100-2", "admin_comment": "someone else's note"},
     ]}
     assert resident_classes(json.dumps(squeue)) == {"a100-1": [1, 2]}
+
+
+def test_a_node_with_a_clean_gpu_is_not_excluded():
+    from slurm_gpushare.policy import NodeView
+
+    estimate = JobEstimate(source="history", memory_mib={"v100": 4000, "a100": 4000}, job_class=2)
+    rule = ClassRule((2, 2))
+    # Per-GPU view (the simulator): a1 has a GPU without class 2, a2 has class 2 on both.
+    view = FakeView(NodeView("a1", "a100", ("gpu",), (2,), gpus=2, gpu_classes=((2,), ())),
+                    NodeView("a2", "a100", ("gpu",), (2,), gpus=2, gpu_classes=((2,), (2, 0))),
+                    NodeView("v1", "v100", ("gpu",), (), gpus=2))
+    decision = decide(request(), CONFIG, estimate=estimate, view=view, knowledge=rule)
+    assert decision.writes["exc_nodes"] == "a2"
+    # Node-level view (the daemon: squeue has no GPU index): excluded once the incompatible
+    # shares are at least as many as the node's GPUs.
+    view = FakeView(NodeView("a1", "a100", ("gpu",), (2,), gpus=2),
+                    NodeView("a2", "a100", ("gpu",), (2, 2), gpus=2),
+                    NodeView("v1", "v100", ("gpu",), (), gpus=2))
+    decision = decide(request(), CONFIG, estimate=estimate, view=view, knowledge=rule)
+    assert decision.writes["exc_nodes"] == "a2"

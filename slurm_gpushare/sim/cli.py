@@ -33,10 +33,13 @@ from .workload import WorkloadOptions
               help="Co-location cap (default: the cluster spec's).")
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Public data sets (default: $GPUSHARE_DATA or ../shared/data).")
+@click.option("--gpu-time-budget", "gpu_time_budget", type=click.FloatRange(min=0), default=100.0,
+              show_default=True, help="The gpushare policy's [policy] gpu_time_budget_pct "
+              "(0: shares sized by memory only).")
 @click.option("--no-plots", is_flag=True, help="Skip the PNG plots.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def simulate(trace, cluster_spec, policies, seed, out_dir, limit, load, interference, knowledge,
-             max_jobs_per_gpu, data_dir, no_plots, as_json):
+             max_jobs_per_gpu, data_dir, gpu_time_budget, no_plots, as_json):
     """Replay a trace on a simulated cluster under each policy; figures vs slurm-default."""
     from . import report  # noqa: PLC0415 -- keeps ``slurm-gpushare --help`` fast
 
@@ -62,12 +65,13 @@ def simulate(trace, cluster_spec, policies, seed, out_dir, limit, load, interfer
         try:
             outcome = run_policies(cluster, work, names, data_dir=data_dir, seed=seed,
                                    interference=interference, knowledge=knowledge,
-                                   options=options, progress=progress)
+                                   options=options, progress=progress,
+                                   gpu_time_budget_pct=gpu_time_budget)
         except ImportError as exc:
             raise click.ClickException(f"--knowledge kb needs the knowledge base module: {exc}") from None
     meta = {"trace": trace, "cluster": cluster.summary(), "policies": names, "seed": seed,
             "load": load, "limit": limit, "jobs": len(work), "interference": interference,
-            "knowledge": knowledge}
+            "knowledge": knowledge, "gpu_time_budget_pct": gpu_time_budget}
     if as_json:
         import json  # noqa: PLC0415
 

@@ -282,9 +282,14 @@ class SimView:
             masks = np.bitwise_or.reduceat(engine.g_classmask, engine.n_first)
             for i in np.flatnonzero(masks != self._masks):
                 classes = tuple(c for c in range(engine.n_classes) if masks[i] >> c & 1)
+                first, count = int(engine.n_first[i]), int(engine.n_gpus[i])
+                per_gpu = tuple(tuple(c for c in range(engine.n_classes)
+                                      if int(engine.g_classmask[g]) >> c & 1)
+                                for g in range(first, first + count))
                 old = self._views[i]
                 self._views[i] = daemon_policy.NodeView(old.name, old.gpu_type, old.partitions,
-                                                        classes)
+                                                        classes, gpus=count,
+                                                        gpu_classes=per_gpu)
             self._masks, self._nodes, self._version = masks, tuple(self._views), engine.version
         return self._nodes
 
@@ -300,20 +305,38 @@ class SimCompatibility:
         return self.knowledge.compatible(profile, class_a, class_b)
 
 
+def job_kind_utilisation(kinds, type_names) -> dict[int, float]:
+    """Peak GPU utilisation per job kind, as the daemon would have measured it: the Gavel
+    utilisation proxy (knowledge.gavel_profiles, derived from isolated throughputs only), the
+    highest over the cluster's GPU types it was measured on. Kinds without one size by memory.
+    """
+    from ..knowledge import gavel_profiles
+
+    table = {(row.job, row.gpu): row.gpu_util_pct for row in gavel_profiles().itertuples()}
+    out = {}
+    for index, kind in enumerate(kinds):
+        values = [table[(kind, t.lower())] for t in type_names if (kind, t.lower()) in table]
+        if values:
+            out[index] = float(max(values))
+    return out
+
+
 class GpuShare(Policy):
     """Calls ``slurm_gpushare.policy.decide`` -- the daemon's code -- for every submission."""
 
     name = "gpushare"
     shares = True
 
-    def __init__(self, knowledge: ClassPairTable):
+    def __init__(self, knowledge: ClassPairTable, gpu_time_budget_pct: float = 100.0):
         self.knowledge = knowledge
+        self.gpu_time_budget_pct = gpu_time_budget_pct  # the daemon's [policy] setting
 
     def prepare(self, engine):
         super().prepare(engine)
         cluster = engine.cluster
         self.config = Config(
-            policy=PolicyConfig(sharing_partitions=(cluster.partition,)),
+            policy=PolicyConfig(sharing_partitions=(cluster.partition,),
+                                gpu_time_budget_pct=self.gpu_time_budget_pct),
             gpu_types=tuple(GpuType(t.name, t.memory_gib, feature=t.name, model=t.model or t.name,
                                     sharing="shard")
                             for t in cluster.types))
@@ -324,6 +347,7 @@ class GpuShare(Policy):
         self.type_names = cluster.type_names
         self.all_types = engine.work.allowed.shape[1]
         self.decisions: list = []
+        self.util = job_kind_utilisation(engine.work.kinds, self.type_names)
 
     def request(self, j: int, engine) -> JobRequest:
         """The job as the hook would send it: ``sbatch -p <sharing partition> --gres=gpu:N``."""
@@ -347,6 +371,7 @@ class GpuShare(Policy):
             memory_mib={names[t]: float(work.mem_safe[j, t]) for t in range(len(names))},
             runtime_s={names[t]: float(work.runtime_pred[j, t]) for t in range(len(names))},
             job_class=int(work.job_class[j]),
+            util_pct=self.util.get(int(work.kind[j])),
             detail="simulated history")
 
     def admit(self, j, engine):
@@ -388,7 +413,8 @@ POLICY_NAMES = ("slurm-default", "random-pack", "first-fit-share", "schedtune", 
                 "sjf-bsbf", "gpushare")
 
 
-def make_policy(name: str, knowledge: ClassPairTable, seed: int = 0) -> Policy:
+def make_policy(name: str, knowledge: ClassPairTable, seed: int = 0, *,
+                gpu_time_budget_pct: float = 100.0) -> Policy:
     if name == "slurm-default":
         return SlurmDefault()
     if name == "random-pack":
@@ -402,5 +428,5 @@ def make_policy(name: str, knowledge: ClassPairTable, seed: int = 0) -> Policy:
     if name == "sjf-bsbf":
         return SjfBsbf(knowledge)
     if name == "gpushare":
-        return GpuShare(knowledge)
+        return GpuShare(knowledge, gpu_time_budget_pct)
     raise ValueError(f"unknown policy {name!r} (one of {', '.join(POLICY_NAMES)})")

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Submission-path benchmark on the local test cluster; records its figures.
 
-One interleaved run: rounds alternate slurmctld with JobSubmitPlugins unset ("plain") and with
-the hook + daemon ("hook"), so drift on the machine hits both alike. Per round and mode it
+One interleaved run: rounds rotate slurmctld between JobSubmitPlugins unset ("plain"), an
+empty job_submit.lua ("empty-lua": the job_submit/lua plugin's own cost, which grows with the
+jobs slurmctld holds) and the hook + daemon ("hook"), so drift on the machine hits all alike. Per round and mode it
 measures sbatch latency (sequential submissions of held jobs) and throughput (parallel
 submitters). It also measures the daemon's own round trip (persistent connection, as the hook
 uses it) and the hook's submission rate with the daemon stopped and with it hung (accepts,
@@ -32,6 +33,21 @@ sys.path.insert(0, str(REPO))
 from slurm_gpushare.testcluster import TestCluster  # noqa: E402
 
 SCRIPT = "#!/bin/sh\ntrue\n"
+EMPTY_HOOK = """-- job_submit.lua that does nothing: the plugin's own cost, for comparison
+function slurm_job_submit(job_desc, part_list, submit_uid) return slurm.SUCCESS end
+function slurm_job_modify(job_desc, job_rec, part_list, modify_uid) return slurm.SUCCESS end
+"""
+MODES = ("plain", "empty-lua", "hook")
+
+
+def set_mode(cluster, mode: str, empty_hook: Path) -> None:
+    """Point slurmctld at no hook, the empty hook, or the project's hook."""
+    link = cluster.etc / "job_submit.lua"
+    link.unlink()
+    link.symlink_to(empty_hook if mode == "empty-lua" else REPO / "lua" / "job_submit.lua")
+    cluster.set_job_submit(mode != "plain")
+    if mode == "hook":
+        cluster.wait_hook()
 
 
 def percentile(values, q):
@@ -119,23 +135,26 @@ def main(argv=None):
 
     cluster = TestCluster()
     cluster.start()
-    latency = {"plain": [], "hook": []}
-    throughput = {"plain": [], "hook": []}
+    latency = {mode: [] for mode in MODES}
+    throughput = {mode: [] for mode in MODES}
+    empty_hook = cluster.root / "empty_job_submit.lua"
+    empty_hook.write_text(EMPTY_HOOK)
+    jobs_held = len(cluster.slurm("squeue", "-h", "-t", "all", "-o", "%i").stdout.split())
     try:
         for round_no in range(args.rounds):
-            order = ("plain", "hook") if round_no % 2 == 0 else ("hook", "plain")
+            order = MODES[round_no % 3:] + MODES[:round_no % 3]
             for mode in order:
-                cluster.set_job_submit(mode == "hook")
+                set_mode(cluster, mode, empty_hook)
                 latency_block(cluster, 10)  # warm up: connections, caches
                 latency[mode] += latency_block(cluster, args.jobs)
                 throughput[mode].append(throughput_block(cluster, args.jobs))
                 cancel_all(cluster)
-                print(f"round {round_no + 1}/{args.rounds} {mode:5}: "
+                print(f"round {round_no + 1}/{args.rounds} {mode:9}: "
                       f"p50 {percentile(latency[mode], 50) * 1000:.2f} ms, "
                       f"{throughput[mode][-1]:.1f} jobs/s", flush=True)
 
         # Hook on from here: the daemon's own round trip, then the failure modes.
-        cluster.set_job_submit(True)
+        set_mode(cluster, "hook", empty_hook)
         round_trip = daemon_round_trip(cluster)
         normal_rate = throughput_block(cluster, args.jobs)
         cluster.stop_daemon()
@@ -147,11 +166,12 @@ def main(argv=None):
         finally:
             hung.close()
         cancel_all(cluster)
-    finally:
-        cluster.set_job_submit(True)
+    finally:  # leave the cluster as the tests expect it: the daemon up, the project's hook on
         cluster.start_daemon()
+        set_mode(cluster, "hook", empty_hook)
 
-    plain, hook = ms(latency["plain"]), ms(latency["hook"])
+    plain, empty, hook = ms(latency["plain"]), ms(latency["empty-lua"]), ms(latency["hook"])
+    rate = {mode: statistics.mean(values) for mode, values in throughput.items()}
     results = {
         "benchmark": "submit_latency",
         "command": "python bench/submit_latency.py " + " ".join(argv or sys.argv[1:]),
@@ -160,13 +180,16 @@ def main(argv=None):
                     "slurm": subprocess.run(["slurmctld", "-V"], capture_output=True,
                                             text=True).stdout.strip()},
         "rounds": args.rounds, "jobs_per_block": args.jobs,
-        "sbatch_latency": {"plain": plain, "hook": hook,
+        "jobs_in_slurmctld_at_start": jobs_held,
+        "sbatch_latency": {"plain": plain, "empty-lua": empty, "hook": hook,
                            "added_p50_ms": round(hook["p50_ms"] - plain["p50_ms"], 3),
-                           "added_p99_ms": round(hook["p99_ms"] - plain["p99_ms"], 3)},
+                           "added_p99_ms": round(hook["p99_ms"] - plain["p99_ms"], 3),
+                           "hook_over_empty_lua_p50_ms": round(hook["p50_ms"] - empty["p50_ms"], 3)},
         "throughput_jobs_per_s": {
-            "plain": round(statistics.mean(throughput["plain"]), 2),
-            "hook": round(statistics.mean(throughput["hook"]), 2),
-            "ratio": round(statistics.mean(throughput["hook"]) / statistics.mean(throughput["plain"]), 3),
+            **{mode: round(value, 2) for mode, value in rate.items()},
+            "ratio": round(rate["hook"] / rate["plain"], 3),
+            "ratio_empty_lua_to_plain": round(rate["empty-lua"] / rate["plain"], 3),
+            "ratio_hook_to_empty_lua": round(rate["hook"] / rate["empty-lua"], 3),
         },
         "daemon_round_trip": ms(round_trip),
         "daemon_failure_modes": {

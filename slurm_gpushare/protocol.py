@@ -121,10 +121,11 @@ class Decision:
         return self.writes.get("admin_comment", "")
 
     def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["writes"] = dict(self.writes)
-        out["gpu_types"] = list(self.gpu_types)
-        return out
+        # Built by hand: dataclasses.asdict deep-copies, and this runs on the submit path.
+        return {"action": self.action, "reason": self.reason, "code": self.code,
+                "decision_id": self.decision_id, "writes": dict(self.writes),
+                "share_gib": self.share_gib, "gpu_types": list(self.gpu_types),
+                "details": dict(self.details)}
 
 
 def _get(job: Mapping[str, Any], name: str, kind: type):

@@ -1,13 +1,15 @@
 """The daemon's view of the cluster: nodes, their GPU type, and the shares running on them.
 
-Refreshed in the background (``squeue --json`` and ``sinfo``) every few seconds; decisions read
-the last snapshot and never wait for Slurm, which runs the hook under its own locks. A running
-share's interference class comes from its AdminComment tag (``...:class=N:...``).
+Refreshed in the background every few seconds; decisions read the last snapshot and never wait
+for Slurm, which runs the hook under its own locks. Running shares come from ``squeue -t R``
+(jobs whose TRES ask for shard or mps); each share's interference class is read once from its
+AdminComment tag (``...:class=N:...``, ``scontrol show job``) and cached. Not ``squeue --json``:
+in 22.05 it ignores filters and returns every job slurmctld holds (24 MB for 7,700 jobs), and
+parsing that holds the GIL long enough to make decisions miss the hook's deadline.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import subprocess
@@ -16,7 +18,7 @@ from typing import Sequence
 
 from .config import Config
 from .policy import NodeView
-from .slurmjobs import parse_tag
+from .slurmjobs import lookup_job, parse_tag
 
 log = logging.getLogger("slurm_gpushare.clusterview")
 
@@ -46,19 +48,35 @@ def read_nodes(config: Config, timeout: float = 10.0) -> dict[str, tuple[str, tu
             for name, (gpu_type, parts, gpus) in nodes.items()}
 
 
-def resident_classes(squeue_json: str) -> dict[str, list[int]]:
-    """node -> classes of the running shares on it, from ``squeue --json`` output."""
+def running_shares(squeue_out: str) -> dict[str, str]:
+    """job id -> node of running shares, from ``squeue -h -t R -o '%i|%N|%b'``."""
+    shares = {}
+    for line in squeue_out.splitlines():
+        parts = line.strip().split("|", 2)
+        if len(parts) != 3:
+            continue
+        job_id, node, tres = parts
+        # Shares are single-node jobs asking for a sharing gres.
+        if re.search(r"(^|[,:/])(shard|mps)[:/]", tres) and node and "," not in node \
+                and "[" not in node:
+            shares[job_id] = node
+    return shares
+
+
+def resident_classes(shares: dict[str, str], classes: dict[str, int | None]) -> dict[str, list[int]]:
+    """node -> classes of the running shares on it (shares of unknown class are left out)."""
     residents: dict[str, list[int]] = {}
-    for job in json.loads(squeue_json).get("jobs", []):
-        if job.get("job_state") != "RUNNING":
-            continue
-        fields = parse_tag(job.get("admin_comment") or "")
-        if fields.get("action") != "share" or "class" not in fields:
-            continue
-        node = job.get("nodes") or ""
-        if node and "," not in node and "[" not in node:  # shares are single-node jobs
-            residents.setdefault(node, []).append(int(fields["class"]))
+    for job_id, node in shares.items():
+        if classes.get(job_id) is not None:
+            residents.setdefault(node, []).append(int(classes[job_id]))
     return residents
+
+
+def class_of_job(job_id: str) -> int | None:
+    """A share's class from its AdminComment tag; None when untagged or classless."""
+    job = lookup_job(job_id)
+    value = parse_tag(job.admin_comment).get("class") if job else None
+    return int(value) if value is not None and value.isdigit() else None
 
 
 class SlurmClusterView:
@@ -68,6 +86,7 @@ class SlurmClusterView:
         self.config = config
         self.interval_s = interval_s
         self._nodes: tuple[NodeView, ...] = ()
+        self._classes: dict[str, int | None] = {}  # job id -> class, read once per share
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -76,13 +95,14 @@ class SlurmClusterView:
 
     def refresh(self) -> bool:
         node_info = read_nodes(self.config)
-        queue = _run(["squeue", "--json"], 20.0)
+        queue = _run(["squeue", "-h", "-t", "R", "-o", "%i|%N|%b"], 20.0)
         if not node_info or queue is None:
             return False
-        try:
-            residents = resident_classes(queue)
-        except (ValueError, TypeError):
-            return False
+        shares = running_shares(queue)
+        self._classes = {job: self._classes[job] for job in shares if job in self._classes}
+        for job_id in shares.keys() - self._classes.keys():
+            self._classes[job_id] = class_of_job(job_id)
+        residents = resident_classes(shares, self._classes)
         self._nodes = tuple(
             NodeView(name=name, gpu_type=gpu_type, partitions=parts, gpus=gpus,
                      resident_classes=tuple(residents.get(name, ())))

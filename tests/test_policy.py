@@ -255,23 +255,22 @@ def test_no_exclusion_when_every_candidate_node_interferes():
     assert "exc_nodes" not in decision.writes  # excluding all would only make it wait
 
 
-def test_resident_classes_come_from_running_share_tags():
-    import json
+def test_resident_classes_come_from_running_shares():
+    from slurm_gpushare.clusterview import resident_classes, running_shares
 
-    from slurm_gpushare.clusterview import resident_classes
-
-    squeue = {"jobs": [
-        {"job_state": "RUNNING", "nodes": "a100-1",
-         "admin_comment": "gpushare:v1:share:id=ab:shard=8:types=a100:class=1:why=history-share"},
-        {"job_state": "RUNNING", "nodes": "a100-1",
-         "admin_comment": "gpushare:v1:share:id=cd:shard=8:types=a100:class=2:why=history-share"},
-        {"job_state": "PENDING", "nodes": "", "admin_comment":
-         "gpushare:v1:share:id=ef:shard=8:types=a100:class=0:why=history-share"},
-        {"job_state": "RUNNING", "nodes": "v100-1",
-         "admin_comment": "gpushare:v1:keep:id=gh:why=first-run"},
-        {"job_state": "RUNNING", "nodes": "v100-2", "admin_comment": "someone else's note"},
-    ]}
-    assert resident_classes(json.dumps(squeue)) == {"a100-1": [1, 2]}
+    squeue = "\n".join([
+        "101|a100-1|gres:shard:8",
+        "102|a100-1|gres/shard:44,gres/nic:1",
+        "103|t4-1|gres:mps:25",
+        "104|v100-1|gres:gpu:1",          # a whole GPU: not a share
+        "105|a100-[1-2]|gres:shard:8",    # several nodes: not a share
+        "106|a100-2|gres:shard:8",        # a share of unknown class
+        "garbage line",
+    ])
+    shares = running_shares(squeue)
+    assert shares == {"101": "a100-1", "102": "a100-1", "103": "t4-1", "106": "a100-2"}
+    classes = {"101": 1, "102": 2, "103": 0, "106": None}
+    assert resident_classes(shares, classes) == {"a100-1": [1, 2], "t4-1": [0]}
 
 
 def test_a_node_with_a_clean_gpu_is_not_excluded():

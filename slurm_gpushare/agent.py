@@ -69,7 +69,10 @@ def _valid_job_id(job_id: str | None) -> bool:
     return bool(job_id) and job_id.replace("_", "").isdigit()
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists (one of another user's counts)."""
+    if pid <= 0:  # kill(0, ...) would signal our own process group
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -270,7 +273,7 @@ def start(args: argparse.Namespace) -> int:
                 break
             except FileExistsError:
                 pid = _read_pid(pidfile)
-                if pid is not None and _alive(pid):
+                if pid is not None and pid_alive(pid):
                     _log(state_dir, f"job {job_id}: collector already running (pid {pid})")
                     return 0
                 if pid is None and time.time() - _mtime(pidfile) < 5:
@@ -308,7 +311,7 @@ def stop(args: argparse.Namespace) -> int:
             pidfile.unlink(missing_ok=True)
             return 0
         deadline = time.monotonic() + max(0.0, args.wait)
-        while time.monotonic() < deadline and pidfile.exists() and _alive(pid):
+        while time.monotonic() < deadline and pidfile.exists() and pid_alive(pid):
             time.sleep(0.05)
         _log(state_dir, f"job {job_id}: collector asked to stop (pid {pid})")
     except Exception as exc:  # noqa: BLE001

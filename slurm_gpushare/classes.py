@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -33,12 +32,14 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from filelock import FileLock
 from sklearn.base import BaseEstimator, ClusterMixin
 from sklearn.cluster import KMeans
 from sklearn.metrics import adjusted_rand_score, silhouette_score
 from sklearn.utils.validation import check_array, check_is_fitted
 from threadpoolctl import threadpool_limits
+
+from . import files
+from .files import write_locked
 
 FEATURES = ("MGUP", "MGMAP", "MGTSAMP")
 MODEL_FORMAT = "slurm-gpushare/interference-classes/1"
@@ -51,26 +52,12 @@ def data_path(*parts: str) -> Path:
 
 
 def write_atomic(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` to ``path`` under ``<path>.lock``: a temporary file in the same
-    directory, fsync, then rename, so readers see the old file or the new, never half."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(path) + ".lock", timeout=30):
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as handle:
-                handle.write(text)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+    """Write ``text`` to ``path`` atomically under ``<path>.lock`` (see files.py)."""
+    write_locked(path, text)
 
 
 def read_locked(path: str | os.PathLike) -> str:
-    with FileLock(str(path) + ".lock", timeout=30):
-        return Path(path).read_text()
+    return files.read_locked(path).decode()
 
 
 # -- the elbow -----------------------------------------------------------------------------

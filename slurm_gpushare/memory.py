@@ -27,7 +27,6 @@ import json
 import math
 import os
 import pickle
-import tempfile
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -36,10 +35,10 @@ from typing import Iterable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 import sklearn
-from filelock import FileLock
 from sklearn.base import BaseEstimator
 from sklearn.utils.validation import check_is_fitted
 
+from .files import lock_for, read_locked, replace_atomically
 from .gpus import Catalogue, GpuSpec, UnknownGpu, default_catalogue
 
 MIB_PER_GIB = 1024
@@ -480,28 +479,16 @@ def save_predictor(predictor: BaseEstimator, path: str | os.PathLike, *,
         "metrics": dict(metrics or {}),
     }
     payload = pickle.dumps({"metadata": metadata, "estimator": predictor})
-    with FileLock(str(path) + ".lock"):
-        for target, data in ((path, payload),
-                             (path.with_suffix(path.suffix + ".json"),
-                              json.dumps(metadata, indent=2).encode())):
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{target.name}.")
-            try:
-                with os.fdopen(fd, "wb") as handle:
-                    handle.write(data)
-                    handle.flush()
-                    os.fsync(handle.fileno())
-                os.replace(tmp, target)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
+    with lock_for(path):  # the model and its metadata side file change together
+        replace_atomically(path, payload)
+        replace_atomically(path.with_suffix(path.suffix + ".json"),
+                           json.dumps(metadata, indent=2).encode())
     return metadata
 
 
 def load_predictor(path: str | os.PathLike) -> tuple[BaseEstimator, dict]:
     """The estimator and metadata written by ``save_predictor`` (trusted local file)."""
-    with FileLock(str(path) + ".lock"):
-        with open(path, "rb") as handle:
-            payload = pickle.load(handle)
+    payload = pickle.loads(read_locked(path))
     return payload["estimator"], payload["metadata"]
 
 

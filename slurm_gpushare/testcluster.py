@@ -29,6 +29,7 @@ from typing import Callable
 
 import click
 
+from .agent import pid_alive
 from .config import load_config
 from .telemetry.fakegpu import ROOT_ENV as FAKEGPU_ROOT_ENV
 from .telemetry.fakegpu import write_board
@@ -102,12 +103,8 @@ def _pid_alive(pid_file: Path) -> int | None:
         pid = int(pid_file.read_text().split()[0])
     except (OSError, ValueError, IndexError):
         return None
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    if not pid_alive(pid):
         return None
-    except PermissionError:
-        return pid
     # A zombie or a recycled pid of another program must not count as running.
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]

@@ -314,3 +314,17 @@ def test_bad_invocations_still_exit_0(tmp_path):
     assert agent.main(["frobnicate"]) == 0
     assert agent.main(["stop", "--job-id", "../../etc", "--state-dir", state]) == 0
     assert not (tmp_path / "st" / "agent").exists()
+
+
+def test_pid_alive_guards_pid_zero_and_dead_pids():
+    import os
+    import subprocess
+    import sys
+
+    from slurm_gpushare.agent import pid_alive
+
+    assert pid_alive(os.getpid())
+    assert not pid_alive(0)  # kill(0, 0) would "succeed" on our own process group
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True)
+    assert not pid_alive(int(done.stdout))

@@ -26,6 +26,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..agent import pid_alive
 from ..slurmjobs import gpu_indices
 from .nvml import DeviceSample, ProcessSample
 
@@ -58,19 +59,9 @@ def _registrations(directory: Path) -> list[dict]:
             entry = json.loads(path.read_text())
         except (OSError, ValueError):
             continue  # being written or removed right now
-        if _alive(entry.get("pid", 0)):
+        if pid_alive(int(entry.get("pid", 0))):
             out.append(entry)
     return out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return pid > 0
 
 
 class FakeGpuProvider:

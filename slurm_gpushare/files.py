@@ -1,0 +1,48 @@
+"""Files that several processes share: written atomically under a lock, read under it.
+
+A writer makes a temporary file in the same directory, fsyncs it and renames it over the
+target, holding ``<path>.lock`` (filelock), so a reader sees the old file or the new, never half.
+Used for models (classes, knowledge base, memory predictor) that the daemon and
+``slurm-gpushare ... fit`` share.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from filelock import FileLock
+
+LOCK_TIMEOUT_S = 30
+
+
+def lock_for(path: str | os.PathLike) -> FileLock:
+    return FileLock(str(path) + ".lock", timeout=LOCK_TIMEOUT_S)
+
+
+def replace_atomically(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to ``path`` by temp file + fsync + rename (the caller holds the lock)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_locked(path: str | os.PathLike, data: bytes | str) -> None:
+    """Replace ``path`` atomically under its lock."""
+    with lock_for(path):
+        replace_atomically(path, data.encode() if isinstance(data, str) else data)
+
+
+def read_locked(path: str | os.PathLike) -> bytes:
+    with lock_for(path):
+        return Path(path).read_bytes()

@@ -128,7 +128,7 @@ class Predictor:
     USER_OPS = {"ping", "explain", "job"}
 
     def __init__(self, config: Config, *, fingerprinter: Fingerprinter | None = None,
-                 store: Store | None = None, view=None):
+                 store: Store | None = None, reader: Store | None = None, view=None):
         self.config = config
         self.fingerprinter = fingerprinter or Fingerprinter.from_file(config.daemon.secret_file)
         self.store = store
@@ -139,7 +139,10 @@ class Predictor:
         if store is not None:
             from .knowledge import KnowledgeBase
 
-            self.estimator = HistoryEstimator(store, predictor=load_memory_model(config))
+            # Decisions read history through their own connection: in WAL mode a reader sees
+            # the last committed state and never waits for the writer thread's transactions.
+            self.estimator = HistoryEstimator(reader or store,
+                                              predictor=load_memory_model(config))
             self.estimator.estimate([], config)  # warm-up: first calls pay for imports
             self.knowledge = KnowledgeBase.from_store(store, self.estimator.classes)
         self.counters: Counter[str] = Counter()
@@ -431,7 +434,7 @@ def serve(config_path: str | None) -> None:
     setup_logging(config)
     view = SlurmClusterView(config, interval_s=config.daemon.view_refresh_s)
     view.start()
-    predictor = Predictor(config, store=open_store(config), view=view)
+    predictor = Predictor(config, store=open_store(config), reader=open_store(config), view=view)
     stopping = threading.Event()
     servers = [DaemonServer(predictor, stopping=stopping)]
     if config.daemon.query_socket:
@@ -479,8 +482,9 @@ def serve(config_path: str | None) -> None:
         for server in servers:
             server.server_close()
         predictor.records.close()
-        if predictor.store is not None:
-            predictor.store.close()
+        for store in {predictor.store, predictor.estimator.store if predictor.estimator else None}:
+            if store is not None:
+                store.close()
         _event(logging.INFO, "stopped")
 
 

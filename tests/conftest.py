@@ -32,7 +32,8 @@ class RunningDaemon:
     def __init__(self, config):
         self.config = config
         self.store = open_store(config)
-        self.predictor = Predictor(config, store=self.store)
+        self.reader = open_store(config)
+        self.predictor = Predictor(config, store=self.store, reader=self.reader)
         self.servers = [DaemonServer(self.predictor), DaemonServer(self.predictor, public=True)]
         for server in self.servers:
             threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
@@ -47,6 +48,7 @@ class RunningDaemon:
             server.server_close()
         self.predictor.records.close()
         self.store.close()
+        self.reader.close()
 
 
 @pytest.fixture

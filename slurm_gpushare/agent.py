@@ -97,8 +97,13 @@ class DeliveryError(RuntimeError):
 
 def send_to_daemon(summary: dict[str, Any], socket_path: str, timeout_s: float = 5.0) -> dict:
     """Send one ingest request and return the daemon's reply; raises DeliveryError."""
-    request = json.dumps({"v": PROTOCOL_VERSION, "op": "ingest", "summary": summary},
-                         separators=(",", ":")) + "\n"
+    return send_message({"v": PROTOCOL_VERSION, "op": "ingest", "summary": summary},
+                        socket_path, timeout_s)
+
+
+def send_message(message: dict[str, Any], socket_path: str, timeout_s: float = 5.0) -> dict:
+    """Send one request to the daemon and return its reply; raises DeliveryError."""
+    request = json.dumps(message, separators=(",", ":")) + "\n"
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
             conn.settimeout(timeout_s)
@@ -118,8 +123,47 @@ def send_to_daemon(summary: dict[str, Any], socket_path: str, timeout_s: float =
         raise DeliveryError("daemon sent an unreadable reply") from None
     if not isinstance(message, dict) or not message.get("ok"):
         error = message.get("error") if isinstance(message, dict) else None
-        raise DeliveryError(f"daemon refused the summary: {error or 'no reply'}")
+        raise DeliveryError(f"daemon refused the request: {error or 'no reply'}")
     return message
+
+
+def share_limit_mib(job_id: str) -> float | None:
+    """The memory a shared job may use, from its decision tag: shards x 1 GiB, or an MPS
+    share's mem=; None for a job that is not a share (or whose tag cannot be read)."""
+    from .slurmjobs import lookup_job, parse_tag
+
+    try:
+        job = lookup_job(job_id)
+    except ValueError:
+        return None
+    tag = parse_tag(job.admin_comment) if job else {}
+    if tag.get("action") != "share":
+        return None
+    if tag.get("mem", "").isdigit():
+        return float(tag["mem"])
+    if tag.get("shard", "").isdigit():
+        return float(tag["shard"]) * 1024
+    return None
+
+
+def overrun_watch(job_id: str, limit_mib: float, notify: Callable[[dict[str, Any]], Any],
+                  log: Callable[[str], None]) -> Callable:
+    """A sampler watch that tells the daemon, once, that the job went above its share."""
+    told = []
+
+    def watch(sampler) -> None:
+        peak = sampler.peak_mib()
+        if told or peak is None or peak <= limit_mib:
+            return
+        told.append(peak)
+        try:
+            notify({"v": PROTOCOL_VERSION, "op": "overrun", "job_id": job_id,
+                    "peak_mib": peak, "limit_mib": limit_mib})
+            log(f"job {job_id}: above its share ({peak:.0f} > {limit_mib:.0f} MiB), reported")
+        except Exception as exc:  # noqa: BLE001 -- a report that fails must not stop sampling
+            log(f"job {job_id}: above its share, report failed: {type(exc).__name__}")
+
+    return watch
 
 
 def spool(summary: dict[str, Any], directory: str | os.PathLike) -> Path:
@@ -195,7 +239,9 @@ def parse_gpus(text: str | None, provider=None) -> list[int]:
 def collect(job_id: str, gpus: str | None, *, provider=None, deliver: Deliver,
             stop: threading.Event, cluster: str = "", interval_s: float = DEFAULT_INTERVAL_S,
             max_duration_s: float | None = DEFAULT_MAX_DURATION_S, keys: Iterable[str] = (),
-            scenario: str | None = None, log: Callable[[str], None] = lambda m: None) -> int:
+            scenario: str | None = None, log: Callable[[str], None] = lambda m: None,
+            notify: Callable[[dict[str, Any]], Any] | None = None,
+            limit_mib: float | None = None) -> int:
     """Sample until ``stop`` is set, then deliver one summary per GPU. Returns the number of
     summaries delivered; never raises."""
     from .telemetry import open_provider
@@ -219,7 +265,9 @@ def collect(job_id: str, gpus: str | None, *, provider=None, deliver: Deliver,
             return 0
         sampler = JobSampler(provider, job_id, indices, cluster=cluster,
                              interval_s=interval_s, keys=keys)
-        sampler.run(stop, max_duration_s=max_duration_s)
+        watch = (overrun_watch(job_id, limit_mib, notify, log)
+                 if notify is not None and limit_mib else None)
+        sampler.run(stop, max_duration_s=max_duration_s, watch=watch)
         delivered = 0
         for summary in sampler.summaries():
             try:
@@ -251,10 +299,13 @@ def run(args: argparse.Namespace, deliver: Deliver | None = None) -> int:
         signal.signal(signum, lambda *_: stop.set())
     try:
         deliver = deliver or default_deliver(args.socket, spool_dir(state_dir))
+        # Under slurmd (the prolog started us): the job's share, to report it going above.
+        limit = share_limit_mib(args.job_id) if os.environ.get("SLURMD_NODENAME") else None
         collect(args.job_id, args.gpus, deliver=deliver, stop=stop, cluster=args.cluster,
                 interval_s=args.interval, max_duration_s=args.max_duration,
                 keys=[k for k in (args.keys or "").split(",") if k],
-                scenario=args.scenario, log=lambda m: _log(state_dir, m))
+                scenario=args.scenario, log=lambda m: _log(state_dir, m),
+                notify=lambda message: send_message(message, args.socket), limit_mib=limit)
     finally:
         if _read_pid(pidfile) == os.getpid():
             pidfile.unlink(missing_ok=True)

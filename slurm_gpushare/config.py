@@ -81,6 +81,9 @@ class PolicyConfig:
     # shards that its peak utilisation is of this budget, so co-runners' utilisations cannot
     # add up past it (Slurm enforces it with the shard counts). 0 sizes by memory only.
     gpu_time_budget_pct: float = 100.0
+    # A running share seen above its memory (shards set no hardware limit): "log" it, or also
+    # "requeue" the job (scontrol requeue), so its co-runners keep their memory.
+    on_share_exceeded: str = "log"
 
 
 @dataclass(frozen=True)
@@ -169,6 +172,8 @@ def parse_config(raw: dict[str, Any], path: str = "") -> Config:
         gpu_types=tuple(gpu_types),
         path=path,
     )
+    if config.policy.on_share_exceeded not in ("log", "requeue"):
+        raise ConfigError('[policy] on_share_exceeded must be "log" or "requeue"')
     if config.policy.first_run not in FIRST_RUN_POLICIES:
         raise ConfigError(f"[policy] first_run must be one of {', '.join(FIRST_RUN_POLICIES)}")
     if config.policy.default_share_gib <= 0:

@@ -19,6 +19,7 @@ import signal
 import socket
 import socketserver
 import struct
+import subprocess
 import threading
 import time
 from collections import Counter
@@ -173,6 +174,8 @@ class Predictor:
         try:
             if op == "ingest":
                 return self._ingest(message)
+            if op == "overrun":
+                return self._overrun(message)
             if op == "job":
                 return self._job(message, peer)
             op, request = parse_request(message, opt_out_token=config.policy.opt_out_token,
@@ -224,6 +227,32 @@ class Predictor:
         self.records.put(self._store_summary, summary)
         self._count("ingest")
         return reply_ok()
+
+    def _overrun(self, message: dict[str, Any]) -> dict[str, Any]:
+        """A running share above its memory, reported live by its collector."""
+        job_id = str(message.get("job_id", ""))
+        if not job_id.replace("_", "").isdigit():
+            raise ProtocolError("overrun needs a job_id")
+        action = self.config.policy.on_share_exceeded
+        self._count("share-overrun")
+        _event(logging.WARNING, "share-overrun", job_id=job_id, peak_mib=message.get("peak_mib"),
+               limit_mib=message.get("limit_mib"), action=action)
+        if action == "requeue":
+            self.records.put(self._requeue, job_id)
+        return reply_ok(action=action)
+
+    def _requeue(self, job_id: str) -> None:
+        """On the writer thread: requeue a job that outgrew its share (its next run is sized
+        from the new peak)."""
+        try:
+            result = subprocess.run(["scontrol", "requeue", job_id], capture_output=True,
+                                    text=True, timeout=15)
+            ok, detail = result.returncode == 0, (result.stderr or result.stdout).strip()
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            ok, detail = False, type(exc).__name__
+        self._count("requeued" if ok else "requeue-failed")
+        _event(logging.WARNING if ok else logging.ERROR, "requeued" if ok else "requeue-failed",
+               job_id=job_id, detail=detail)
 
     def _store_summary(self, summary: dict[str, Any]) -> None:
         """On the writer thread: keep the summary and tie the job to its decision, so the

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import time
 import uuid
@@ -131,20 +132,44 @@ def test_a_job_above_its_share_is_reported(cluster):
                 if e.get("event") == "share-exceeded" and e.get("job_id") == job_id]
         time.sleep(0.25)
     assert hits and hits[0]["peak_mib"] == 9000 and hits[0]["share_gib"] < 9
+    # ... and its collector reported it while it ran (policy: log only, it completed).
+    live = [e for e in map(json.loads, (cluster.log / "gpushare.log").read_text().splitlines())
+            if e.get("event") == "share-overrun" and e.get("job_id") == job_id]
+    assert live and live[0]["action"] == "log" and live[0]["peak_mib"] == 9000
 
 
-def test_mps_share_gets_its_memory_limit_from_the_taskprolog(cluster):
-    script = unique_script(cluster, work_s=2, util=20, mem_mib={"t4": 4000})
-    # The task's environment, as the TaskProlog left it, before the workload starts.
-    shebang, rest = script.split("\n", 1)
-    probe = f"{shebang}\nenv | grep '^CUDA_MPS' | sort > {cluster.root}/jobs/$SLURM_JOB_ID.env\n{rest}"
-    profile(cluster, probe, "--gres=gpu:t4:1")
-    job_id = cluster.sbatch("--gres=gpu:t4:1", script=probe)
-    job = cluster.job(job_id)
-    assert job["TresPerNode"].startswith("gres:mps:")
-    assert cluster.wait_state(job_id, {"COMPLETED", "FAILED"}, timeout=90) == "COMPLETED"
-    tag = job["AdminComment"]
-    mem = tag.split(":mem=")[1].split(":")[0]
-    env = (cluster.root / "jobs" / f"{job_id}.env").read_text().split()
-    assert f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0={mem}M" in env
-    assert any(line.startswith("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=") for line in env)
+def test_a_job_above_its_share_is_requeued_when_admins_choose_so(cluster):
+    import signal
+
+    # The run length comes from the environment, so both runs have the same script (and keys).
+    script = unique_script(cluster, work_s=1, util=10, mem_mib={"v100": 3000, "a100": 3000})
+    script = script.replace("--work 1 ", "--work ${WORK:-1} ")
+    profile(cluster, script, "--gres=gpu:v100:1")
+    config = cluster.daemon_config
+    original = config.read_text()
+    config.write_text(original.replace('first_run = "whole-gpu"',
+                                       'first_run = "whole-gpu"\non_share_exceeded = "requeue"'))
+    reloads = (cluster.log / "gpushare.log").read_text().count('"event": "reloaded"')
+    os.kill(cluster.daemon_pid(), signal.SIGHUP)
+    job_id = None
+    try:
+        deadline = time.monotonic() + 10  # the reload is logged once it took effect
+        while (cluster.log / "gpushare.log").read_text().count('"event": "reloaded"') == reloads:
+            assert time.monotonic() < deadline, "the daemon did not reload"
+            time.sleep(0.1)
+        job_id = cluster.sbatch("--gres=gpu:1", script=script,
+                                env={"WORK": "30", "GPUSHARE_FAKEGPU_EXTRA_MIB": "6000"})
+        assert cluster.job(job_id)["TresPerNode"].startswith("gres:shard:")
+        deadline = time.monotonic() + 60
+        while int(cluster.job(job_id).get("Restarts", "0")) < 1:
+            assert time.monotonic() < deadline, cluster.job(job_id)
+            time.sleep(0.25)
+        events = [e for e in map(json.loads, (cluster.log / "gpushare.log").read_text().splitlines())
+                  if e.get("job_id") == job_id]
+        assert {"share-overrun", "requeued"} <= {e["event"] for e in events}
+        assert next(e for e in events if e["event"] == "share-overrun")["action"] == "requeue"
+    finally:
+        if job_id:
+            cluster.slurm("scancel", job_id, check=False)
+        config.write_text(original)
+        os.kill(cluster.daemon_pid(), signal.SIGHUP)

@@ -253,3 +253,30 @@ def test_decisions_are_recorded_with_fingerprint_keys_but_no_texts(daemon):
 def test_unknown_job_lookup_is_a_clear_error(daemon):
     reply = request_once(daemon.query_socket, {"v": 1, "op": "job", "job_id": "not-a-job"})
     assert reply["ok"] is False and "not a job id" in reply["error"]
+
+
+@pytest.mark.parametrize("action", ["log", "requeue"])
+def test_overrun_is_logged_and_requeued_when_configured(tmp_path, action):
+    from conftest import RunningDaemon, make_config
+
+    running = RunningDaemon(make_config(tmp_path, on_share_exceeded=action))
+    requeued = []
+    running.predictor._requeue = requeued.append  # scontrol is not there to call
+    try:
+        reply = request_once(running.socket, {"v": 1, "op": "overrun", "job_id": "77",
+                                              "peak_mib": 9000, "limit_mib": 8192})
+        running.predictor.records.flush()
+        assert reply == {"v": 1, "ok": True, "action": action}
+        assert requeued == (["77"] if action == "requeue" else [])
+        bad = request_once(running.socket, {"v": 1, "op": "overrun", "job_id": "x; rm"})
+        assert bad["ok"] is False and "job_id" in bad["error"]
+    finally:
+        running.stop()
+
+
+def test_users_cannot_report_overruns(daemon):
+    from slurm_gpushare.daemon import Peer
+
+    reply = daemon.predictor.handle({"v": 1, "op": "overrun", "job_id": "1"},
+                                    Peer(uid=4242, admin=False))
+    assert reply["ok"] is False and "not available" in reply["error"]

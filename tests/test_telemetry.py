@@ -328,3 +328,38 @@ def test_pid_alive_guards_pid_zero_and_dead_pids():
     done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True)
     assert not pid_alive(int(done.stdout))
+
+
+def test_overrun_watch_reports_once_when_the_peak_passes_the_share():
+    from slurm_gpushare.agent import overrun_watch
+
+    class Sampler:
+        def __init__(self):
+            self.peak = None
+
+        def peak_mib(self):
+            return self.peak
+
+    sent, sampler = [], Sampler()
+    watch = overrun_watch("42", 8192.0, sent.append, lambda message: None)
+    for peak in (None, 4000.0, 8192.0, 9000.0, 12000.0):
+        sampler.peak = peak
+        watch(sampler)
+    assert sent == [{"v": 1, "op": "overrun", "job_id": "42", "peak_mib": 9000.0,
+                     "limit_mib": 8192.0}]
+
+
+def test_a_failing_report_does_not_stop_the_watch():
+    from slurm_gpushare.agent import overrun_watch
+
+    class Sampler:
+        def peak_mib(self):
+            return 9000.0
+
+    logged = []
+
+    def broken(message):
+        raise OSError("daemon gone")
+
+    overrun_watch("42", 8192.0, broken, logged.append)(Sampler())
+    assert "report failed" in logged[0]

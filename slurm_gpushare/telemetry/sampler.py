@@ -117,12 +117,21 @@ class JobSampler:
                 continue
             self._update(state, reading, dt)
 
-    def run(self, stop: threading.Event, max_duration_s: float | None = None) -> None:
+    def peak_mib(self) -> float | None:
+        """The job's highest memory on any of its GPUs so far."""
+        peaks = [s.mem_mib.peak for s in self._gpus.values() if s.mem_mib.peak is not None]
+        return max(peaks) if peaks else None
+
+    def run(self, stop: threading.Event, max_duration_s: float | None = None,
+            watch: Callable[["JobSampler"], None] | None = None) -> None:
         """Sample every ``interval_s`` until ``stop`` is set (or every GPU is lost); the first
-        reading is taken at once, so even a job stopped immediately has one."""
+        reading is taken at once, so even a job stopped immediately has one. ``watch`` is
+        called after each round (it must not raise)."""
         started = self._clock()
         while True:
             self.sample_once()
+            if watch is not None:
+                watch(self)
             if all(s.lost for s in self._gpus.values()):
                 break
             if max_duration_s is not None and self._clock() - started >= max_duration_s:

@@ -26,7 +26,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -35,6 +34,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from . import PROTOCOL_VERSION
+from .protocol import request
 
 DEFAULT_STATE_DIR = "/var/lib/slurm-gpushare"
 DEFAULT_SOCKET = "/run/slurm-gpushare/daemon.sock"
@@ -103,22 +103,10 @@ def send_to_daemon(summary: dict[str, Any], socket_path: str, timeout_s: float =
 
 def send_message(message: dict[str, Any], socket_path: str, timeout_s: float = 5.0) -> dict:
     """Send one request to the daemon and return its reply; raises DeliveryError."""
-    request = json.dumps(message, separators=(",", ":")) + "\n"
     try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
-            conn.settimeout(timeout_s)
-            conn.connect(socket_path)
-            conn.sendall(request.encode())
-            reply = b""
-            while not reply.endswith(b"\n"):
-                chunk = conn.recv(65536)
-                if not chunk:
-                    break
-                reply += chunk
+        message = request(socket_path, message, timeout_s)
     except OSError as exc:
         raise DeliveryError(f"daemon unreachable ({exc.strerror or type(exc).__name__})") from None
-    try:
-        message = json.loads(reply.decode() or "null")
     except ValueError:
         raise DeliveryError("daemon sent an unreadable reply") from None
     if not isinstance(message, dict) or not message.get("ok"):

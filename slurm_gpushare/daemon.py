@@ -36,7 +36,7 @@ from .estimate import HistoryEstimator
 from .fingerprint import Fingerprinter
 from .models import load_memory_model
 from .policy import decide
-from .protocol import ProtocolError, parse_request, reply_error, reply_ok
+from .protocol import ProtocolError, parse_request, reply_error, reply_ok, request
 from .slurmjobs import lookup_job, parse_tag
 from .store import Store
 
@@ -517,19 +517,8 @@ def serve(config_path: str | None) -> None:
         _event(logging.INFO, "stopped")
 
 
-def request_once(socket_path: str, message: dict[str, Any], timeout: float = 2.0) -> dict[str, Any]:
-    """Send one request and read one reply (for the CLI, tests and benchmarks)."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(timeout)
-        sock.connect(socket_path)
-        sock.sendall(json.dumps(message).encode() + b"\n")
-        data = b""
-        while not data.endswith(b"\n"):
-            chunk = sock.recv(65536)
-            if not chunk:
-                break
-            data += chunk
-    return json.loads(data)
+# The CLI's, tests' and benchmarks' client (one implementation, in protocol.py).
+request_once = request
 
 
 @click.command("serve")

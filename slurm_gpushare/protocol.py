@@ -12,6 +12,7 @@ accepts only the fields in ``WRITABLE_FIELDS``.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import asdict, dataclass, field
@@ -220,3 +221,24 @@ def reply_ok(decision: Decision | None = None, **extra) -> dict[str, Any]:
 
 def reply_error(message: str) -> dict[str, Any]:
     return {"v": PROTOCOL_VERSION, "ok": False, "error": message}
+
+
+def request(socket_path: str, message: dict[str, Any], timeout: float = 2.0) -> Any:
+    """Send one request line to a daemon socket and return its decoded reply line.
+
+    The one client for the CLI, the telemetry agent, tests and benchmarks (the Lua hook has
+    its own). Raises OSError when the socket cannot be used, ValueError for an unreadable reply.
+    """
+    import socket  # late: the hook-side parsing above needs no sockets
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout)
+        sock.connect(socket_path)
+        sock.sendall(json.dumps(message, separators=(",", ":")).encode() + b"\n")
+        data = b""
+        while not data.endswith(b"\n"):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    return json.loads(data.decode() or "null")

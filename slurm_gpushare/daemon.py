@@ -283,10 +283,10 @@ class Predictor:
                peak_mib=peak, gpu_model=summary.get("gpu_model"), uid=job.uid)
 
     def _learn_coruns(self, summary: dict[str, Any], job) -> int:
-        """Record this job's side of each co-run (its class and measured slowdown) and
-        rebuild the knowledge base when a pair has both sides. Returns pairs completed."""
+        """Record this job's side of each co-run (its class and measured slowdown); a pair
+        that now has both sides joins the knowledge base. Returns the sides recorded."""
         from .estimate import config_type_of, observed_runtimes
-        from .knowledge import KnowledgeBase, measured_isd
+        from .knowledge import measured_isd
 
         coruns = [c for c in summary.get("coruns") or [] if c.get("job_id")]
         record = self.store.decision(job.decision_id) if coruns else None
@@ -297,9 +297,11 @@ class Predictor:
             summary.get("gpu_model", ""))
         gpu_type = config_type_of(summary.get("gpu_model", ""), self.config)
         cluster = str(summary.get("cluster", ""))
-        completed = 0
+        recorded, completed = 0, []
         for corun in coruns:
-            other = lookup_job(str(corun["job_id"]))
+            other_id = str(corun["job_id"])
+            was_complete = _complete(self._corun_row(job.job_id, other_id))
+            other = lookup_job(other_id)
             other_class = parse_tag(other.admin_comment).get("class") if other else None
             # A measured slowdown only when the co-run covered (nearly) the whole run.
             isd = (measured_isd(duration, solo) if solo and duration
@@ -309,9 +311,28 @@ class Predictor:
                 gpu_uuid=str(summary.get("gpu_uuid") or ""), overlap_s=corun.get("overlap_s"),
                 gpu_type=gpu_type, class_a=record.get("job_class"),
                 class_b=int(other_class) if other_class is not None else None, isd_a=isd)
-            completed += 1
-        self.knowledge = KnowledgeBase.from_store(self.store, self.estimator.classes)
-        return completed
+            recorded += 1
+            row = self._corun_row(job.job_id, other_id)
+            if _complete(row) and not was_complete:
+                completed.append(row)
+        if completed:
+            self._learn_pairs(completed)
+        return recorded
+
+    def _corun_row(self, job_id: str, other_id: str) -> dict[str, Any] | None:
+        return next((r for r in self.store.coruns_of(job_id) if r["job_b"] == other_id), None)
+
+    def _learn_pairs(self, rows: list[dict[str, Any]]) -> None:
+        """Add measured pairs to a copy of the knowledge base and swap it in: decisions on
+        other threads keep reading the old one meanwhile, and nothing is rebuilt from the
+        whole store (which would hold the GIL longer as the store grows)."""
+        from .knowledge import KnowledgeBase
+
+        knowledge = KnowledgeBase.from_dict(self.knowledge.to_dict())
+        for row in rows:
+            knowledge.observe(row["class_a"], row["class_b"], row["isd_a"], row["isd_b"],
+                              ps=row["ps"], gpu_type=row["gpu_type"])
+        self.knowledge = knowledge
 
     def _job(self, message: dict[str, Any], peer: Peer) -> dict[str, Any]:
         """The decision recorded for one job; owners and admins only."""
@@ -338,6 +359,12 @@ class Predictor:
         return reply_ok(job={"job_id": job_id, "state": job.state, "nodes": job.nodes,
                              "admin_comment": job.admin_comment, "uid": job.uid},
                         record=record, co_runners=co_runners, telemetry=telemetry)
+
+
+def _complete(row: dict[str, Any] | None) -> bool:
+    """A co-run observation the knowledge base can use: both classes and both slowdowns."""
+    return row is not None and None not in (row["class_a"], row["class_b"], row["isd_a"],
+                                            row["isd_b"])
 
 
 def _user_name(uid: int) -> str:

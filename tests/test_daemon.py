@@ -280,3 +280,13 @@ def test_users_cannot_report_overruns(daemon):
     reply = daemon.predictor.handle({"v": 1, "op": "overrun", "job_id": "1"},
                                     Peer(uid=4242, admin=False))
     assert reply["ok"] is False and "not available" in reply["error"]
+
+
+def test_learned_pairs_update_a_copy_of_the_knowledge_base(daemon):
+    before = daemon.predictor.knowledge
+    assert before.compatible(2, 2, "a100")
+    row = {"class_a": 2, "class_b": 2, "isd_a": 0.9, "isd_b": 0.9, "ps": -0.2,
+           "gpu_type": "a100"}
+    daemon.predictor._learn_pairs([row] * 5)
+    assert not daemon.predictor.knowledge.compatible(2, 2, "a100")
+    assert before.compatible(2, 2, "a100")  # decisions holding the old one are undisturbed

@@ -11,11 +11,11 @@ deps:
 ## Bring up the local heterogeneous Slurm cluster with the hook and the daemon, run an
 ## ordinary-sbatch workload, print the decisions and the savings report.
 demo: deps
-	$(PY) -m slurm_gpushare demo
+	$(PY) -m devcluster demo
 
 ## The whole suite: unit tests and the integration tests on the real local cluster.
 test: deps
-	$(PY) -m slurm_gpushare cluster start
+	$(PY) -m devcluster cluster start
 	$(PY) -m pytest -q -ra
 
 ## Unit tests only (no Slurm daemons).
@@ -27,11 +27,11 @@ bench: deps
 	$(PY) bench/submit_latency.py
 
 cluster-start: deps
-	$(PY) -m slurm_gpushare cluster start
+	$(PY) -m devcluster cluster start
 cluster-stop:
-	$(PY) -m slurm_gpushare cluster stop
+	$(PY) -m devcluster cluster stop
 cluster-status:
-	$(PY) -m slurm_gpushare cluster status
+	$(PY) -m devcluster cluster status
 
 clean: cluster-stop
 	rm -rf "$(GPUSHARE_CLUSTER_DIR)"

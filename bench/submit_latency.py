@@ -30,7 +30,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from slurm_gpushare.testcluster import TestCluster  # noqa: E402
+from devcluster.cluster import TestCluster  # noqa: E402
 
 SCRIPT = "#!/bin/sh\ntrue\n"
 EMPTY_HOOK = """-- job_submit.lua that does nothing: the plugin's own cost, for comparison
@@ -44,7 +44,7 @@ def set_mode(cluster, mode: str, empty_hook: Path) -> None:
     """Point slurmctld at no hook, the empty hook, or the project's hook."""
     link = cluster.etc / "job_submit.lua"
     link.unlink()
-    link.symlink_to(empty_hook if mode == "empty-lua" else REPO / "lua" / "job_submit.lua")
+    link.symlink_to(empty_hook if mode == "empty-lua" else REPO / "slurm_gpushare" / "lua" / "job_submit.lua")
     cluster.set_job_submit(mode != "plain")
     if mode == "hook":
         cluster.wait_hook()

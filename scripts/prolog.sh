@@ -5,8 +5,8 @@
 # $GPUSHARE_AGENT_ENV (default /etc/default/slurm-gpushare). It never delays or fails a job:
 # whatever happens, it exits 0.
 [ -r "${GPUSHARE_AGENT_ENV:-/etc/default/slurm-gpushare}" ] && . "${GPUSHARE_AGENT_ENV:-/etc/default/slurm-gpushare}"
-export GPUSHARE_STATE_DIR GPUSHARE_SOCKET GPUSHARE_FAKEGPU_ROOT GPUSHARE_TELEMETRY_SCENARIO
-"${GPUSHARE_PYTHON:-/opt/slurm-gpushare/bin/python}" -m slurm_gpushare.agent start >/dev/null 2>&1
+export GPUSHARE_STATE_DIR GPUSHARE_SOCKET GPUSHARE_TELEMETRY_PROVIDER GPUSHARE_TELEMETRY_SCENARIO
+"${GPUSHARE_PYTHON:-/opt/slurm-gpushare/bin/python}" -m slurm_gpushare.node.agent start >/dev/null 2>&1
 # On nodes whose GPUs are shared with gres/mps (GPUSHARE_MPS=1 in the env file), make sure the
 # MPS control daemon runs; it stays up between jobs, as NVIDIA recommends for shared nodes.
 if [ "${GPUSHARE_MPS:-0}" = 1 ] && command -v nvidia-cuda-mps-control >/dev/null 2>&1; then

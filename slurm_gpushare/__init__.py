@@ -6,3 +6,7 @@ __version__ = "0.1.0"
 PROTOCOL_VERSION = 1
 # Prefix of every tag written into a job's AdminComment; bump the version when its layout changes.
 TAG_PREFIX = "gpushare:v1:"
+
+# The job_submit/lua hook and its TRES module, shipped inside the package (check-config compares
+# the installed copies with these).
+HOOK_DIR = __import__("pathlib").Path(__file__).resolve().parent / "lua"

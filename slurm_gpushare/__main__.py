@@ -1,5 +1,5 @@
 import sys
 
-from .cli import main
+from slurm_gpushare.cli import main
 
 sys.exit(main())

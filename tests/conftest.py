@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from slurm_gpushare.config import parse_config
-from slurm_gpushare.daemon import DaemonServer, Predictor, open_store
+from slurm_gpushare.core.config import parse_config
+from slurm_gpushare.daemon.server import DaemonServer, open_store
+from slurm_gpushare.daemon.service import Service
 
 
 def make_config(tmp_path: Path, **policy):
@@ -33,8 +34,8 @@ class RunningDaemon:
         self.config = config
         self.store = open_store(config)
         self.reader = open_store(config)
-        self.predictor = Predictor(config, store=self.store, reader=self.reader)
-        self.servers = [DaemonServer(self.predictor), DaemonServer(self.predictor, public=True)]
+        self.service = Service(config, store=self.store, reader=self.reader)
+        self.servers = [DaemonServer(self.service), DaemonServer(self.service, public=True)]
         for server in self.servers:
             threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
                              daemon=True).start()
@@ -46,7 +47,7 @@ class RunningDaemon:
             server.stopping.set()
             server.shutdown()
             server.server_close()
-        self.predictor.records.close()
+        self.service.records.close()
         self.store.close()
         self.reader.close()
 
@@ -138,7 +139,7 @@ def cluster():
     """The local test cluster, started once per test session (idempotent when already up)."""
     if os.environ.get("GPUSHARE_SKIP_CLUSTER"):
         pytest.skip("GPUSHARE_SKIP_CLUSTER is set")
-    from slurm_gpushare.testcluster import TestCluster
+    from devcluster.cluster import TestCluster
 
     test_cluster = TestCluster()
     started = time.monotonic()

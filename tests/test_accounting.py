@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_gpushare.accounting import (AccountingCache, AccountingError, expand_hostlist,
+from slurm_gpushare.slurm.accounting import (AccountingCache, AccountingError, expand_hostlist,
                                        ingest, node_gpu_types_from_scontrol, parse_exit,
                                        parse_json, parse_psv, parse_sacct, parse_time,
                                        parse_tres, placements_from_scontrol, resolve_gpu_types)

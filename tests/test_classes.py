@@ -11,7 +11,7 @@ import pytest
 from sklearn.base import clone
 from sklearn.exceptions import NotFittedError
 
-from slurm_gpushare.classes import (InterferenceClasses, kneedle, max_second_difference,
+from slurm_gpushare.predict.classes import (InterferenceClasses, kneedle, max_second_difference,
                                     reproduce_alnair)
 
 

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from slurm_gpushare.cli import main
-from slurm_gpushare.config import load_config
+from slurm_gpushare.core.config import load_config
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -61,7 +61,9 @@ def test_daemon_commands_do_not_import_the_heavy_modules():
     assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout + out.stderr
 
 
-def test_exit_codes_of_commands_reach_the_caller(tmp_path, monkeypatch):
-    # `cluster status` exits 1 when components are down (an empty state dir: all are).
-    monkeypatch.setenv("GPUSHARE_CLUSTER_DIR", str(tmp_path / "none"))
-    assert main(["cluster", "status"]) == 1
+def test_exit_codes_of_commands_reach_the_caller(tmp_path, capsys):
+    # check-config exits 1 when it finds errors (a slurm.conf with no GPU sharing at all).
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("ClusterName=c\nSelectType=select/linear\n")
+    assert main(["check-config", "--no-live", "--slurm-conf", str(conf)]) == 1
+    assert "error" in capsys.readouterr().out.lower()

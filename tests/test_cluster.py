@@ -180,7 +180,7 @@ def test_daemon_failures_leave_jobs_unchanged_and_prompt(cluster, daemon_replace
 
 
 def test_job_decision_lookup_for_owner_and_admin_only(cluster):
-    from slurm_gpushare.daemon import request_once
+    from slurm_gpushare.daemon.protocol import request as request_once
 
     job_id = cluster.sbatch("--gres=gpu:1", HINT, "--hold", script=SLEEP.format(0))
     query = str(cluster.run / "gpushare-query.sock")

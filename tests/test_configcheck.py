@@ -15,10 +15,11 @@ from pathlib import Path
 import pytest
 
 from slurm_gpushare.cli import main
-from slurm_gpushare.config import parse_config
-from slurm_gpushare.explain import request
-from slurm_gpushare.configcheck import (Checker, GpuNode, SlurmConf, compress_hostlist,
-                                        expand_hostlist, generate_fragments, gres_conf_shards,
+from slurm_gpushare.core.config import parse_config
+from slurm_gpushare.user.explain import request
+from slurm_gpushare.admin.genconfig import GpuNode, generate_fragments
+from slurm_gpushare.admin.configcheck import (Checker, SlurmConf, compress_hostlist,
+                                        expand_hostlist, gres_conf_shards,
                                         gres_tokens)
 
 REPO = Path(__file__).resolve().parent.parent

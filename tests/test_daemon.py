@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_gpushare.daemon import request_once
+from slurm_gpushare.daemon.protocol import request as request_once
 
 REPO = Path(__file__).resolve().parent.parent
 JOB = {"uid": 1000, "user": "alice", "partition": "gpu", "tres_per_node": "gres:gpu:1",
@@ -228,23 +228,23 @@ def test_query_socket_is_public_but_admin_socket_is_not(daemon):
 
 
 def test_users_may_only_use_read_only_ops_for_themselves(daemon):
-    from slurm_gpushare.daemon import Peer
+    from slurm_gpushare.daemon.service import Peer
 
     user = Peer(uid=4242, admin=False)
     for op in ("decide", "ingest"):
-        reply = daemon.predictor.handle({"v": 1, "op": op, "job": JOB, "summary": {}}, user)
+        reply = daemon.service.handle({"v": 1, "op": op, "job": JOB, "summary": {}}, user)
         assert reply["ok"] is False and "not available on this socket" in reply["error"]
-    reply = daemon.predictor.handle({"v": 1, "op": "explain", "job": {**JOB, "uid": 0}}, user)
+    reply = daemon.service.handle({"v": 1, "op": "explain", "job": {**JOB, "uid": 0}}, user)
     assert reply["ok"] and reply["decision"]["action"] == "share"
     # A what-if is not a decision: nothing is recorded for it.
-    daemon.predictor.records.flush()
+    daemon.service.records.flush()
     assert daemon.store.decisions() == []
 
 
 def test_decisions_are_recorded_with_fingerprint_keys_but_no_texts(daemon):
     reply = request_once(daemon.socket, {"v": 1, "op": "decide", "job": {
         **JOB, "script": "#!/bin/sh\npython train.py --secret-flag\n", "name": "secret-name"}})
-    daemon.predictor.records.flush()
+    daemon.service.records.flush()
     record = daemon.store.decision(reply["decision"]["decision_id"])
     assert record["action"] == "share" and len(record["keys"]) == 3
     assert "secret" not in json.dumps(record)
@@ -261,11 +261,11 @@ def test_overrun_is_logged_and_requeued_when_configured(tmp_path, action):
 
     running = RunningDaemon(make_config(tmp_path, on_share_exceeded=action))
     requeued = []
-    running.predictor._requeue = requeued.append  # scontrol is not there to call
+    running.service.learner.requeue = requeued.append  # scontrol is not there to call
     try:
         reply = request_once(running.socket, {"v": 1, "op": "overrun", "job_id": "77",
                                               "peak_mib": 9000, "limit_mib": 8192})
-        running.predictor.records.flush()
+        running.service.records.flush()
         assert reply == {"v": 1, "ok": True, "action": action}
         assert requeued == (["77"] if action == "requeue" else [])
         bad = request_once(running.socket, {"v": 1, "op": "overrun", "job_id": "x; rm"})
@@ -275,18 +275,18 @@ def test_overrun_is_logged_and_requeued_when_configured(tmp_path, action):
 
 
 def test_users_cannot_report_overruns(daemon):
-    from slurm_gpushare.daemon import Peer
+    from slurm_gpushare.daemon.service import Peer
 
-    reply = daemon.predictor.handle({"v": 1, "op": "overrun", "job_id": "1"},
+    reply = daemon.service.handle({"v": 1, "op": "overrun", "job_id": "1"},
                                     Peer(uid=4242, admin=False))
     assert reply["ok"] is False and "not available" in reply["error"]
 
 
 def test_learned_pairs_update_a_copy_of_the_knowledge_base(daemon):
-    before = daemon.predictor.knowledge
+    before = daemon.service.learner.knowledge
     assert before.compatible(2, 2, "a100")
     row = {"class_a": 2, "class_b": 2, "isd_a": 0.9, "isd_b": 0.9, "ps": -0.2,
            "gpu_type": "a100"}
-    daemon.predictor._learn_pairs([row] * 5)
-    assert not daemon.predictor.knowledge.compatible(2, 2, "a100")
+    daemon.service.learner._learn_pairs([row] * 5)
+    assert not daemon.service.learner.knowledge.compatible(2, 2, "a100")
     assert before.compatible(2, 2, "a100")  # decisions holding the old one are undisturbed

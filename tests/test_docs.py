@@ -11,9 +11,11 @@ from pathlib import Path
 import click
 import pytest
 
-from slurm_gpushare import protocol, wrapper
+from slurm_gpushare.daemon import protocol
+
+from slurm_gpushare.user import wrapper
 from slurm_gpushare.cli import cli
-from slurm_gpushare.config import DaemonConfig, HookConfig, PolicyConfig
+from slurm_gpushare.core.config import DaemonConfig, HookConfig, PolicyConfig
 
 REPO = Path(__file__).resolve().parent.parent
 DOCS = {name: (REPO / "docs" / name).read_text()
@@ -67,8 +69,8 @@ def test_the_wrappers_flags_in_the_docs_exist():
 
 
 def test_repository_files_named_in_the_docs_exist():
-    named = set(re.findall(r"(?<![\w/.\-])((?:etc|lua|scripts|docs)/[\w.\-]+)", ALL))
-    assert {"etc/gpushare.toml", "etc/slurm-gpushare.service", "lua/job_submit.lua",
+    named = set(re.findall(r"(?<![\w/.\-])((?:etc|slurm_gpushare/lua|scripts|docs)/[\w.\-]+)", ALL))
+    assert {"etc/gpushare.toml", "etc/slurm-gpushare.service", "slurm_gpushare/lua/job_submit.lua",
             "scripts/prolog.sh"} <= named
     for path in named:
         assert (REPO / path.rstrip(".")).exists(), f"docs name {path}, which does not exist"
@@ -106,7 +108,7 @@ def test_gpu_type_keys_are_in_the_reference():
 
 
 def test_privacy_statement_lists_every_field_the_hook_sends():
-    hook = (REPO / "lua" / "job_submit.lua").read_text()
+    hook = (REPO / "slurm_gpushare" / "lua" / "job_submit.lua").read_text()
     body = re.search(r"local function read_request.*?\n  return \{(.*?)\n  \}", hook, re.S).group(1)
     sent = set(re.findall(r"^\s*(\w+) = ", body, re.M))
     assert sent == set(protocol.JOB_FIELDS), "the hook and the protocol disagree"
@@ -115,14 +117,14 @@ def test_privacy_statement_lists_every_field_the_hook_sends():
 
 
 def test_privacy_statement_covers_every_table_of_the_store():
-    store = (REPO / "slurm_gpushare" / "store.py").read_text()
+    store = (REPO / "slurm_gpushare" / "daemon" / "store.py").read_text()
     for table in re.findall(r"CREATE TABLE (\w+)", store):
         assert f"FROM {table}" in DOCS["privacy.md"], f"privacy.md: how to delete from {table}?"
 
 
 def _daemon_events() -> set[str]:
-    source = (REPO / "slurm_gpushare" / "daemon.py").read_text()
-    events = set(re.findall(r'_event\(logging\.\w+,\s*"([a-z-]+)"', source))
+    source = "".join(path.read_text() for path in (REPO / "slurm_gpushare" / "daemon").glob("*.py"))
+    events = set(re.findall(r'\bevent\(logging\.\w+,\s*"([a-z-]+)"', source))
     events |= set(re.findall(r'log\.exception\("([a-z-]+)"', source))
     events |= set(re.findall(r'"([a-z-]+)" if op == "decide" else "([a-z-]+)"', source)[0])
     return events
@@ -136,7 +138,7 @@ def test_operations_page_documents_every_daemon_event():
 
 
 def test_hook_log_lines_quoted_in_the_docs_are_the_hooks():
-    hook = (REPO / "lua" / "job_submit.lua").read_text()
+    hook = (REPO / "slurm_gpushare" / "lua" / "job_submit.lua").read_text()
     formats = [re.escape(f).replace("%s", ".*").replace("%d", ".*")
                for f in re.findall(r'slurm\.log_\w+\("([^"]*)"', hook)]
     quoted = re.findall(r"`(gpushare: [^`]*)`", DOCS["operations.md"])
@@ -147,7 +149,7 @@ def test_hook_log_lines_quoted_in_the_docs_are_the_hooks():
 
 
 def test_user_guide_explains_every_reason_code_in_a_tag():
-    policy = (REPO / "slurm_gpushare" / "policy.py").read_text()
+    policy = (REPO / "slurm_gpushare" / "core" / "policy.py").read_text()
     codes = set(re.findall(r'keep_tagged\(\s*"([a-z-]+)"', policy))
     codes |= {f"{source}-share" for source in ("history", "hint", "default")}
     assert "first-run" in codes

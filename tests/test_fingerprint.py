@@ -7,10 +7,10 @@ import stat
 
 import pytest
 
-from slurm_gpushare import agent
-from slurm_gpushare.fingerprint import (Fingerprinter, SecretError, load_or_create_secret,
+from slurm_gpushare.node import agent
+from slurm_gpushare.daemon.fingerprint import (Fingerprinter, SecretError, load_or_create_secret,
                                         normalise_script)
-from slurm_gpushare.store import Store
+from slurm_gpushare.daemon.store import Store
 
 SCRIPT = """#!/bin/bash
 #SBATCH --job-name=run1

@@ -9,8 +9,8 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from slurm_gpushare import kb_cli
-from slurm_gpushare.store import Store
+from slurm_gpushare.cli import kb as kb_cli
+from slurm_gpushare.daemon.store import Store
 
 PROFILES = """job,gpu_util_pct,mem_util_pct,mem_used_mib,mem_total_mib,gpu_type
 heavy,95,55,9000,16384,v100

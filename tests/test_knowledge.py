@@ -5,12 +5,12 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from slurm_gpushare import knowledge
-from slurm_gpushare.classes import default_classes
-from slurm_gpushare.knowledge import (KnowledgeBase, PairInterferenceModel, class_of_history,
+from slurm_gpushare.predict import knowledge
+from slurm_gpushare.predict.classes import default_classes
+from slurm_gpushare.predict.knowledge import (KnowledgeBase, PairInterferenceModel, class_of_history,
                                       fits_memory, measured_isd, packing_saving,
                                       recommend_pair)
-from slurm_gpushare.store import Store
+from slurm_gpushare.daemon.store import Store
 
 
 def test_formulas_reproduce_a_published_row():

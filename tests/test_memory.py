@@ -10,12 +10,12 @@ from sklearn.base import clone
 from sklearn.exceptions import NotFittedError
 
 from slurm_gpushare.cli import main
-from slurm_gpushare.config import GpuType
-from slurm_gpushare.memory import (CrossTypeMemoryPredictor, _huber_line, conformal_upper,
+from slurm_gpushare.core.config import GpuType
+from slurm_gpushare.predict.memory import (CrossTypeMemoryPredictor, _huber_line, conformal_upper,
                                    default_predictor, estimate_memory, load_predictor,
                                    load_schedtune, observations_from_schedtune, save_predictor)
-from slurm_gpushare.memory_eval import render
-from slurm_gpushare.policy import JobEstimate
+from slurm_gpushare.predict.evaluate import render
+from slurm_gpushare.core.policy import JobEstimate
 
 CLUSTER = [GpuType("v100", 16, model="V100-16GB"), GpuType("a100", 80, model="A100-80GB")]
 

@@ -6,8 +6,8 @@ import json
 
 from conftest import make_config
 from slurm_gpushare.cli import main
-from slurm_gpushare.models import load_memory_model, model_path, site_observations
-from slurm_gpushare.store import Store
+from slurm_gpushare.predict.persist import load_memory_model, model_path, site_observations
+from slurm_gpushare.daemon.store import Store
 
 
 def _key(name: str) -> str:

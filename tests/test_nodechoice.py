@@ -1,6 +1,6 @@
 import math
 
-from slurm_gpushare.nodechoice import TypeQueue, choose_types
+from slurm_gpushare.predict.nodechoice import TypeQueue, choose_types
 
 CAP = {"v100": 16 * 1024, "a100": 80 * 1024, "t4": 15 * 1024}
 

@@ -6,8 +6,8 @@ import threading
 
 import pytest
 
-from slurm_gpushare.telemetry.nvml import NvmlProvider, nvml_available
-from slurm_gpushare.telemetry.sampler import JobSampler
+from slurm_gpushare.node.telemetry.nvml import NvmlProvider, nvml_available
+from slurm_gpushare.node.telemetry.sampler import JobSampler
 
 AVAILABLE, WHY = nvml_available()
 pytestmark = [pytest.mark.gpu,

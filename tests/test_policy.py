@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from slurm_gpushare.config import ConfigError, parse_config
-from slurm_gpushare.policy import JobEstimate, decide
-from slurm_gpushare.protocol import Decision, JobRequest, parse_comment, parse_request
+from slurm_gpushare.core.config import ConfigError, parse_config
+from slurm_gpushare.core.policy import JobEstimate, decide
+from slurm_gpushare.daemon.protocol import Decision, JobRequest, parse_comment, parse_request
 
 CONFIG = parse_config({
     "policy": {"sharing_partitions": ["gpu"], "default_share_gib": 8, "first_run": "default-share"},
@@ -152,8 +152,8 @@ def test_generic_job_names_form_no_name_key():
 
 
 def test_only_script_or_name_keys_size_a_share():
-    from slurm_gpushare.estimate import observed_peaks
-    from slurm_gpushare.fingerprint import Fingerprinter
+    from slurm_gpushare.predict.history import observed_peaks
+    from slurm_gpushare.daemon.fingerprint import Fingerprinter
 
     keys = Fingerprinter(b"s" * 32).job_keys("alice", script="#!/bin/sh\ntrain\n", name="")
     assert keys.sizing_keys() == [keys.exact] and keys.user not in keys.sizing_keys()
@@ -233,7 +233,7 @@ class ClassRule:
 
 
 def test_nodes_with_incompatible_residents_are_excluded():
-    from slurm_gpushare.policy import NodeView
+    from slurm_gpushare.core.policy import NodeView
 
     view = FakeView(NodeView("a1", "a100", ("gpu",), (2,)), NodeView("a2", "a100", ("gpu",), (0,)),
                     NodeView("v1", "v100", ("gpu",), (2, 2)), NodeView("v2", "v100", ("gpu",), ()))
@@ -247,7 +247,7 @@ def test_nodes_with_incompatible_residents_are_excluded():
 
 
 def test_no_exclusion_when_every_candidate_node_interferes():
-    from slurm_gpushare.policy import NodeView
+    from slurm_gpushare.core.policy import NodeView
 
     view = FakeView(NodeView("a1", "a100", ("gpu",), (2,)), NodeView("v1", "v100", ("gpu",), (2,)))
     estimate = JobEstimate(source="history", memory_mib={"v100": 4000, "a100": 4000}, job_class=2)
@@ -256,7 +256,7 @@ def test_no_exclusion_when_every_candidate_node_interferes():
 
 
 def test_resident_classes_come_from_running_shares():
-    from slurm_gpushare.clusterview import resident_classes, running_shares
+    from slurm_gpushare.daemon.clusterview import resident_classes, running_shares
 
     squeue = "\n".join([
         "101|a100-1|gres:shard:8",
@@ -274,7 +274,7 @@ def test_resident_classes_come_from_running_shares():
 
 
 def test_a_node_with_a_clean_gpu_is_not_excluded():
-    from slurm_gpushare.policy import NodeView
+    from slurm_gpushare.core.policy import NodeView
 
     estimate = JobEstimate(source="history", memory_mib={"v100": 4000, "a100": 4000}, job_class=2)
     rule = ClassRule((2, 2))

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from slurm_gpushare.accounting import JobRecord
+from slurm_gpushare.slurm.accounting import JobRecord
 from slurm_gpushare.cli import main
-from slurm_gpushare.fingerprint import Fingerprinter
-from slurm_gpushare.report import (build_report, groups_from_placements, groups_from_store,
+from slurm_gpushare.daemon.fingerprint import Fingerprinter
+from slurm_gpushare.reports.savings import (build_report, groups_from_placements, groups_from_store,
                                    record_groups)
-from slurm_gpushare.store import Store
+from slurm_gpushare.daemon.store import Store
 
 DATA = Path(__file__).parent / "data" / "sacct"
 T0 = 1_800_000_000.0

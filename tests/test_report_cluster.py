@@ -16,11 +16,11 @@ import time
 
 import pytest
 
-from slurm_gpushare.accounting import (SACCT_FIELDS, node_gpu_types_from_scontrol, parse_json,
+from slurm_gpushare.slurm.accounting import (SACCT_FIELDS, node_gpu_types_from_scontrol, parse_json,
                                        parse_psv, placements_from_scontrol, resolve_gpu_types)
-from slurm_gpushare.fingerprint import Fingerprinter
-from slurm_gpushare.report import build_report, groups_from_placements, record_groups
-from slurm_gpushare.store import Store
+from slurm_gpushare.daemon.fingerprint import Fingerprinter
+from slurm_gpushare.reports.savings import build_report, groups_from_placements, record_groups
+from slurm_gpushare.daemon.store import Store
 
 pytestmark = pytest.mark.cluster
 

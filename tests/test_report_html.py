@@ -11,9 +11,9 @@ import tempfile
 
 import pytest
 
-from slurm_gpushare.accounting import JobRecord
-from slurm_gpushare.report import build_report, groups_from_placements
-from slurm_gpushare.report_html import render_html
+from slurm_gpushare.slurm.accounting import JobRecord
+from slurm_gpushare.reports.savings import build_report, groups_from_placements
+from slurm_gpushare.reports.html import render_html
 
 T0 = 1_800_000_000.0
 

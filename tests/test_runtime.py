@@ -1,6 +1,6 @@
 import pytest
 
-from slurm_gpushare.runtime import RuntimeTransfer, evaluate_transfer, load_gavel
+from slurm_gpushare.predict.runtime import RuntimeTransfer, evaluate_transfer, load_gavel
 
 
 def test_gavel_copy_has_26_job_types_on_three_gpus():

@@ -223,7 +223,7 @@ def test_gpushare_shares_where_decide_says_and_keeps_otherwise():
 
 
 def test_gpushare_honours_exc_nodes(monkeypatch):
-    from slurm_gpushare.protocol import Decision
+    from slurm_gpushare.daemon.protocol import Decision
 
     def fake(request, config, **kw):
         return Decision(action="share", code="history-share", reason="test",

@@ -7,8 +7,8 @@ import threading
 
 import pytest
 
-from slurm_gpushare import store as storemod
-from slurm_gpushare.store import SCHEMA_VERSION, Store, StoreError
+from slurm_gpushare.daemon import store as storemod
+from slurm_gpushare.daemon.store import SCHEMA_VERSION, Store, StoreError
 
 KEY = {name: (c * 64) for name, c in (("exact", "a"), ("name", "b"), ("user", "c"),
                                        ("other", "d"))}

@@ -11,11 +11,11 @@ import time
 import types
 
 
-from slurm_gpushare import agent
-from slurm_gpushare.store import Store
-from slurm_gpushare.telemetry import ScenarioProvider, open_provider
-from slurm_gpushare.telemetry.nvml import NvmlProvider, job_of_pid
-from slurm_gpushare.telemetry.sampler import SUMMARY_FIELDS, JobSampler
+from slurm_gpushare.node import agent
+from slurm_gpushare.daemon.store import Store
+from slurm_gpushare.node.telemetry import ScenarioProvider, open_provider
+from slurm_gpushare.node.telemetry.nvml import NvmlProvider, job_of_pid
+from slurm_gpushare.node.telemetry.sampler import SUMMARY_FIELDS, JobSampler
 
 
 class FakeClock:
@@ -221,7 +221,7 @@ def test_collect_delivers_one_summary_per_gpu(tmp_path):
 
 def test_collect_without_telemetry_or_gpus_does_nothing(monkeypatch):
     monkeypatch.delenv("GPUSHARE_TELEMETRY_SCENARIO", raising=False)
-    monkeypatch.setattr("slurm_gpushare.telemetry.open_provider", lambda *a, **k: None)
+    monkeypatch.setattr("slurm_gpushare.node.telemetry.open_provider", lambda *a, **k: None)
     logs = []
     assert agent.collect("7", "0", deliver=lambda s: None, stop=threading.Event(),
                          log=logs.append) == 0
@@ -321,7 +321,7 @@ def test_pid_alive_guards_pid_zero_and_dead_pids():
     import subprocess
     import sys
 
-    from slurm_gpushare.agent import pid_alive
+    from slurm_gpushare.node.agent import pid_alive
 
     assert pid_alive(os.getpid())
     assert not pid_alive(0)  # kill(0, 0) would "succeed" on our own process group
@@ -331,7 +331,7 @@ def test_pid_alive_guards_pid_zero_and_dead_pids():
 
 
 def test_overrun_watch_reports_once_when_the_peak_passes_the_share():
-    from slurm_gpushare.agent import overrun_watch
+    from slurm_gpushare.node.agent import overrun_watch
 
     class Sampler:
         def __init__(self):
@@ -350,7 +350,7 @@ def test_overrun_watch_reports_once_when_the_peak_passes_the_share():
 
 
 def test_a_failing_report_does_not_stop_the_watch():
-    from slurm_gpushare.agent import overrun_watch
+    from slurm_gpushare.node.agent import overrun_watch
 
     class Sampler:
         def peak_mib(self):

@@ -6,7 +6,7 @@ import pytest
 import lupa.lua51 as lupa51
 
 from lua_harness import REPO
-from slurm_gpushare import tres
+from slurm_gpushare.core import tres
 
 CASES = [
     ("gres:gpu:1", [("gres:", "gpu", None, 1)]),
@@ -27,7 +27,7 @@ BAD = ["gres::1", "gres:gpu:a100:x", "gres:gpu:a:b:1"]
 @pytest.fixture(scope="module")
 def lua_tres():
     lua = lupa51.LuaRuntime(unpack_returned_tuples=True)
-    lua.execute(f'package.path = "{REPO}/lua/?.lua;" .. package.path')
+    lua.execute(f'package.path = "{REPO}/slurm_gpushare/lua/?.lua;" .. package.path')
     return lua.eval('require("gpushare_tres")')
 
 

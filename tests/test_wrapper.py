@@ -13,12 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from slurm_gpushare import protocol, wrapper
+from slurm_gpushare.daemon import protocol
+
+from slurm_gpushare.user import wrapper
 from slurm_gpushare.cli import main as cli_main
-from slurm_gpushare.config import Config
-from slurm_gpushare.explain import (decision_from_tag, decision_rows, parse_scontrol_line,
+from slurm_gpushare.core.config import Config
+from slurm_gpushare.user.explain import (decision_from_tag, decision_rows, parse_scontrol_line,
                                     parse_tag, render_rows)
-from slurm_gpushare.sbatchargs import (SbatchArgsError, Submission, add_comment_token,
+from slurm_gpushare.user.sbatchargs import (SbatchArgsError, Submission, add_comment_token,
                                        script_options, split_command_line, time_minutes)
 
 REPO = Path(__file__).resolve().parent.parent
@@ -159,7 +161,7 @@ def _run_wrapper(tmp_path, args, *, stdin=b"", env=None):
     environ = {**os.environ, "GPUSHARE_SBATCH": str(fake), "RECORD": str(tmp_path / "rec"),
                "GPUSHARE_QUERY_SOCKET": str(tmp_path / "no-daemon.sock"),
                "PYTHONPATH": str(REPO), **(env or {})}
-    code = "import sys; from slurm_gpushare.wrapper import main; sys.exit(main(sys.argv[1:]))"
+    code = "import sys; from slurm_gpushare.user.wrapper import main; sys.exit(main(sys.argv[1:]))"
     return subprocess.run([sys.executable, "-c", code, *args], input=stdin, env=environ,
                           capture_output=True, timeout=30)
 

@@ -34,8 +34,8 @@ from typing import Callable
 
 import numpy as np
 
-from .cluster import SPEED_PROFILES, Cluster
-from .workload import Workload
+from slurm_gpushare.sim.cluster import SPEED_PROFILES, Cluster
+from slurm_gpushare.sim.workload import Workload
 
 FINISH, KILL = 0, 1
 DONE, KILLED, REJECTED, DROPPED, CUTOFF, PENDING = "done", "killed", "rejected", "dropped", "cutoff", "pending"

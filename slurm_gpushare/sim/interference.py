@@ -32,7 +32,7 @@ from typing import Protocol, Sequence
 import numpy as np
 import pandas as pd
 
-from .cluster import SPEED_PROFILES
+from slurm_gpushare.sim.cluster import SPEED_PROFILES
 
 GAVEL_JSON = "gavel/simulation_throughputs.json"
 ALNAIR_PAIRS = "alnair/pairs_tables3_4.csv"

@@ -21,7 +21,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from .engine import DONE, Result
+from slurm_gpushare.sim.engine import DONE, Result
 
 def jobs_frame(result: Result) -> pd.DataFrame:
     frame = pd.DataFrame(result.jobs)

@@ -29,7 +29,7 @@ Policies:
   gain, else an empty GPU; FCFS with backfill.
 - ``sjf-bsbf``: shortest job first; an empty GPU when one is free, else the share with the best
   sharing benefit (sum of predicted speeds > 1), no preemption, no reservation.
-- ``gpushare``: the daemon's own ``slurm_gpushare.policy.decide`` at submission (a
+- ``gpushare``: the daemon's own ``slurm_gpushare.core.policy.decide`` at submission (a
   ``JobRequest`` as the hook would send it, the job's safe memory estimate and run times, a
   view of the simulated cluster, the same class-pair knowledge as the class-aware policies);
   a share goes where Slurm would put ``gres/shard``: the first node in weight order of an
@@ -43,13 +43,13 @@ import re
 
 import numpy as np
 
-from slurm_gpushare import policy as daemon_policy
-from slurm_gpushare.config import Config, GpuType, PolicyConfig
-from slurm_gpushare.protocol import JobRequest
+from slurm_gpushare.core import policy as daemon_policy
+from slurm_gpushare.core.config import Config, GpuType, PolicyConfig
+from slurm_gpushare.daemon.protocol import JobRequest
 
-from .cluster import SPEED_PROFILES
-from .engine import Request
-from .interference import N_CLASSES, ClassPairTable
+from slurm_gpushare.sim.cluster import SPEED_PROFILES
+from slurm_gpushare.sim.engine import Request
+from slurm_gpushare.sim.interference import N_CLASSES, ClassPairTable
 
 
 class Policy:
@@ -310,7 +310,7 @@ def job_kind_utilisation(kinds, type_names) -> dict[int, float]:
     utilisation proxy (knowledge.gavel_profiles, derived from isolated throughputs only), the
     highest over the cluster's GPU types it was measured on. Kinds without one size by memory.
     """
-    from ..knowledge import gavel_profiles
+    from slurm_gpushare.predict.knowledge import gavel_profiles
 
     table = {(row.job, row.gpu): row.gpu_util_pct for row in gavel_profiles().itertuples()}
     out = {}
@@ -322,7 +322,7 @@ def job_kind_utilisation(kinds, type_names) -> dict[int, float]:
 
 
 class GpuShare(Policy):
-    """Calls ``slurm_gpushare.policy.decide`` -- the daemon's code -- for every submission."""
+    """Calls ``slurm_gpushare.core.policy.decide`` -- the daemon's code -- for every submission."""
 
     name = "gpushare"
     shares = True

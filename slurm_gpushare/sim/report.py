@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .engine import DONE
+from slurm_gpushare.sim.engine import DONE
 
 TABLE_COLUMNS = [
     ("policy", "policy", "{}"), ("jct_mean_s", "avg JCT h", "h"), ("jct_median_s", "med JCT h", "h"),

@@ -8,12 +8,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import metrics, traces
-from .cluster import Cluster
-from .engine import Engine, EngineOptions, Result
-from .interference import ClassPairTable, gavel_classes, load_gavel, make_model
-from .policies import POLICY_NAMES, make_policy
-from .workload import Workload, WorkloadOptions, build_workload
+from slurm_gpushare.sim import metrics
+from slurm_gpushare.sim import traces
+from slurm_gpushare.sim.cluster import Cluster
+from slurm_gpushare.sim.engine import Engine, EngineOptions, Result
+from slurm_gpushare.sim.interference import ClassPairTable, gavel_classes, load_gavel, make_model
+from slurm_gpushare.sim.policies import POLICY_NAMES, make_policy
+from slurm_gpushare.sim.workload import Workload, WorkloadOptions, build_workload
 
 DATA_ENV = "GPUSHARE_DATA"
 
@@ -29,7 +30,7 @@ def knowledge_table(data_dir: str | Path, source: str = "gavel") -> ClassPairTab
     """What sharing policies know about pairs: speeds by class.
 
     ``gavel``: Gavel's pairs averaged by class; ``kb``: the project's knowledge base
-    (``slurm_gpushare.knowledge``) when it is installed, per speed profile.
+    (``slurm_gpushare.predict.knowledge``) when it is installed, per speed profile.
     """
     if source == "kb":
         from slurm_gpushare import knowledge  # noqa: PLC0415 -- optional module

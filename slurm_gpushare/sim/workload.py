@@ -45,8 +45,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .cluster import MEMORY_PROFILES, SPEED_PROFILES, Cluster
-from .interference import gavel_classes, load_gavel
+from slurm_gpushare.sim.cluster import MEMORY_PROFILES, SPEED_PROFILES, Cluster
+from slurm_gpushare.sim.interference import gavel_classes, load_gavel
 
 SCHEDTUNE_CSV = "schedtune/model_stats.csv"
 # SchedTune's GPUs by CUDA core count (see the data README).

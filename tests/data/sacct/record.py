@@ -24,8 +24,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
-from slurm_gpushare.accounting import SACCT_FIELDS  # noqa: E402
-from slurm_gpushare.testcluster import TestCluster  # noqa: E402
+from slurm_gpushare.slurm.accounting import SACCT_FIELDS  # noqa: E402
+from devcluster.cluster import TestCluster  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 WORKDIR = Path("/tmp/gpushare-capture")

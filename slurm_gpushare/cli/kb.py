@@ -1,0 +1,359 @@
+"""Commands for interference classes and the knowledge base.
+
+    slurm-gpushare classes fit [--data CSV | --store DB] [--model PATH]
+    slurm-gpushare classes show [--model PATH] [--json]
+    slurm-gpushare classes reproduce [--json]          # Ray et al.'s clustering, re-done
+    slurm-gpushare kb show [--model PATH] [--store DB] [--gpu-type T] [--json]
+    slurm-gpushare kb predict-pairs PROFILES.csv [--json]
+    slurm-gpushare kb evaluate [--json]                # held-out figures of the pair model
+
+``kb predict-pairs`` (an interface other tools call): input CSV columns
+``job,gpu_util_pct,mem_util_pct,mem_used_mib,mem_total_mib`` and optional ``gpu_type``; output
+CSV on stdout, one row per unordered pair of input rows, in input order:
+``job_a,job_b,class_a,class_b,pred_speed_a,pred_speed_b,pred_ps_pct,fits_memory``.
+``pred_speed`` is the predicted throughput when sharing / alone; ``pred_ps_pct`` the packing
+saving for two jobs of equal solo run time, 100 * (1 - max(1/speed_a, 1/speed_b) / 2);
+``fits_memory`` whether both jobs' memory fits together in one GPU of the smaller memory.
+
+The class model is read from ``--model`` (default ``$GPUSHARE_CLASSES_MODEL``, else
+``$GPUSHARE_STATE_DIR/classes.json``, else ``/var/lib/slurm-gpushare/classes.json``); where
+none was fitted yet, commands that only *use* classes fall back to classes fitted on the
+paper's 175 records.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+from itertools import combinations
+from pathlib import Path
+from typing import Any
+
+import click
+
+# numpy, pandas, scikit-learn and the modules built on them are imported inside the commands:
+# every ``slurm-gpushare`` invocation loads this module, most never need them.
+FEATURES = ("MGUP", "MGMAP", "MGTSAMP")
+
+PROFILE_COLUMNS = ("job", "gpu_util_pct", "mem_util_pct", "mem_used_mib", "mem_total_mib")
+PAIR_COLUMNS = ("job_a", "job_b", "class_a", "class_b", "pred_speed_a", "pred_speed_b",
+                "pred_ps_pct", "fits_memory")
+
+
+def default_model_path() -> str:
+    explicit = os.environ.get("GPUSHARE_CLASSES_MODEL")
+    if explicit:
+        return explicit
+    state = os.environ.get("GPUSHARE_STATE_DIR", "/var/lib/slurm-gpushare")
+    return str(Path(state) / "classes.json")
+
+
+model_option = click.option("--model", "model_path", default=default_model_path,
+                            show_default="$GPUSHARE_STATE_DIR/classes.json",
+                            help="Class model file.")
+json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+
+
+def _load_classes(path: str, required: bool):
+    from slurm_gpushare.predict.classes import InterferenceClasses, default_classes
+
+    if Path(path).exists():
+        try:
+            return InterferenceClasses.load(path), path
+        except (OSError, ValueError, KeyError) as exc:
+            raise click.ClickException(f"cannot read class model {path}: {exc}") from None
+    if required:
+        raise click.ClickException(f"no class model at {path} (run: slurm-gpushare classes fit)")
+    return default_classes(), "built-in (fitted on the alnair 175 records)"
+
+
+def _echo_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=1, sort_keys=False, default=_json_default))
+
+
+def _json_default(value):
+    import numpy as np
+
+    if isinstance(value, (np.integer,)):
+        return int(value)
+    if isinstance(value, (np.floating,)):
+        return float(value)
+    raise TypeError(type(value).__name__)
+
+
+def _model_summary(model, source: str) -> dict[str, Any]:
+    import numpy as np
+
+    return {
+        "source": source, "k": model.k_, "k_rule": "kneedle",
+        "k_second_difference": model.k_second_difference_,
+        "silhouette": None if model.silhouette_ is None else round(model.silhouette_, 4),
+        "centroids": [dict(zip(FEATURES, np.round(c, 2).tolist())) for c in model.centroids_],
+        "distortions": {str(k): round(v, 3) for k, v in model.distortions_.items()},
+        "digest": model.digest(),
+    }
+
+
+def _print_model(summary: dict[str, Any]) -> None:
+    click.echo(f"classes: {summary['k']} (elbow by kneedle; max second difference says "
+               f"{summary['k_second_difference']}), silhouette {summary['silhouette']}")
+    click.echo(f"model: {summary['source']}")
+    click.echo("class  " + "  ".join(f"{f:>8}" for f in FEATURES))
+    for i, centroid in enumerate(summary["centroids"]):
+        click.echo(f"{i:>5}  " + "  ".join(f"{centroid[f]:>8.2f}" for f in FEATURES))
+
+
+# -- classes -------------------------------------------------------------------------------
+@click.group("classes")
+def classes_group() -> None:
+    """Interference classes (K-means over MGUP, MGMAP, MGTSAMP)."""
+
+
+@classes_group.command("fit")
+@click.option("--data", "data_path", type=click.Path(dir_okay=False),
+              help="CSV with MGUP, MGMAP, MGTSAMP (or mgup_max, mgmap_max_pct, mgtsamp_max) "
+                   "columns. Default: the alnair 175 records.")
+@click.option("--store", "store_path", type=click.Path(dir_okay=False),
+              help="Fit on every job summary in this store instead.")
+@click.option("--k", "n_clusters", type=click.IntRange(1, 50), help="Fix k instead of the elbow.")
+@click.option("--k-max", type=click.IntRange(2, 50), default=10, show_default=True)
+@model_option
+@json_option
+def classes_fit(data_path, store_path, n_clusters, k_max, model_path, as_json) -> None:
+    """Fit the classes and save them (atomically, under a file lock)."""
+    import pandas as pd
+
+    from slurm_gpushare.predict.classes import InterferenceClasses, alnair_records
+
+    if data_path and store_path:
+        raise click.ClickException("give --data or --store, not both")
+    if store_path:
+        if not Path(store_path).exists():
+            raise click.ClickException(f"no store at {store_path}")
+        from slurm_gpushare.daemon.store import Store
+
+        with Store(store_path) as store:
+            frame = pd.DataFrame(store.all_summaries())
+        source = f"{store_path} ({len(frame)} job summaries)"
+    elif data_path:
+        try:
+            frame = pd.read_csv(data_path)
+        except (OSError, ValueError) as exc:
+            raise click.ClickException(f"cannot read {data_path}: {exc}") from None
+        source = f"{data_path} ({len(frame)} rows)"
+    else:
+        frame = alnair_records()
+        source = "alnair clustering_record_175.csv"
+    if store_path and not frame.empty:
+        frame = frame.dropna(subset=["mgup_max", "mgmap_max_pct", "mgtsamp_max"])
+    try:
+        model = InterferenceClasses(n_clusters=n_clusters, k_max=k_max).fit(frame)
+    except ValueError as exc:
+        raise click.ClickException(f"cannot fit classes on {source}: {exc}") from None
+    model.save(model_path)
+    summary = _model_summary(model, f"{model_path}, fitted on {source}")
+    _echo_json(summary) if as_json else _print_model(summary)
+
+
+@classes_group.command("show")
+@model_option
+@json_option
+def classes_show(model_path, as_json) -> None:
+    """Show the fitted classes."""
+    model, source = _load_classes(model_path, required=True)
+    summary = _model_summary(model, source)
+    _echo_json(summary) if as_json else _print_model(summary)
+
+
+@classes_group.command("reproduce")
+@click.option("--k-max", type=click.IntRange(3, 50), default=10, show_default=True)
+@json_option
+def classes_reproduce(k_max, as_json) -> None:
+    """Re-do Ray et al.'s clustering on their 175 records and compare with their ids."""
+    from slurm_gpushare.predict.classes import reproduce_alnair
+
+    result = reproduce_alnair(k_max=k_max)
+    if as_json:
+        _echo_json(result)
+        return
+    click.echo(f"k found: {result['k']} ({result['k_rule']}; paper: {result['paper_k']}; "
+               f"max second difference: {result['k_second_difference']})")
+    click.echo(f"silhouette: {result['silhouette']}")
+    click.echo("centroids (original units):")
+    for i, c in enumerate(result["centroids"]):
+        click.echo(f"  class {i}: MGUP {c['MGUP']:6.2f}  MGMAP {c['MGMAP']:6.2f}  "
+                   f"MGTSAMP {c['MGTSAMP']:6.2f}  ({result['class_sizes'][i]} records)")
+    click.echo("Table II jobs (paper cluster -> our class):")
+    for job in result["jobs"]:
+        click.echo(f"  {job['task']:<22} bs {job['batch_size']:>5}  paper {job['paper_cluster']}"
+                   f"  ours {job['class']}")
+    table = result["contingency"]["table"]
+    columns = sorted({c for row in table.values() for c in row})
+    click.echo("contingency (rows: paper id, columns: our class):")
+    click.echo("        " + "".join(f"{c:>5}" for c in columns))
+    for paper_id, row in table.items():
+        click.echo(f"  {paper_id:>5} " + "".join(f"{row.get(c, 0):>5}" for c in columns))
+    click.echo(f"adjusted Rand index: {result['adjusted_rand']}; "
+               f"agreement under the best id matching: {result['matched_fraction']:.0%}")
+
+
+# -- knowledge base --------------------------------------------------------------------------
+@click.group("kb")
+def kb_group() -> None:
+    """The interference knowledge base (ISD / PS per class pair) and pair predictions."""
+
+
+@kb_group.command("show")
+@model_option
+@click.option("--store", "store_path", type=click.Path(dir_okay=False),
+              help="Add the co-runs observed in this store.")
+@click.option("--gpu-type", default=None, help="Look up for this GPU type.")
+@click.option("--paper-classes", is_flag=True,
+              help="Key the seed by the paper's cluster ids instead of the class model.")
+@json_option
+def kb_show(model_path, store_path, gpu_type, paper_classes, as_json) -> None:
+    """Show every class pair: slowdowns, packing saving, counts, spread, verdict."""
+    from slurm_gpushare.predict.knowledge import KnowledgeBase
+
+    classes = None
+    if not paper_classes:
+        classes, _ = _load_classes(model_path, required=False)
+    if store_path:
+        if not Path(store_path).exists():
+            raise click.ClickException(f"no store at {store_path}")
+        from slurm_gpushare.daemon.store import Store
+
+        with Store(store_path) as store:
+            kb = KnowledgeBase.from_store(store, classes)
+    else:
+        kb = KnowledgeBase.seeded(classes)
+    rows = kb.table(gpu_type)
+    if as_json:
+        _echo_json({"threshold": kb.threshold, "classes_digest": kb.classes_digest,
+                    "pairs": rows})
+        return
+    click.echo(f"compatible: each side's pessimistic speed 1/(1+ISD+spread) >= {kb.threshold}")
+    click.echo(f"{'a':>2} {'b':>2} {'ISD a':>7} {'ISD b':>7} {'PS':>6} {'n':>3} "
+               f"{'spread':>7}  {'source':<10} compatible")
+    for r in rows:
+        ps = "-" if r["ps"] is None else f"{100 * r['ps']:5.1f}%"
+        click.echo(f"{r['class_a']:>2} {r['class_b']:>2} {100 * r['isd_a']:6.1f}% "
+                   f"{100 * r['isd_b']:6.1f}% {ps:>6} {r['count']:>3} "
+                   f"{100 * max(r['isd_a_spread'], r['isd_b_spread']):6.1f}%  "
+                   f"{r['source']:<10} {'yes' if r['compatible'] else 'no'}")
+
+
+def read_profiles(path: str) -> list[dict[str, Any]]:
+    """Rows of a PROFILES.csv, validated; raises ClickException naming the line."""
+    try:
+        with open(path, newline="") as handle:
+            reader = csv.DictReader(handle)
+            columns = [c.strip() for c in reader.fieldnames or []]
+            missing = [c for c in PROFILE_COLUMNS if c not in columns]
+            if missing:
+                raise click.ClickException(f"{path}: missing column(s) {', '.join(missing)}")
+            rows = []
+            for line, raw in enumerate(reader, start=2):
+                raw = {k.strip(): (v or "").strip() for k, v in raw.items() if k}
+                row: dict[str, Any] = {"job": raw["job"], "gpu_type": raw.get("gpu_type") or None}
+                if not row["job"]:
+                    raise click.ClickException(f"{path} line {line}: empty job")
+                for name in PROFILE_COLUMNS[1:]:
+                    try:
+                        row[name] = float(raw[name])
+                    except ValueError:
+                        raise click.ClickException(
+                            f"{path} line {line}: {name} is not a number") from None
+                    if not math.isfinite(row[name]) or row[name] < 0:
+                        raise click.ClickException(
+                            f"{path} line {line}: {name} must be a non-negative number")
+                if row["mem_total_mib"] <= 0:
+                    raise click.ClickException(f"{path} line {line}: mem_total_mib must be > 0")
+                rows.append(row)
+    except OSError as exc:
+        raise click.ClickException(f"cannot read {path}: {exc.strerror}") from None
+    return rows
+
+
+def predict_pairs(profiles: list[dict[str, Any]], classes,
+                  model=None) -> list[dict[str, Any]]:
+    """One prediction per unordered pair of profiles, in input order (``classes``: a fitted
+    ``InterferenceClasses``; ``model``: a ``PairInterferenceModel``, default the Gavel fit)."""
+    from slurm_gpushare.predict.knowledge import PairInterferenceModel, fits_memory
+
+    model = model or PairInterferenceModel.default()
+    if not profiles:
+        return []
+    features = [[p["gpu_util_pct"], 100.0 * p["mem_used_mib"] / p["mem_total_mib"],
+                 p["mem_util_pct"]] for p in profiles]
+    labels = classes.predict(features)
+    out = []
+    for i, j in combinations(range(len(profiles)), 2):
+        a, b = profiles[i], profiles[j]
+        speed_a, speed_b = model.predict_speed(a, b)
+        saving = 100.0 * (1.0 - max(1.0 / speed_a, 1.0 / speed_b) / 2.0)
+        out.append({"job_a": a["job"], "job_b": b["job"], "class_a": int(labels[i]),
+                    "class_b": int(labels[j]), "pred_speed_a": round(speed_a, 4),
+                    "pred_speed_b": round(speed_b, 4), "pred_ps_pct": round(saving, 2),
+                    "fits_memory": bool(fits_memory(a, b))})
+    return out
+
+
+@kb_group.command("predict-pairs")
+@click.argument("profiles_csv", metavar="PROFILES.csv", type=click.Path(dir_okay=False))
+@model_option
+@json_option
+def kb_predict_pairs(profiles_csv, model_path, as_json) -> None:
+    """Predict each job's speed for every pair of jobs in PROFILES.csv."""
+    profiles = read_profiles(profiles_csv)
+    classes, _ = _load_classes(model_path, required=False)
+    rows = predict_pairs(profiles, classes)
+    if as_json:
+        _echo_json(rows)
+        return
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=PAIR_COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow(row | {"fits_memory": "true" if row["fits_memory"] else "false"})
+    click.echo(buffer.getvalue(), nl=False)
+
+
+@kb_group.command("evaluate")
+@json_option
+def kb_evaluate(as_json) -> None:
+    """Held-out figures: the pair model on Gavel (leave one job type / family out) and on the
+    alnair pairs, and the class lookup on the alnair pairs (leave one pair out)."""
+    from slurm_gpushare.predict.classes import default_classes
+    from slurm_gpushare.predict.knowledge import (evaluate_kb_on_alnair, evaluate_on_alnair,
+                            evaluate_pair_model)
+
+    classes = default_classes()
+    result = {
+        "pair_model_leave_one_job_type_out": evaluate_pair_model("job"),
+        "pair_model_leave_one_family_out": evaluate_pair_model("family"),
+        "pair_model_on_alnair": evaluate_on_alnair(),
+        "class_kb_on_alnair_paper_ids": evaluate_kb_on_alnair(None),
+        "class_kb_on_alnair_our_classes": evaluate_kb_on_alnair(classes),
+    }
+    if as_json:
+        _echo_json(result)
+        return
+    for name, figures in result.items():
+        line = (f"{name}: Spearman {figures['spearman']}, MAE {figures['mae']}, "
+                f"recommended {figures['recommended_pairs']}/{figures['pairs']} pairs, "
+                f"{figures['recommended_below_threshold']} of them below "
+                f"{figures['threshold']}x (all pairs: "
+                f"{figures['all_pairs_below_threshold_rate']:.1%} below)")
+        click.echo(line)
+        if "safe_model" in figures:
+            safe = figures["safe_model"]
+            click.echo(f"  pessimistic (q={safe['quantile']}) model: Spearman {safe['spearman']}, "
+                       f"recommended {safe['recommended_pairs']}, "
+                       f"{safe['recommended_below_threshold']} below")
+
+
+commands = [classes_group, kb_group]

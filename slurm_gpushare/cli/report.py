@@ -1,0 +1,189 @@
+"""``slurm-gpushare report``: what sharing saved, from Slurm accounting and the store.
+
+    slurm-gpushare report                                  # last 7 days, by account, a table
+    slurm-gpushare report --by class-pair --format html -o savings.html --store gpushare.db
+    slurm-gpushare report --anonymise --format json        # a public summary
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+import time
+from datetime import datetime
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from slurm_gpushare.slurm.accounting import AccountingError, ingest
+from slurm_gpushare.reports.savings import GROUP_BY, build_report
+
+DEFAULT_WINDOW_S = 7 * 86400
+_RELATIVE = re.compile(r"^(?:now)?-(\d+(?:\.\d+)?)([smhdw])$")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_when(text: str, now: float) -> float:
+    """``now``, ``-7d`` / ``now-12h``, epoch seconds, or an ISO date/time (local time)."""
+    text = text.strip()
+    if text == "now":
+        return now
+    relative = _RELATIVE.match(text)
+    if relative:
+        return now - float(relative.group(1)) * _UNIT_S[relative.group(2)]
+    if re.fullmatch(r"\d{9,}(\.\d+)?", text):
+        return float(text)
+    try:
+        return datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        raise click.BadParameter(f"{text!r}: use now, -7d, -12h, an ISO date or epoch seconds")
+
+
+def _hours(value) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def _pct(value) -> str:
+    return "-" if value is None else f"{value:.1%}"
+
+
+def _secs(value) -> str:
+    return "-" if value is None else f"{value:.0f}s"
+
+
+def render_table(report: dict, console: Console) -> None:
+    t = report["totals"]
+    window = report["window"]
+    span = (f"{datetime.fromtimestamp(window['since']):%Y-%m-%d %H:%M} to "
+            f"{datetime.fromtimestamp(window['until']):%Y-%m-%d %H:%M}")
+    console.print(f"[bold]GPU sharing report[/] {span} ({report['source']})")
+    console.print(
+        f"{t['gpu_jobs']} GPU jobs finished ({t['shared_jobs']} on shares, "
+        f"{t['exclusive_jobs']} on whole GPUs; {t['running_jobs']} still running, left out). "
+        f"GPU-hours {_hours(t['gpu_hours_used'])} used instead of "
+        f"{_hours(t['gpu_hours_exclusive'])} on whole GPUs: [bold]{_hours(t['gpu_hours_saved'])}"
+        f" saved ({_pct(t['saved_fraction'])})[/]. Packing saving {_pct(t['ps'])}; "
+        f"slowdown (ISD) median {_pct(t['isd_median'])}, p95 {_pct(t['isd_p95'])} over "
+        f"{t['isd_n']} jobs (solo time from history {t['solo_from_history']}, predictor "
+        f"{t['solo_from_predictor']}, unknown {t['solo_unknown']}).")
+    table = Table(title=f"By {report['by']}", title_justify="left")
+    for column in ("", "GPU jobs", "shared", "GPU-h used", "GPU-h exclusive", "GPU-h saved",
+                   "PS", "ISD median", "ISD p95", "queue shared", "queue excl.",
+                   "OOM sh/ex", "failed sh/ex"):
+        table.add_column(column, justify="left" if not column else "right")
+    for row in report["rows"] + [{"key": "all", **t}]:
+        table.add_row(
+            row["key"], str(row["gpu_jobs"]), str(row["shared_jobs"]),
+            _hours(row["gpu_hours_used"]), _hours(row["gpu_hours_exclusive"]),
+            _hours(row["gpu_hours_saved"]), _pct(row["ps"]), _pct(row["isd_median"]),
+            _pct(row["isd_p95"]), _secs(row["queue_delay_shared_median_s"]),
+            _secs(row["queue_delay_exclusive_median_s"]),
+            f"{row['oom_shared']}/{row['oom_exclusive']}",
+            f"{row['failed_shared']}/{row['failed_exclusive']}")
+    console.print(table)
+    shared_groups = [g for g in report["groups"] if len(g["jobs"]) > 1]
+    if shared_groups:
+        groups = Table(title="Co-run groups (jobs that shared a GPU)", title_justify="left")
+        for column in ("GPU", "jobs", "classes", "makespan", "sum of solo", "PS",
+                       "ISD per job (solo from)"):
+            groups.add_column(column)
+        for g in shared_groups[:50]:
+            isds = ", ".join(
+                f"{m['job_id']} {_pct(m['isd'])} ({m['solo_source']})" for m in g["members"])
+            groups.add_row(g["gpu"], " ".join(g["jobs"]), g["class_pair"],
+                           _secs(g["makespan_s"]), _secs(g["solo_sum_s"]), _pct(g["ps"]), isds)
+        console.print(groups)
+        if len(shared_groups) > 50:
+            console.print(f"... and {len(shared_groups) - 50} more groups (--format json)")
+    for note in report.get("notes", []):
+        console.print(f"[dim]note: {note}[/]")
+    for source, q in report["prediction"].items():
+        console.print(f"Memory shares ({source}): {q['n']} jobs, peak above share in "
+                      f"{q['over_share']}, mean |share - peak| / peak {_pct(q['rel_error_mean'])}")
+
+
+def render_csv(report: dict) -> str:
+    out = io.StringIO()
+    rows = report["rows"] + [{"key": "all", **report["totals"]}]
+    writer = csv.DictWriter(out, fieldnames=[report["by"]] + list(report["totals"]))
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({report["by"]: row["key"],
+                         **{k: v for k, v in row.items() if k != "key"}})
+    return out.getvalue()
+
+
+@click.command("report")
+@click.option("--since", default=None, help="Start of the window (default: 7 days ago). "
+                                            "now, -7d, -12h, an ISO date or epoch seconds.")
+@click.option("--until", default="now", show_default=True, help="End of the window.")
+@click.option("--by", "by", type=click.Choice(GROUP_BY), default="account", show_default=True,
+              help="One row per value of this.")
+@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json", "html"]),
+              default="table", show_default=True)
+@click.option("--output", "-o", type=click.Path(dir_okay=False), default=None,
+              help="Write to this file instead of standard output.")
+@click.option("--anonymise", is_flag=True,
+              help="Replace user names by user-1, user-2, ... (for a public summary).")
+@click.option("--sacct-file", type=click.Path(dir_okay=False), default=None,
+              help="Read recorded sacct output (-P with a header, or --json) instead of "
+                   "running sacct.")
+@click.option("--sacct-json", is_flag=True, help="Ask sacct for --json instead of -P.")
+@click.option("--store", "store_path", type=click.Path(dir_okay=False), default=None,
+              help="The daemon's store (SQLite): decisions, telemetry, co-runs.")
+@click.option("--state-dir", type=click.Path(file_okay=False), default=None,
+              help="Keep ingested jobs here and ask sacct only for new ones next time.")
+def report_command(since, until, by, fmt, output, anonymise, sacct_file, sacct_json,
+                   store_path, state_dir) -> None:
+    """Report what GPU sharing saved (packing saving, slowdowns, GPU-hours) and cost."""
+    now = time.time()
+    stop = parse_when(until, now)
+    start = parse_when(since, now) if since else stop - DEFAULT_WINDOW_S
+    if start >= stop:
+        raise click.ClickException("--since must be before --until")
+    store = None
+    if store_path:
+        if not Path(store_path).is_file():
+            raise click.ClickException(f"no store at {store_path}")
+        from slurm_gpushare.daemon.store import Store, StoreError
+        try:
+            store = Store(store_path)
+        except (StoreError, OSError) as exc:
+            raise click.ClickException(f"cannot open the store {store_path}: {exc}")
+    try:
+        ingested = ingest(start, stop, sacct_file=sacct_file, state_dir=state_dir,
+                          as_json=sacct_json)
+        report = build_report(ingested.jobs, since=start, until=stop, by=by, store=store,
+                              anonymise=anonymise, source=ingested.source)
+    except (AccountingError, ValueError) as exc:
+        raise click.ClickException(str(exc))
+    finally:
+        if store is not None:
+            store.close()
+    report["new_jobs"] = ingested.new
+    if fmt == "table":
+        console = Console(file=open(output, "w") if output else None, width=160,
+                          force_terminal=False if output else None)
+        render_table(report, console)
+        if output:
+            console.file.close()
+        return
+    if fmt == "csv":
+        text = render_csv(report)
+    elif fmt == "json":
+        text = json.dumps(report, indent=2, sort_keys=True) + "\n"
+    else:
+        from slurm_gpushare.reports.html import render_html
+        text = render_html(report)
+    if output:
+        Path(output).write_text(text)
+        click.echo(f"wrote {output}", err=True)
+    else:
+        click.echo(text, nl=False)
+
+
+commands = [report_command]

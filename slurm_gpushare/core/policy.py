@@ -1,0 +1,322 @@
+"""The sharing decision: one implementation, called by the daemon and by the simulator.
+
+``decide`` is a pure function of the request, the configuration, what is known about the job
+(``JobEstimate``: from its own history, a hint, or nothing) and a view of the cluster
+(``ClusterView``). It returns a ``Decision`` value and touches nothing else.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Mapping, Protocol, Sequence
+
+from slurm_gpushare import TAG_PREFIX
+from slurm_gpushare.core import tres as tresmod
+from slurm_gpushare.core.config import Config, GpuType
+from slurm_gpushare.daemon.protocol import Decision, JobRequest
+
+SHARED_GRES = ("shard", "mps")
+
+
+@dataclass(frozen=True)
+class JobEstimate:
+    """What is known about a job before it runs.
+
+    ``memory_mib`` holds the *safe* peak GPU memory per GPU type name (prediction plus margin);
+    a type missing from it is one the job is not known to fit. ``runtime_s`` is the predicted
+    run time per type (for node choice), ``job_class`` the interference class.
+    """
+
+    source: str  # "history", "hint" or "default"
+    memory_mib: Mapping[str, float] = field(default_factory=dict)
+    runtime_s: Mapping[str, float] = field(default_factory=dict)
+    job_class: int | None = None
+    util_pct: float | None = None  # peak GPU utilisation seen (MGUP): the GPU time it needs
+    detail: str = ""  # one phrase for the reason, e.g. "peak 9.1 GiB on v100 + 12% margin"
+    excluded: Mapping[str, str] = field(default_factory=dict)  # type -> why it cannot hold the job
+
+
+@dataclass(frozen=True)
+class NodeView:
+    name: str
+    gpu_type: str
+    partitions: tuple[str, ...] = ()
+    resident_classes: tuple[int, ...] = ()  # interference classes of jobs sharing its GPUs
+    gpus: int = 0  # GPUs on the node (0: unknown)
+    # Classes per GPU where the view knows them (the simulator); () where it does not (the
+    # daemon: squeue shows a share's node, not its GPU index).
+    gpu_classes: tuple[tuple[int, ...], ...] = ()
+
+
+class ClusterView(Protocol):
+    """The cluster as a decision sees it (the daemon's cached sinfo/squeue, or the simulator)."""
+
+    def nodes(self) -> Sequence[NodeView]: ...
+
+
+class Compatibility(Protocol):
+    """Which interference classes may share a GPU (knowledge.KnowledgeBase)."""
+
+    def compatible(self, class_a: int, class_b: int, gpu_type: str | None = None) -> bool: ...
+
+
+def incompatible_nodes(job_class: int | None, fits: Sequence[GpuType], partitions: Sequence[str],
+                       view: ClusterView | None, knowledge: Compatibility | None
+                       ) -> tuple[list[str], int]:
+    """Nodes of the fitting types where the job could only land next to a share that
+    interferes with it.
+
+    Returns ``(excluded, candidates)``. Slurm takes exclusions by node, not by GPU, so a node
+    is excluded only when none of its GPUs is free of an incompatible share: known per GPU
+    where the view has it, else when the node holds at least as many incompatible shares as
+    GPUs (with its GPU count unknown: any). Nothing is excluded when that would leave no
+    candidate node (the job would only wait longer).
+    """
+    if job_class is None or view is None or knowledge is None:
+        return [], 0
+    types = {g.name for g in fits}
+    answers: dict[tuple[int, str], bool] = {}
+
+    def clashes(resident: int, gpu_type: str) -> bool:
+        key = (resident, gpu_type)
+        if key not in answers:
+            answers[key] = not knowledge.compatible(job_class, resident, gpu_type)
+        return answers[key]
+
+    def blocked(node: NodeView) -> bool:
+        if node.gpu_classes:
+            return all(any(clashes(r, node.gpu_type) for r in gpu) for gpu in node.gpu_classes)
+        bad = sum(clashes(r, node.gpu_type) for r in node.resident_classes)
+        return bad > 0 and bad >= max(node.gpus, 1)
+
+    candidates = [n for n in view.nodes() if n.gpu_type in types
+                  and (not n.partitions or any(p in n.partitions for p in partitions))]
+    excluded = [n.name for n in candidates if n.resident_classes and blocked(n)]
+    if len(excluded) == len(candidates):
+        return [], len(candidates)
+    return sorted(excluded), len(candidates)
+
+
+def _keep(code: str, reason: str, decision_id: str = "", **details) -> Decision:
+    return Decision(action="keep", code=code, reason=reason, decision_id=decision_id,
+                    details=details)
+
+
+def gpu_request(request: JobRequest) -> tuple[str, tresmod.TresToken] | None | str:
+    """Where the job asks for GPUs: ``(field, token)``, ``None`` for no GPU, or a keep code."""
+    found = []
+    for name in ("tres_per_node", "tres_per_job", "tres_per_socket", "tres_per_task"):
+        try:
+            tokens = tresmod.parse(getattr(request, name))
+        except tresmod.TresError:
+            return "unparsable-tres"
+        if any(t.name in SHARED_GRES for t in tokens):
+            return "already-shared"
+        found += [(name, t) for t in tresmod.find(tokens, "gpu")]
+    if not found:
+        return None
+    if len(found) > 1:
+        return "complex-gpu-request"
+    return found[0]
+
+
+def default_estimate(request: JobRequest, config: Config) -> JobEstimate | None:
+    """Without history: the user's memory hint (plus margin), else the first-run policy's
+    default share, or None when first runs take a whole GPU."""
+    if request.mem_hint_mib:
+        need = request.mem_hint_mib * (1 + config.policy.hint_margin)
+        return JobEstimate(source="hint", memory_mib={g.name: need for g in config.gpu_types},
+                           detail=f"memory hint {request.mem_hint_mib / 1024:.1f} GiB "
+                                  f"+ {config.policy.hint_margin:.0%} margin")
+    if config.policy.first_run == "whole-gpu":
+        return None
+    need = config.policy.default_share_gib * 1024
+    return JobEstimate(source="default", memory_mib={g.name: need for g in config.gpu_types},
+                       detail=f"default share of {config.policy.default_share_gib} GiB")
+
+
+def _partitions(request: JobRequest) -> list[str]:
+    return [p for p in request.partition.split(",") if p]
+
+
+def _combine_features(user: str, types: Sequence[GpuType]) -> str | None:
+    """AND the user's constraint with an OR of the chosen types' features; None if unsafe."""
+    ours = "|".join(g.feature for g in types)
+    if not user:
+        return ours
+    if any(ch in user for ch in "[]*"):
+        return None  # matching-OR / counts: rewriting could change its meaning
+    if len(types) > 1:
+        ours = f"({ours})"
+    if "|" in user:
+        user = f"({user})"
+    return f"{user}&{ours}"
+
+
+MPS_PER_GPU = 100  # gres/mps Count per GPU: percent of one GPU
+
+
+def capacity(gpu_type: GpuType) -> int:
+    """Units of the shared gres on one GPU: shards (GiB) or MPS percent."""
+    return MPS_PER_GPU if gpu_type.sharing == "mps" else gpu_type.memory_gib
+
+
+def units_needed(gpu_type: GpuType, memory_mib: float, util_pct: float | None,
+                 budget_pct: float) -> int:
+    """Units a job needs on one GPU type: its memory, or its part of the GPU-time budget
+    (co-runners' peak utilisations may add up to ``budget_pct``) if that is more."""
+    memory_fraction = memory_mib / (gpu_type.memory_gib * 1024)
+    units = math.ceil(memory_fraction * capacity(gpu_type) - 1e-9)
+    if util_pct is None or budget_pct <= 0:
+        return units
+    return max(units, math.ceil(util_pct / budget_pct * capacity(gpu_type) - 1e-9))
+
+
+def _tag(action: str, decision_id: str, code: str, **fields) -> str:
+    extra = "".join(f"{key}={value}:" for key, value in fields.items())
+    return f"{TAG_PREFIX}{action}:id={decision_id or '-'}:{extra}why={code}"
+
+
+def decide(request: JobRequest, config: Config, *, estimate: JobEstimate | None = None,
+           view: ClusterView | None = None, knowledge: Compatibility | None = None,
+           decision_id: str = "") -> Decision:
+    """Keep the job as submitted, or turn its one whole GPU into a share of GPU memory.
+
+    Jobs that cannot or must not share (no GPU, several GPUs, multi-node, exclusive, partition
+    without sharing, opted out) are kept and not written to at all. An eligible job that is
+    kept (first run, does not fit) gets only an AdminComment tag, so that its telemetry is
+    tied to its decision and becomes history for its next run.
+    """
+    keep = lambda code, reason, **d: _keep(code, reason, decision_id, **d)  # noqa: E731
+
+    def keep_tagged(code: str, reason: str, **details) -> Decision:
+        return Decision(action="keep", code=code, reason=reason, decision_id=decision_id,
+                        writes={"admin_comment": _tag("keep", decision_id, code)},
+                        details=details)
+
+    where = gpu_request(request)
+    if where is None:
+        return keep("no-gpu", "the job asks for no GPU")
+    if where == "already-shared":
+        return keep("already-shared", "the job already asks for shard or mps")
+    if isinstance(where, str):
+        return keep(where, "the GPU request is not a single plain one; left as submitted")
+    field_name, gpu = where
+    if field_name in ("tres_per_socket", "tres_per_task"):
+        return keep("per-task-gpus", "GPUs per task or socket are not shared")
+    if gpu.count != 1:
+        return keep("multi-gpu", f"the job asks for {gpu.count} GPUs; only single-GPU jobs share")
+    if (request.min_nodes or 1) > 1:
+        return keep("multi-node", "multi-node jobs are not shared")
+    if request.exclusive:
+        return keep("exclusive", "--exclusive jobs get no shares")
+    if request.cpus_per_tres or request.mem_per_tres or request.ntasks_per_tres:
+        return keep("per-gpu-options", "per-GPU options (--cpus/--mem/--ntasks-per-gpu) "
+                                       "would lose their GPU; left as submitted")
+    partitions = _partitions(request)
+    sharing = set(config.policy.sharing_partitions)
+    if not partitions or not all(p in sharing for p in partitions):
+        return keep("partition-off", f"sharing is off in partition {request.partition or '(none)'}")
+    if request.opt_out:
+        return keep("opt-out", "the user opted out of sharing")
+
+    estimate = estimate or default_estimate(request, config)
+    if estimate is None:
+        return keep_tagged("first-run", "no history yet: runs on a whole GPU and is profiled "
+                                        "so that its next run can share")
+    if not estimate.memory_mib:
+        return keep_tagged("memory-unknown", f"{estimate.detail}; keeps a whole GPU",
+                           source=estimate.source)
+    candidates = list(config.gpu_types)
+    if gpu.type:
+        candidates = [g for g in candidates if g.name == gpu.type]
+        if not candidates:
+            return keep_tagged("unknown-type",
+                               f"GPU type {gpu.type} is not configured for sharing")
+    fits, too_big = [], []
+    for gpu_type in candidates:
+        need = estimate.memory_mib.get(gpu_type.name)
+        if need is None:
+            if gpu_type.name in estimate.excluded:
+                too_big.append(gpu_type)
+            continue
+        (fits if need <= gpu_type.memory_gib * 1024 else too_big).append(gpu_type)
+    if not fits:
+        return keep_tagged("does-not-fit", f"{estimate.detail or 'the estimate'} fits no GPU type "
+                                    f"({', '.join(g.name for g in too_big) or 'none known'}); "
+                                    "keeps a whole GPU", source=estimate.source)
+
+    # Units per type (GiB shards, or MPS percent): the job's memory, or its part of the
+    # GPU-time budget if that is more -- so Slurm's own accounting of the shared gres keeps
+    # co-runners within the budget.
+    budget = config.policy.gpu_time_budget_pct
+    needs = {g.name: units_needed(g, estimate.memory_mib[g.name], estimate.util_pct, budget)
+             for g in fits}
+    fits, too_busy = ([g for g in fits if needs[g.name] <= capacity(g)],
+                      [g for g in fits if needs[g.name] > capacity(g)])
+    too_big += too_busy
+    if not fits:
+        return keep_tagged("does-not-fit", f"{estimate.detail}: its GPU time does not fit a "
+                                           "share of any type; keeps a whole GPU",
+                           source=estimate.source)
+    # Fastest predicted type first (SchedTune's min-JCT choice); other types are offered only
+    # where the same request (same gres, same count) is safe and within budget.
+    fits.sort(key=lambda g: (estimate.runtime_s.get(g.name) is None,
+                             estimate.runtime_s.get(g.name, 0.0)))
+    best = fits[0]
+    units = max(needs[best.name], 1)
+    slower = [g for g in fits[1:] if g.sharing != best.sharing
+              or not needs[g.name] <= units <= capacity(g)]
+    fits = [g for g in fits if g not in slower]
+    features = _combine_features(request.features, fits)
+    if features is None:
+        return keep("complex-features", "the job's --constraint is too complex to extend")
+
+    share = tresmod.TresToken(gpu.prefix or "gres:", best.sharing, None, units)
+    writes = {"tres_per_node": tresmod.replace(request.tres_per_node, "gpu", share)}
+    if field_name == "tres_per_job":
+        # 22.05: a shared gres per job needs one node; move it per node and drop the job-wide GPU.
+        writes["tres_per_job"] = tresmod.replace(request.tres_per_job, "gpu", None)
+    writes["features"] = features
+    away, candidates = incompatible_nodes(estimate.job_class, fits, partitions, view, knowledge)
+    if away:
+        # Appended, not merged: the user's list may be a hostlist expression (n[1,3-4]).
+        writes["exc_nodes"] = ",".join(([request.exc_nodes] if request.exc_nodes else []) + away)
+    type_names = tuple(g.name for g in fits)
+    code = f"{estimate.source}-share"
+    # The memory the job may use wherever it lands (MPS enforces it: the TaskProlog reads it).
+    limit_mib = math.ceil(max(estimate.memory_mib[g.name] for g in fits))
+    share_gib = units if best.sharing == "shard" else math.ceil(limit_mib / 1024)
+    tag_fields: dict[str, object] = {best.sharing: units, "types": "+".join(type_names)}
+    if best.sharing == "mps":
+        tag_fields["mem"] = limit_mib
+    if estimate.job_class is not None:
+        tag_fields["class"] = estimate.job_class
+    writes["admin_comment"] = _tag("share", decision_id, code, **tag_fields)
+    what = (f"{units} GiB share (gres/shard)" if best.sharing == "shard" else
+            f"{units}% MPS share (gres/mps, memory limit {limit_mib / 1024:.1f} GiB)")
+    reason = (f"{estimate.detail}: {what} on "
+              f"{', '.join(f'{g.name} ({g.memory_gib} GiB)' for g in fits)}")
+    by_memory = units_needed(best, estimate.memory_mib[best.name], None, 0)
+    if estimate.util_pct is not None and units > by_memory:
+        reason += (f", sized by GPU time ({estimate.util_pct:.0f}% of a GPU, budget "
+                   f"{config.policy.gpu_time_budget_pct:.0f}%)")
+    if too_big:
+        reason += f"; excluded {', '.join(g.name for g in too_big)} (does not fit)"
+    if slower:
+        reason += (f"; not offered on {', '.join(g.name for g in slower)} "
+                   f"(slower, and the same request would not suit it)")
+    if away:
+        reason += (f"; away from {', '.join(away)} (resident shares of a class that interferes "
+                   f"with class {estimate.job_class})")
+    return Decision(action="share", code=code, reason=reason, decision_id=decision_id,
+                    writes=writes, share_gib=share_gib, gpu_types=type_names,
+                    details={"source": estimate.source,
+                             "memory_mib": dict(estimate.memory_mib),
+                             "runtime_s": dict(estimate.runtime_s),
+                             "job_class": estimate.job_class,
+                             "excluded_types": [g.name for g in too_big],
+                             "excluded_nodes": away, "candidate_nodes": candidates,
+                             "sharing": best.sharing, "units": units,
+                             "memory_limit_mib": limit_mib})

@@ -1,0 +1,127 @@
+"""Learning from telemetry: a finished job's summary becomes history under its fingerprint
+keys, its co-runs become measured pairs in the knowledge base, and a share that outgrew its
+memory is reported (and requeued where the admin chose so). Runs on the record writer's
+thread, never on the request path."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+from typing import Any, Callable
+
+from slurm_gpushare.core.config import Config
+from slurm_gpushare.daemon.logs import event
+from slurm_gpushare.daemon.store import Store
+from slurm_gpushare.slurm.jobs import lookup_job, parse_tag
+
+
+class Learner:
+    """Owns the knowledge base decisions read; swaps in an updated copy as pairs are learned."""
+
+    def __init__(self, store: Store, estimator, knowledge, *, count: Callable[[str], None]):
+        self.store = store
+        self.estimator = estimator
+        self.knowledge = knowledge
+        self.count = count
+
+    def requeue(self, job_id: str) -> None:
+        """On the writer thread: requeue a job that outgrew its share (its next run is sized
+        from the new peak)."""
+        try:
+            result = subprocess.run(["scontrol", "requeue", job_id], capture_output=True,
+                                    text=True, timeout=15)
+            ok, detail = result.returncode == 0, (result.stderr or result.stdout).strip()
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            ok, detail = False, type(exc).__name__
+        self.count("requeued" if ok else "requeue-failed")
+        event(logging.WARNING if ok else logging.ERROR, "requeued" if ok else "requeue-failed",
+               job_id=job_id, detail=detail)
+
+    def ingest(self, summary: dict[str, Any], config: Config) -> None:
+        """On the writer thread: keep the summary and tie the job to its decision, so the
+        summary becomes history under the job's fingerprint keys."""
+        if not self.store.ingest_summary(summary):
+            return
+        job_id = str(summary.get("job_id", ""))
+        job = lookup_job(job_id) if job_id else None
+        linked = bool(job and job.decision_id and self.store.link_decision(
+            job.decision_id, job_id, str(summary.get("cluster", ""))))
+        if self.estimator is not None:
+            self.estimator.invalidate()
+        learned = self._learn_coruns(summary, job, config) if linked else 0
+        self._check_share(summary, job)
+        event(logging.INFO, "ingested", job_id=job_id, gpu_index=summary.get("gpu_index"),
+               gpu_model=summary.get("gpu_model"), peak_mib=summary.get("mgmap_max_mib"),
+               linked=linked, coruns=len(summary.get("coruns") or []), learned=learned)
+
+    def _check_share(self, summary: dict[str, Any], job) -> None:
+        """gres/shard sets no hardware limit: record a job that used more than its share, so
+        admins see it (log event, counter, report) before a co-runner runs out of memory."""
+        shard = parse_tag(job.admin_comment).get("shard") if job else None
+        peak = summary.get("mgmap_max_mib")
+        if shard is None or peak is None or peak <= int(shard) * 1024:
+            return
+        self.count("share-exceeded")
+        event(logging.WARNING, "share-exceeded", job_id=job.job_id, share_gib=int(shard),
+               peak_mib=peak, gpu_model=summary.get("gpu_model"), uid=job.uid)
+
+    def _learn_coruns(self, summary: dict[str, Any], job, config: Config) -> int:
+        """Record this job's side of each co-run (its class and measured slowdown); a pair
+        that now has both sides joins the knowledge base. Returns the sides recorded."""
+        from slurm_gpushare.predict.history import config_type_of, observed_runtimes
+        from slurm_gpushare.predict.knowledge import measured_isd
+
+        coruns = [c for c in summary.get("coruns") or [] if c.get("job_id")]
+        record = self.store.decision(job.decision_id) if coruns else None
+        if not record:
+            return 0
+        duration = float(summary.get("duration_s") or 0)
+        solo = observed_runtimes(self.store.history(record.get("keys", []))).get(
+            summary.get("gpu_model", ""))
+        gpu_type = config_type_of(summary.get("gpu_model", ""), config)
+        cluster = str(summary.get("cluster", ""))
+        recorded, completed = 0, []
+        for corun in coruns:
+            other_id = str(corun["job_id"])
+            was_complete = _complete(self._corun_row(job.job_id, other_id))
+            other = lookup_job(other_id)
+            other_class = parse_tag(other.admin_comment).get("class") if other else None
+            # A measured slowdown only when the co-run covered (nearly) the whole run.
+            isd = (measured_isd(duration, solo) if solo and duration
+                   and float(corun.get("overlap_s") or 0) >= 0.8 * duration else None)
+            self.store.record_corun(
+                job.job_id, str(corun["job_id"]), cluster=cluster,
+                gpu_uuid=str(summary.get("gpu_uuid") or ""), overlap_s=corun.get("overlap_s"),
+                gpu_type=gpu_type, class_a=record.get("job_class"),
+                class_b=int(other_class) if other_class is not None else None, isd_a=isd)
+            recorded += 1
+            row = self._corun_row(job.job_id, other_id)
+            if _complete(row) and not was_complete:
+                completed.append(row)
+        if completed:
+            self._learn_pairs(completed)
+        return recorded
+
+    def _corun_row(self, job_id: str, other_id: str) -> dict[str, Any] | None:
+        return next((r for r in self.store.coruns_of(job_id) if r["job_b"] == other_id), None)
+
+    def _learn_pairs(self, rows: list[dict[str, Any]]) -> None:
+        """Add measured pairs to a copy of the knowledge base and swap it in: decisions on
+        other threads keep reading the old one meanwhile, and nothing is rebuilt from the
+        whole store (which would hold the GIL longer as the store grows)."""
+        from slurm_gpushare.predict.knowledge import KnowledgeBase
+
+        knowledge = KnowledgeBase.from_dict(self.knowledge.to_dict())
+        for row in rows:
+            knowledge.observe(row["class_a"], row["class_b"], row["isd_a"], row["isd_b"],
+                              ps=row["ps"], gpu_type=row["gpu_type"])
+        self.knowledge = knowledge
+
+
+
+def _complete(row: dict[str, Any] | None) -> bool:
+    """A co-run observation the knowledge base can use: both classes and both slowdowns."""
+    return row is not None and None not in (row["class_a"], row["class_b"], row["isd_a"],
+                                            row["isd_b"])
+
+

@@ -1,0 +1,236 @@
+"""Request handling: turns one decoded request into one reply (op dispatch, decisions, the
+record writer). Sockets live in ``server``; learning from telemetry in ``learning``."""
+
+from __future__ import annotations
+
+import logging
+import os
+import pwd
+import queue
+import secrets
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, replace
+from typing import Any, Callable
+
+from slurm_gpushare import __version__
+from slurm_gpushare.core.config import Config
+from slurm_gpushare.core.policy import decide
+from slurm_gpushare.daemon.fingerprint import Fingerprinter
+from slurm_gpushare.daemon.learning import Learner
+from slurm_gpushare.daemon.logs import event, log
+from slurm_gpushare.daemon.protocol import ProtocolError, parse_request, reply_error, reply_ok
+from slurm_gpushare.daemon.store import Store
+from slurm_gpushare.predict.history import HistoryEstimator
+from slurm_gpushare.predict.persist import load_memory_model
+from slurm_gpushare.slurm.jobs import lookup_job
+
+
+class RecordWriter:
+    """Writes records to the store on its own thread, so SQLite never delays a reply."""
+
+    def __init__(self, store: Store | None):
+        self.store = store
+        self.queue: queue.Queue = queue.Queue(maxsize=100_000)
+        self.thread = threading.Thread(target=self._run, name="record-writer", daemon=True)
+        self.thread.start()
+
+    def put(self, work: Callable[..., Any], *args) -> None:
+        """Run ``work(*args)`` on the writer thread (dropped, with a log line, if backed up)."""
+        if self.store is None:
+            return
+        try:
+            self.queue.put_nowait((work, args))
+        except queue.Full:
+            event(logging.WARNING, "record-dropped", work=getattr(work, "__name__", "?"))
+
+    def _run(self) -> None:
+        while True:
+            item = self.queue.get()
+            if item is None:
+                return
+            work, args = item
+            try:
+                work(*args)
+            except Exception:  # noqa: BLE001 -- a bad record must not stop the writer
+                log.exception("record-failed",
+                              extra={"fields": {"work": getattr(work, "__name__", "?")}})
+            finally:
+                self.queue.task_done()
+
+    def flush(self, timeout: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout
+        while self.queue.unfinished_tasks and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    def close(self) -> None:
+        self.flush()
+        self.queue.put(None)
+        self.thread.join(5)
+
+
+@dataclass(frozen=True)
+class Peer:
+    uid: int
+    admin: bool  # root, the daemon's user or an allowed uid (slurmctld, prolog/epilog)
+
+
+class Service:
+    """Turns requests into replies. Holds the configuration; swapped whole on reload."""
+
+    # Ops a non-admin peer may use (on the query socket); everything else is admin-only.
+    USER_OPS = {"ping", "explain", "job"}
+
+    def __init__(self, config: Config, *, fingerprinter: Fingerprinter | None = None,
+                 store: Store | None = None, reader: Store | None = None, view=None):
+        self.config = config
+        self.fingerprinter = fingerprinter or Fingerprinter.from_file(config.daemon.secret_file)
+        self.store = store
+        self.records = RecordWriter(store)
+        self.estimator = None
+        self.learner: Learner | None = None
+        self.view = view
+        if store is not None:
+            from slurm_gpushare.predict.knowledge import KnowledgeBase
+
+            # Decisions read history through their own connection: in WAL mode a reader sees
+            # the last committed state and never waits for the writer thread's transactions.
+            self.estimator = HistoryEstimator(reader or store,
+                                              predictor=load_memory_model(config))
+            self.estimator.estimate([], config)  # warm-up: first calls pay for imports
+        self.counters: Counter[str] = Counter()
+        self._lock = threading.Lock()
+        if store is not None:
+            self.learner = Learner(store, self.estimator,
+                                   KnowledgeBase.from_store(store, self.estimator.classes),
+                                   count=self._count)
+
+    @property
+    def digest(self) -> Callable[[str, str], str]:
+        return self.fingerprinter.digest
+
+    def handle(self, message: Any, peer: Peer | None = None) -> dict[str, Any]:
+        peer = peer or Peer(uid=os.getuid(), admin=True)
+        rid = message.get("rid") if isinstance(message, dict) else None
+        reply = self._handle(message, peer)
+        if rid is not None:
+            reply["rid"] = rid
+        return reply
+
+    def _count(self, key: str) -> None:
+        with self._lock:
+            self.counters[key] += 1
+
+    def _handle(self, message: Any, peer: Peer) -> dict[str, Any]:
+        config = self.config  # one consistent config for the whole request, even across reload
+        op = message.get("op") if isinstance(message, dict) else None
+        if not peer.admin and op not in self.USER_OPS:
+            self._count("refused")
+            return reply_error(f"op {op!r} is not available on this socket")
+        try:
+            if op == "ingest":
+                return self._ingest(message)
+            if op == "overrun":
+                return self._overrun(message)
+            if op == "job":
+                return self._job(message, peer)
+            op, request = parse_request(message, opt_out_token=config.policy.opt_out_token,
+                                        mem_hint_token=config.policy.mem_hint_token,
+                                        digest=self.digest)
+        except ProtocolError as exc:
+            self._count("errors")
+            event(logging.WARNING, "bad-request", error=str(exc))
+            return reply_error(str(exc))
+        if op == "ping":
+            with self._lock:
+                counters = dict(self.counters)
+            return reply_ok(version=__version__, counters=counters)
+        if not peer.admin:
+            # A user may ask what would happen to a job of theirs, never of someone else's.
+            request = replace(request, uid=peer.uid, user=_user_name(peer.uid))
+        started = time.perf_counter()
+        decision_id = secrets.token_hex(4)
+        keys = self.fingerprinter.keys_from_digests(
+            request.user or str(request.uid), request.script_digest, request.name_digest)
+        estimate, history = None, "no store"
+        if self.estimator is not None:
+            estimate, history = self.estimator.estimate(keys.sizing_keys(), config,
+                                                        request.mem_hint_mib)
+        decision = decide(request, config, estimate=estimate, view=self.view,
+                          knowledge=self.learner.knowledge if self.learner else None, decision_id=decision_id)
+        elapsed_us = int((time.perf_counter() - started) * 1e6)
+        self._count(f"{op}:{decision.action}")
+        event(logging.INFO, "decision" if op == "decide" else "explain",
+               id=decision_id, action=decision.action, code=decision.code,
+               reason=decision.reason, uid=request.uid, account=request.account,
+               partition=request.partition, share_gib=decision.share_gib,
+               gpu_types=list(decision.gpu_types), writes=dict(decision.writes),
+               job_class=estimate.job_class if estimate else None, history=history,
+               decide_us=elapsed_us)
+        if op == "decide":
+            self.records.put(self.store.record_decision, {
+                **decision.to_dict(), "ts": time.time(), "uid": request.uid,
+                "account": request.account, "partition": request.partition,
+                "keys": keys.as_list(),
+                "job_class": estimate.job_class if estimate else None})
+        return reply_ok(decision)
+
+    def _ingest(self, message: dict[str, Any]) -> dict[str, Any]:
+        """A job's telemetry summary from the prolog/epilog agent."""
+        summary = message.get("summary")
+        if not isinstance(summary, dict):
+            raise ProtocolError("summary must be an object")
+        if self.learner is not None:
+            self.records.put(self.learner.ingest, summary, self.config)
+        self._count("ingest")
+        return reply_ok()
+
+    def _overrun(self, message: dict[str, Any]) -> dict[str, Any]:
+        """A running share above its memory, reported live by its collector."""
+        job_id = str(message.get("job_id", ""))
+        if not job_id.replace("_", "").isdigit():
+            raise ProtocolError("overrun needs a job_id")
+        action = self.config.policy.on_share_exceeded
+        self._count("share-overrun")
+        event(logging.WARNING, "share-overrun", job_id=job_id, peak_mib=message.get("peak_mib"),
+               limit_mib=message.get("limit_mib"), action=action)
+        if action == "requeue":
+            if self.learner is not None:
+                self.records.put(self.learner.requeue, job_id)
+        return reply_ok(action=action)
+
+    def _job(self, message: dict[str, Any], peer: Peer) -> dict[str, Any]:
+        """The decision recorded for one job; owners and admins only."""
+        job_id = str(message.get("job_id", ""))
+        try:
+            job = lookup_job(job_id)
+        except ValueError as exc:
+            raise ProtocolError(str(exc)) from None
+        if job is None:
+            return reply_error(f"job {job_id} not found")
+        if not peer.admin and job.uid != peer.uid:
+            return reply_error("permission denied: not your job")
+        record, co_runners, telemetry = None, [], []
+        if self.store is not None and job.decision_id:
+            self.records.flush(2)
+            self.store.link_decision(job.decision_id, job_id, self.config.daemon.cluster_name)
+            record = self.store.decision(job.decision_id)
+            co_runners = [{"job_id": c["job_b"], "class": c["class_b"],
+                           "overlap_s": c["overlap_s"], "isd": c["isd_a"]}
+                          for c in self.store.coruns_of(job_id)]
+            telemetry = [{k: s.get(k) for k in ("gpu_index", "gpu_model", "mgmap_max_mib",
+                                                "mgup_max", "mgtsamp_max", "duration_s")}
+                         for s in self.store.summaries(job_id)]
+        return reply_ok(job={"job_id": job_id, "state": job.state, "nodes": job.nodes,
+                             "admin_comment": job.admin_comment, "uid": job.uid},
+                        record=record, co_runners=co_runners, telemetry=telemetry)
+
+
+def _user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+

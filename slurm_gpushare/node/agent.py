@@ -1,0 +1,421 @@
+"""The per-job telemetry collector that a Slurm prolog starts and the epilog stops.
+
+    prolog:  python -m slurm_gpushare.node.agent start   # job, GPUs, cluster from the environment
+    epilog:  python -m slurm_gpushare.node.agent stop
+
+``start`` launches a detached collector (its own session, no inherited descriptors) and
+returns at once; its pid file is ``<state_dir>/agent/job-<id>.pid``. ``stop`` signals it and
+returns at once (``--wait`` to wait, for tests). Both are idempotent and always exit 0: a
+collector that cannot start, a GPU that vanishes or a daemon that is down never delays or fails
+a job; each leaves one line in ``<state_dir>/agent.log`` (job ids and counts only).
+
+On stop the collector reduces its samples to one summary per GPU (``telemetry.sampler``) and
+hands each to ``deliver(summary)``. The default delivery sends
+``{"v": 1, "op": "ingest", "summary": {...}}`` as one JSON line to the daemon's Unix socket
+and reads one reply line; if the daemon is unreachable or says no, the summary is spooled as
+``<state_dir>/spool/<cluster>-<job>-<gpu>.json`` for later ``drain_spool``.
+
+Environment: ``SLURM_JOB_ID``, ``SLURM_JOB_GPUS`` (else ``CUDA_VISIBLE_DEVICES``),
+``SLURM_CLUSTER_NAME``, ``GPUSHARE_STATE_DIR``, ``GPUSHARE_SOCKET``,
+``GPUSHARE_TELEMETRY_SCENARIO`` (a profile to replay instead of real NVML).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from slurm_gpushare import PROTOCOL_VERSION
+from slurm_gpushare.daemon.protocol import request
+
+DEFAULT_STATE_DIR = "/var/lib/slurm-gpushare"
+DEFAULT_SOCKET = "/run/slurm-gpushare/daemon.sock"
+DEFAULT_INTERVAL_S = 0.25
+# A collector whose epilog never came (slurmd crash) ends by itself after this long.
+DEFAULT_MAX_DURATION_S = 14 * 24 * 3600.0
+
+Deliver = Callable[[dict[str, Any]], Any]
+
+
+# -- paths and logging --------------------------------------------------------------------------
+def pid_path(state_dir: str | os.PathLike, job_id: str) -> Path:
+    return Path(state_dir) / "agent" / f"job-{job_id}.pid"
+
+
+def spool_dir(state_dir: str | os.PathLike) -> Path:
+    return Path(state_dir) / "spool"
+
+
+def _log(state_dir: str | os.PathLike, message: str) -> None:
+    try:
+        path = Path(state_dir) / "agent.log"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        with os.fdopen(fd, "a") as handle:
+            handle.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} pid={os.getpid()} {message}\n")
+    except OSError:
+        pass  # logging must never be the reason a prolog fails
+
+
+def _valid_job_id(job_id: str | None) -> bool:
+    return bool(job_id) and job_id.replace("_", "").isdigit()
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists (one of another user's counts)."""
+    if pid <= 0:  # kill(0, ...) would signal our own process group
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _read_pid(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+# -- delivery --------------------------------------------------------------------------------
+class DeliveryError(RuntimeError):
+    """The daemon did not take the summary."""
+
+
+def send_to_daemon(summary: dict[str, Any], socket_path: str, timeout_s: float = 5.0) -> dict:
+    """Send one ingest request and return the daemon's reply; raises DeliveryError."""
+    return send_message({"v": PROTOCOL_VERSION, "op": "ingest", "summary": summary},
+                        socket_path, timeout_s)
+
+
+def send_message(message: dict[str, Any], socket_path: str, timeout_s: float = 5.0) -> dict:
+    """Send one request to the daemon and return its reply; raises DeliveryError."""
+    try:
+        message = request(socket_path, message, timeout_s)
+    except OSError as exc:
+        raise DeliveryError(f"daemon unreachable ({exc.strerror or type(exc).__name__})") from None
+    except ValueError:
+        raise DeliveryError("daemon sent an unreadable reply") from None
+    if not isinstance(message, dict) or not message.get("ok"):
+        error = message.get("error") if isinstance(message, dict) else None
+        raise DeliveryError(f"daemon refused the request: {error or 'no reply'}")
+    return message
+
+
+def share_limit_mib(job_id: str) -> float | None:
+    """The memory a shared job may use, from its decision tag: shards x 1 GiB, or an MPS
+    share's mem=; None for a job that is not a share (or whose tag cannot be read)."""
+    from slurm_gpushare.slurm.jobs import lookup_job, parse_tag
+
+    try:
+        job = lookup_job(job_id)
+    except ValueError:
+        return None
+    tag = parse_tag(job.admin_comment) if job else {}
+    if tag.get("action") != "share":
+        return None
+    if tag.get("mem", "").isdigit():
+        return float(tag["mem"])
+    if tag.get("shard", "").isdigit():
+        return float(tag["shard"]) * 1024
+    return None
+
+
+def overrun_watch(job_id: str, limit_mib: float, notify: Callable[[dict[str, Any]], Any],
+                  log: Callable[[str], None]) -> Callable:
+    """A sampler watch that tells the daemon, once, that the job went above its share."""
+    told = []
+
+    def watch(sampler) -> None:
+        peak = sampler.peak_mib()
+        if told or peak is None or peak <= limit_mib:
+            return
+        told.append(peak)
+        try:
+            notify({"v": PROTOCOL_VERSION, "op": "overrun", "job_id": job_id,
+                    "peak_mib": peak, "limit_mib": limit_mib})
+            log(f"job {job_id}: above its share ({peak:.0f} > {limit_mib:.0f} MiB), reported")
+        except Exception as exc:  # noqa: BLE001 -- a report that fails must not stop sampling
+            log(f"job {job_id}: above its share, report failed: {type(exc).__name__}")
+
+    return watch
+
+
+def spool(summary: dict[str, Any], directory: str | os.PathLike) -> Path:
+    """Write a summary into the spool directory atomically (mode 0600); returns its path."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    name = f"{summary.get('cluster') or 'local'}-{summary['job_id']}-{summary['gpu_index']}.json"
+    final = directory / name
+    tmp = directory / f".{name}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        json.dump(summary, handle, sort_keys=True)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, final)
+    return final
+
+
+def default_deliver(socket_path: str, spool_path: str | os.PathLike,
+                    timeout_s: float = 5.0) -> Deliver:
+    """Deliver to the daemon, spooling when it is unreachable or refuses. Returns "sent" or
+    "spooled"."""
+
+    def deliver(summary: dict[str, Any]) -> str:
+        try:
+            send_to_daemon(summary, socket_path, timeout_s)
+            return "sent"
+        except DeliveryError:
+            spool(summary, spool_path)
+            return "spooled"
+
+    return deliver
+
+
+def drain_spool(directory: str | os.PathLike, handle: Deliver) -> tuple[int, int]:
+    """Hand every spooled summary to ``handle`` (e.g. ``Store.ingest_summary`` or
+    ``lambda s: send_to_daemon(s, sock)``); a file goes once ``handle`` returns without raising.
+    Returns (handled, failed). Unreadable files are counted failed and left for a person."""
+    handled = failed = 0
+    directory = Path(directory)
+    if not directory.is_dir():
+        return 0, 0
+    for path in sorted(directory.glob("*.json")):
+        try:
+            summary = json.loads(path.read_text())
+            handle(summary)
+        except Exception:  # noqa: BLE001 -- keep the file, try again later
+            failed += 1
+            continue
+        path.unlink(missing_ok=True)
+        handled += 1
+    return handled, failed
+
+
+# -- the collector --------------------------------------------------------------------------
+def parse_gpus(text: str | None, provider=None) -> list[int]:
+    """GPU indices from ``SLURM_JOB_GPUS``/``CUDA_VISIBLE_DEVICES`` style text (indices or
+    UUIDs); UUIDs are resolved through the provider."""
+    out = []
+    for item in (text or "").split(","):
+        item = item.strip()
+        if not item or item in ("NoDevFiles",):
+            continue
+        if item.isdigit():
+            out.append(int(item))
+        elif provider is not None and hasattr(provider, "index_of"):
+            index = provider.index_of(item)
+            if index is not None:
+                out.append(index)
+    return sorted(set(out))
+
+
+def collect(job_id: str, gpus: str | None, *, provider=None, deliver: Deliver,
+            stop: threading.Event, cluster: str = "", interval_s: float = DEFAULT_INTERVAL_S,
+            max_duration_s: float | None = DEFAULT_MAX_DURATION_S, keys: Iterable[str] = (),
+            scenario: str | None = None, log: Callable[[str], None] = lambda m: None,
+            notify: Callable[[dict[str, Any]], Any] | None = None,
+            limit_mib: float | None = None) -> int:
+    """Sample until ``stop`` is set, then deliver one summary per GPU. Returns the number of
+    summaries delivered; never raises."""
+    from slurm_gpushare.node.telemetry import open_provider
+    from slurm_gpushare.node.telemetry.sampler import JobSampler
+
+    own_provider = provider is None
+    try:
+        if provider is None:
+            provider = open_provider(scenario, job_id=job_id)
+        if provider is None:
+            log(f"job {job_id}: no GPU telemetry here (no NVML, no scenario); nothing collected")
+            return 0
+        indices = parse_gpus(gpus, provider)
+        if not indices and os.environ.get("SLURMD_NODENAME"):
+            # Slurm set no GPU variables (shards on 22.05, file-backed GPUs): ask slurmctld.
+            from slurm_gpushare.slurm.jobs import gpu_indices
+
+            indices = gpu_indices(job_id, os.environ["SLURMD_NODENAME"])
+        if not indices:
+            log(f"job {job_id}: no GPUs given; nothing collected")
+            return 0
+        sampler = JobSampler(provider, job_id, indices, cluster=cluster,
+                             interval_s=interval_s, keys=keys)
+        watch = (overrun_watch(job_id, limit_mib, notify, log)
+                 if notify is not None and limit_mib else None)
+        sampler.run(stop, max_duration_s=max_duration_s, watch=watch)
+        delivered = 0
+        for summary in sampler.summaries():
+            try:
+                outcome = deliver(summary)
+                delivered += 1
+                log(f"job {job_id}: gpu {summary['gpu_index']} summary {outcome or 'delivered'} "
+                    f"({summary['samples']} samples)")
+            except Exception as exc:  # noqa: BLE001
+                log(f"job {job_id}: gpu {summary['gpu_index']} delivery failed: "
+                    f"{type(exc).__name__}")
+        return delivered
+    except Exception as exc:  # noqa: BLE001 -- the collector must end quietly whatever happens
+        log(f"job {job_id}: collector error {type(exc).__name__}")
+        return 0
+    finally:
+        if own_provider and provider is not None:
+            try:
+                provider.close()
+            except Exception:  # noqa: BLE001
+                pass
+
+
+def run(args: argparse.Namespace, deliver: Deliver | None = None) -> int:
+    """The collector process itself (``agent run``): sample until SIGTERM, deliver, exit 0."""
+    state_dir = args.state_dir
+    pidfile = pid_path(state_dir, args.job_id)
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, lambda *_: stop.set())
+    try:
+        deliver = deliver or default_deliver(args.socket, spool_dir(state_dir))
+        # Under slurmd (the prolog started us): the job's share, to report it going above.
+        limit = share_limit_mib(args.job_id) if os.environ.get("SLURMD_NODENAME") else None
+        collect(args.job_id, args.gpus, deliver=deliver, stop=stop, cluster=args.cluster,
+                interval_s=args.interval, max_duration_s=args.max_duration,
+                keys=[k for k in (args.keys or "").split(",") if k],
+                scenario=args.scenario, log=lambda m: _log(state_dir, m),
+                notify=lambda message: send_message(message, args.socket), limit_mib=limit)
+    finally:
+        if _read_pid(pidfile) == os.getpid():
+            pidfile.unlink(missing_ok=True)
+    return 0
+
+
+def start(args: argparse.Namespace) -> int:
+    """Launch the detached collector unless one already runs for this job. Always 0."""
+    state_dir, job_id = args.state_dir, args.job_id
+    pidfile = pid_path(state_dir, job_id)
+    try:
+        pidfile.parent.mkdir(parents=True, exist_ok=True)
+        for _ in range(2):
+            try:
+                fd = os.open(pidfile, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                break
+            except FileExistsError:
+                pid = _read_pid(pidfile)
+                if pid is not None and pid_alive(pid):
+                    _log(state_dir, f"job {job_id}: collector already running (pid {pid})")
+                    return 0
+                if pid is None and time.time() - _mtime(pidfile) < 5:
+                    return 0  # another start is writing it right now
+                pidfile.unlink(missing_ok=True)  # stale: the collector died
+        else:
+            return 0
+        command = [sys.executable, "-m", "slurm_gpushare.node.agent", "run", *_forward(args)]
+        child = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL, close_fds=True,
+                                 start_new_session=True, cwd="/")
+        with os.fdopen(fd, "w") as handle:
+            handle.write(f"{child.pid}\n")
+        _log(state_dir, f"job {job_id}: collector started (pid {child.pid}, gpus {args.gpus})")
+    except Exception as exc:  # noqa: BLE001
+        _log(state_dir, f"job {job_id}: could not start collector: {type(exc).__name__}")
+    return 0
+
+
+def stop(args: argparse.Namespace) -> int:
+    """Ask the job's collector to finish; returns at once unless ``--wait``. Always 0."""
+    state_dir, job_id = args.state_dir, args.job_id
+    pidfile = pid_path(state_dir, job_id)
+    try:
+        pid = _read_pid(pidfile)
+        if pid is None and pidfile.exists():  # start is between creating and filling it
+            time.sleep(0.2)
+            pid = _read_pid(pidfile)
+        if pid is None:
+            _log(state_dir, f"job {job_id}: no collector to stop")
+            return 0
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pidfile.unlink(missing_ok=True)
+            return 0
+        deadline = time.monotonic() + max(0.0, args.wait)
+        while time.monotonic() < deadline and pidfile.exists() and pid_alive(pid):
+            time.sleep(0.05)
+        _log(state_dir, f"job {job_id}: collector asked to stop (pid {pid})")
+    except Exception as exc:  # noqa: BLE001
+        _log(state_dir, f"job {job_id}: could not stop collector: {type(exc).__name__}")
+    return 0
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def _forward(args: argparse.Namespace) -> list[str]:
+    out = ["--job-id", args.job_id, "--state-dir", str(args.state_dir), "--socket", args.socket,
+           "--cluster", args.cluster, "--interval", str(args.interval),
+           "--max-duration", str(args.max_duration), "--gpus", args.gpus or ""]
+    if args.scenario:
+        out += ["--scenario", str(Path(args.scenario).resolve())]
+    if args.keys:
+        out += ["--keys", args.keys]
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    env = os.environ.get
+    parser = argparse.ArgumentParser(prog="python -m slurm_gpushare.node.agent",
+                                     description="Per-job GPU telemetry collector.")
+    parser.add_argument("action", choices=("start", "stop", "run", "flush"))
+    parser.add_argument("--job-id", default=env("SLURM_JOB_ID", ""))
+    parser.add_argument("--gpus", default=env("SLURM_JOB_GPUS") or env("CUDA_VISIBLE_DEVICES"),
+                        help="GPU indices or UUIDs, comma-separated")
+    parser.add_argument("--cluster", default=env("SLURM_CLUSTER_NAME", ""))
+    parser.add_argument("--state-dir", default=env("GPUSHARE_STATE_DIR", DEFAULT_STATE_DIR))
+    parser.add_argument("--socket", default=env("GPUSHARE_SOCKET", DEFAULT_SOCKET))
+    parser.add_argument("--interval", type=float, default=DEFAULT_INTERVAL_S)
+    parser.add_argument("--max-duration", type=float, default=DEFAULT_MAX_DURATION_S)
+    parser.add_argument("--scenario", default=env("GPUSHARE_TELEMETRY_SCENARIO"))
+    parser.add_argument("--keys", default="", help="fingerprint keys to attach (hex, comma-sep.)")
+    parser.add_argument("--wait", type=float, default=0.0, help="stop: seconds to wait")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; always returns 0 so that prolog and epilog never fail because of it."""
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit:
+        return 0
+    if args.interval <= 0:
+        args.interval = DEFAULT_INTERVAL_S
+    if args.action == "flush":
+        try:
+            handled, failed = drain_spool(spool_dir(args.state_dir),
+                                          lambda s: send_to_daemon(s, args.socket))
+            _log(args.state_dir, f"spool flushed: {handled} sent, {failed} kept")
+        except Exception as exc:  # noqa: BLE001
+            _log(args.state_dir, f"spool flush failed: {type(exc).__name__}")
+        return 0
+    if not _valid_job_id(args.job_id):
+        _log(args.state_dir, f"{args.action}: no valid job id; nothing done")
+        return 0
+    return {"start": start, "stop": stop, "run": run}[args.action](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

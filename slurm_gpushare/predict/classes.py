@@ -1,0 +1,293 @@
+"""Interference classes: K-means over standardised (MGUP, MGMAP, MGTSAMP), as in Ray et al.
+
+A job's class summarises how hard it presses on a GPU from telemetry alone: max GPU
+utilisation % (MGUP), max GPU memory allocated % (MGMAP) and max % of time spent accessing
+memory (MGTSAMP). The features are standardised (zero mean, unit variance) so that no unit
+dominates the distances.
+
+Choosing k (the elbow): the distortion (K-means inertia: sum of squared distances to the
+nearest centroid) is computed for k = 1..k_max. The *kneedle* rule (Satopaa et al. 2011) scales
+k and distortion to [0, 1] and picks the k where the curve lies farthest below the straight line
+joining its first and last points -- the point of maximum curvature of a decreasing convex
+curve. The max-second-difference rule (largest drop in the drop) is reported beside it, and the
+silhouette score of the chosen k (in standardised space) is reported as a separate check.
+
+Class ids are canonical: clusters are numbered by ascending centroid intensity (the sum of the
+standardised centroid coordinates), so class 0 is the lightest whatever K-means' own labels
+were, and refitting on the same data gives the same ids.
+
+The estimator follows scikit-learn's conventions (keyword-only ``__init__`` that only stores,
+fitted attributes ending in ``_``, ``check_is_fitted``) and is saved as JSON, written
+atomically under a file lock (never a pickle).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from sklearn.base import BaseEstimator, ClusterMixin
+from sklearn.cluster import KMeans
+from sklearn.metrics import adjusted_rand_score, silhouette_score
+from sklearn.utils.validation import check_array, check_is_fitted
+from threadpoolctl import threadpool_limits
+
+from slurm_gpushare.core import files
+from slurm_gpushare.core.files import write_locked
+
+FEATURES = ("MGUP", "MGMAP", "MGTSAMP")
+MODEL_FORMAT = "slurm-gpushare/interference-classes/1"
+
+
+# -- package data and atomic files (shared with knowledge.py) -----------------------------
+def data_path(*parts: str) -> Path:
+    """Path of a file shipped in ``slurm_gpushare/data``."""
+    return Path(str(resources.files("slurm_gpushare").joinpath("data", *parts)))
+
+
+def write_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` to ``path`` atomically under ``<path>.lock`` (see files.py)."""
+    write_locked(path, text)
+
+
+def read_locked(path: str | os.PathLike) -> str:
+    return files.read_locked(path).decode()
+
+
+# -- the elbow -----------------------------------------------------------------------------
+def kneedle(ks, distortions) -> int:
+    """k at the knee of a decreasing convex curve (kneedle); the first k if the curve is flat."""
+    ks = np.asarray(ks, dtype=float)
+    d = np.asarray(distortions, dtype=float)
+    if len(ks) < 3 or d[0] == d[-1]:
+        return int(ks[0])
+    x = (ks - ks[0]) / (ks[-1] - ks[0])
+    y = (d - d.min()) / (d.max() - d.min())
+    gap = (1.0 - y) - x  # how far the flipped curve lies above the diagonal
+    return int(ks[int(np.argmax(gap))])
+
+
+def max_second_difference(ks, distortions) -> int:
+    """k where the decrease of distortion slows down the most."""
+    d = np.asarray(distortions, dtype=float)
+    if len(d) < 3:
+        return int(ks[0])
+    second = d[:-2] - 2 * d[1:-1] + d[2:]
+    return int(ks[1 + int(np.argmax(second))])
+
+
+def feature_matrix(data) -> np.ndarray:
+    """(n, 3) array of MGUP, MGMAP, MGTSAMP from a DataFrame (paper or summary column names)
+    or an array-like."""
+    if isinstance(data, pd.DataFrame):
+        lower = {c.lower(): c for c in data.columns}
+        aliases = {"MGUP": ("mgup", "mgup_max"), "MGMAP": ("mgmap", "mgmap_max_pct"),
+                   "MGTSAMP": ("mgtsamp", "magtsamp", "mgtsamp_max")}
+        columns = []
+        for feature in FEATURES:
+            found = next((lower[a] for a in aliases[feature] if a in lower), None)
+            if found is None:
+                raise ValueError(f"missing column {feature} (or {', '.join(aliases[feature])})")
+            columns.append(found)
+        data = data[columns].to_numpy(dtype=float)
+    return check_array(data, dtype=float, ensure_min_features=3)
+
+
+class InterferenceClasses(ClusterMixin, BaseEstimator):
+    """K-means interference classes with k chosen by the elbow (kneedle).
+
+    Parameters: ``n_clusters`` (None: choose by the elbow), ``k_max`` (largest k tried),
+    ``n_init``, ``random_state``. Fitted: ``k_``, ``centers_`` (standardised),
+    ``centroids_`` (original units), ``mean_``, ``scale_``, ``distortions_``, ``silhouette_``,
+    ``k_second_difference_``, ``labels_`` (not kept by ``save``), ``n_samples_``,
+    ``n_features_in_``.
+    """
+
+    def __init__(self, *, n_clusters: int | None = None, k_max: int = 10, n_init: int = 10,
+                 random_state: int | None = 0):
+        self.n_clusters = n_clusters
+        self.k_max = k_max
+        self.n_init = n_init
+        self.random_state = random_state
+
+    def fit(self, X, y=None) -> "InterferenceClasses":
+        X = feature_matrix(X)
+        if len(X) < 3:
+            raise ValueError("need at least 3 jobs to find classes")
+        self.mean_ = X.mean(axis=0)
+        scale = X.std(axis=0)
+        self.scale_ = np.where(scale > 0, scale, 1.0)
+        Z = (X - self.mean_) / self.scale_
+        k_max = max(1, min(self.k_max, len(np.unique(Z, axis=0))))
+        ks = list(range(1, k_max + 1))
+        # One thread: on a few hundred rows OpenMP start-up costs more than the work.
+        with threadpool_limits(1, user_api="openmp"):
+            fits = {k: KMeans(n_clusters=k, n_init=self.n_init,
+                              random_state=self.random_state).fit(Z) for k in ks}
+        self.distortions_ = {k: float(fits[k].inertia_) for k in ks}
+        self.k_knee_ = kneedle(ks, [self.distortions_[k] for k in ks])
+        self.k_second_difference_ = max_second_difference(ks, [self.distortions_[k] for k in ks])
+        k = self.n_clusters or self.k_knee_
+        if k not in fits:
+            with threadpool_limits(1, user_api="openmp"):
+                fits[k] = KMeans(n_clusters=k, n_init=self.n_init,
+                                 random_state=self.random_state).fit(Z)
+        centers = fits[k].cluster_centers_
+        order = np.lexsort((centers[:, 0], centers.sum(axis=1)))  # lightest first
+        self.centers_ = centers[order]
+        self.k_ = int(k)
+        self.n_features_in_ = X.shape[1]
+        self.labels_ = self._assign(Z)
+        self.n_samples_ = int(len(Z))
+        self.silhouette_ = (float(silhouette_score(Z, self.labels_))
+                            if 1 < k < len(Z) and len(set(self.labels_)) > 1 else None)
+        return self
+
+    @property
+    def centroids_(self) -> np.ndarray:
+        check_is_fitted(self, "centers_")
+        return self.centers_ * self.scale_ + self.mean_
+
+    def _assign(self, Z: np.ndarray) -> np.ndarray:
+        dist = ((Z[:, None, :] - self.centers_[None, :, :]) ** 2).sum(axis=2)
+        return dist.argmin(axis=1)
+
+    def predict(self, X) -> np.ndarray:
+        check_is_fitted(self, "centers_")
+        X = feature_matrix(X)
+        return self._assign((X - self.mean_) / self.scale_)
+
+    def predict_one(self, mgup: float, mgmap_pct: float, mgtsamp: float) -> int:
+        return int(self.predict([[mgup, mgmap_pct, mgtsamp]])[0])
+
+    def transform(self, X) -> np.ndarray:
+        """Distances (standardised units) to each class centre."""
+        check_is_fitted(self, "centers_")
+        Z = (feature_matrix(X) - self.mean_) / self.scale_
+        return np.sqrt(((Z[:, None, :] - self.centers_[None, :, :]) ** 2).sum(axis=2))
+
+    def digest(self) -> str:
+        """Short identity of the fitted classes (a knowledge base keyed by them records it)."""
+        import hashlib
+
+        check_is_fitted(self, "centers_")
+        text = json.dumps(np.round(self.centroids_, 4).tolist())
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    # -- persistence ----------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        check_is_fitted(self, "centers_")
+        return {
+            "format": MODEL_FORMAT, "params": self.get_params(), "features": list(FEATURES),
+            "k": self.k_, "mean": self.mean_.tolist(), "scale": self.scale_.tolist(),
+            "centers": self.centers_.tolist(), "centroids": self.centroids_.tolist(),
+            "distortions": {str(k): v for k, v in self.distortions_.items()},
+            "k_knee": self.k_knee_, "k_second_difference": self.k_second_difference_,
+            "silhouette": self.silhouette_, "n_samples": self.n_samples_,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "InterferenceClasses":
+        if data.get("format") != MODEL_FORMAT:
+            raise ValueError(f"not an interference-classes model (format {data.get('format')!r})")
+        model = cls(**data["params"])
+        model.k_ = int(data["k"])
+        model.mean_ = np.asarray(data["mean"], dtype=float)
+        model.scale_ = np.asarray(data["scale"], dtype=float)
+        model.centers_ = np.asarray(data["centers"], dtype=float)
+        model.distortions_ = {int(k): float(v) for k, v in data["distortions"].items()}
+        model.k_knee_ = int(data["k_knee"])
+        model.k_second_difference_ = int(data["k_second_difference"])
+        model.silhouette_ = data["silhouette"]
+        model.n_features_in_ = len(FEATURES)
+        model.n_samples_ = int(data.get("n_samples", 0))
+        return model
+
+    def save(self, path: str | os.PathLike) -> None:
+        write_atomic(path, json.dumps(self.to_dict(), indent=1, sort_keys=True) + "\n")
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "InterferenceClasses":
+        return cls.from_dict(json.loads(read_locked(path)))
+
+
+# -- the paper's data ------------------------------------------------------------------------
+def alnair_records() -> pd.DataFrame:
+    """The paper's K-means input (175 rows: 49 measured jobs + interpolated batch sizes)."""
+    return pd.read_csv(data_path("alnair", "clustering_record_175.csv"))
+
+
+def alnair_job_telemetry(table: pd.DataFrame) -> pd.DataFrame:
+    """Adds MGUP, MGMAP, MGTSAMP to rows naming (task, batch size), e.g. Table II, from the
+    matching row of the 175-record file."""
+    codes = pd.read_csv(data_path("alnair", "job_records.csv")).set_index("task")["model_code"]
+    records = alnair_records().set_index(["Model", "Batch Size"])
+    out = table.copy()
+    rows = [records.loc[(int(codes[t]), int(b))] for t, b in zip(out["task"], out["batch_size"])]
+    for feature in FEATURES:
+        out[feature] = [float(r[feature]) for r in rows]
+    return out
+
+
+def default_classes() -> InterferenceClasses:
+    """Classes fitted on the paper's 175 records: what a site starts with before its own data.
+    (The fit is done once per process; each call returns a fresh copy.)"""
+    return InterferenceClasses.from_dict(_default_classes_dict())
+
+
+@lru_cache(maxsize=1)
+def _default_classes_dict() -> dict[str, Any]:
+    return InterferenceClasses().fit(alnair_records()).to_dict()
+
+
+def reproduce_alnair(k_max: int = 10, random_state: int = 0) -> dict[str, Any]:
+    """Fit on the paper's 175 records; map the 12 jobs of Table II and compare with the paper."""
+    model = InterferenceClasses(k_max=k_max, random_state=random_state).fit(alnair_records())
+    jobs = alnair_job_telemetry(pd.read_csv(data_path("alnair", "single_runs_table2.csv")))
+    jobs["class"] = model.predict(jobs)
+    table = pd.crosstab(jobs["cluster_id"], jobs["class"])
+    return {
+        "data": "alnair clustering_record_175.csv (175 rows), features MGUP, MGMAP, MGTSAMP "
+                "standardised",
+        "k": model.k_,
+        "k_rule": "kneedle on K-means distortion (inertia), k = 1..%d" % k_max,
+        "k_second_difference": model.k_second_difference_,
+        "paper_k": 3,
+        "distortions": {str(k): round(v, 3) for k, v in model.distortions_.items()},
+        "silhouette": None if model.silhouette_ is None else round(model.silhouette_, 4),
+        "centroids": [dict(zip(FEATURES, np.round(c, 2).tolist())) for c in model.centroids_],
+        "class_sizes": np.bincount(model.labels_, minlength=model.k_).tolist(),
+        "jobs": [
+            {"task": r.task, "batch_size": int(r.batch_size), "paper_cluster": int(r.cluster_id),
+             "class": int(r[-1]),
+             "MGUP": r.MGUP, "MGMAP": r.MGMAP, "MGTSAMP": r.MGTSAMP}
+            for r in jobs[["task", "batch_size", "cluster_id", "MGUP", "MGMAP", "MGTSAMP",
+                           "class"]].itertuples(index=False)
+        ],
+        "contingency": {"rows": "paper cluster id", "columns": "our class",
+                        "table": {str(i): {str(c): int(v) for c, v in row.items()}
+                                  for i, row in table.iterrows()}},
+        "adjusted_rand": round(float(adjusted_rand_score(jobs["cluster_id"], jobs["class"])), 4),
+        "matched_fraction": round(_best_match(table) / len(jobs), 4),
+    }
+
+
+def _best_match(table: pd.DataFrame) -> int:
+    """Jobs on which the two labelings agree under the best one-to-one matching of ids."""
+    from itertools import permutations
+
+    rows, cols = list(table.index), list(table.columns)
+    best = 0
+    if len(cols) >= len(rows):
+        for perm in permutations(cols, len(rows)):
+            best = max(best, sum(int(table.loc[r, c]) for r, c in zip(rows, perm)))
+    else:
+        for perm in permutations(rows, len(cols)):
+            best = max(best, sum(int(table.loc[r, c]) for r, c in zip(perm, cols)))
+    return best

@@ -1,0 +1,281 @@
+"""Evaluation of the memory and run-time predictors, and the ``memory`` commands.
+
+``slurm-gpushare memory evaluate`` prints:
+  1. the SchedTune replication (model statistics + GPU characteristics, the regressors the
+     paper compared) with a random 80/20 split like the paper's and leave-one-model-out;
+  2. the privacy-preserving table (only peaks observed on other GPU types), leave-one-model-out;
+  3. OOM safety of the margin, run-time transfer error.
+``slurm-gpushare memory predict`` answers for one job profile.
+"""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from sklearn.compose import TransformedTargetRegressor
+from sklearn.ensemble import GradientBoostingRegressor, RandomForestRegressor
+from sklearn.linear_model import LinearRegression
+from sklearn.model_selection import train_test_split
+from sklearn.neighbors import KNeighborsRegressor
+from sklearn.neural_network import MLPRegressor
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import FunctionTransformer, StandardScaler
+from sklearn.svm import SVR
+
+from slurm_gpushare.core.gpus import default_catalogue
+from slurm_gpushare.predict.memory import (MIB_PER_GIB, CrossTypeMemoryPredictor, data_dir, load_schedtune,
+                     observations_from_schedtune)
+from slurm_gpushare.predict.runtime import evaluate_transfer, load_gavel
+
+# SchedTune paper (Albahar et al., CCGrid 2022), random forest, their own split.
+PAPER = {"rmse_mib": 110.6, "avg_rel_err": 0.0150, "max_rel_err": 0.0898,
+         "time_avg_rel_err": 0.0250, "oom_detection": 1.0}
+SCHEDTUNE_FEATURES = ["batch_size", "activations_mb", "parameters_mb", "input_mb", "cuda_cores",
+                      "memory_bandwidth_gbs", "memory_clock_mhz", "tensor_cores", "sm_count"]
+
+
+def metrics(true, pred) -> dict:
+    true, pred = np.asarray(true, float), np.asarray(pred, float)
+    rel = np.abs(pred - true) / true
+    return {"rmse_mib": float(np.sqrt(np.mean((pred - true) ** 2))),
+            "rmsle": float(np.sqrt(np.mean((np.log1p(np.maximum(pred, 0)) - np.log1p(true)) ** 2))),
+            "avg_rel_err": float(rel.mean()), "p95_rel_err": float(np.percentile(rel, 95)),
+            "max_rel_err": float(rel.max()), "n": int(true.size)}
+
+
+def _regressors(seed: int) -> dict:
+    # Kernel, neighbour and neural models see log sizes and predict log peaks: the statistics
+    # span three orders of magnitude.
+    log_target = dict(func=np.log, inverse_func=np.exp)
+
+    def scaled(model):
+        return TransformedTargetRegressor(
+            make_pipeline(FunctionTransformer(np.log1p), StandardScaler(), model), **log_target)
+
+    return {
+        "linear regression": make_pipeline(StandardScaler(), LinearRegression()),
+        "SVR (RBF)": scaled(SVR(C=10.0, epsilon=0.01)),
+        "k-nearest neighbours": scaled(KNeighborsRegressor(n_neighbors=3)),
+        "MLP": scaled(MLPRegressor(hidden_layer_sizes=(32, 32), learning_rate_init=0.01,
+                                   max_iter=400, random_state=seed)),
+        "gradient boosting": GradientBoostingRegressor(random_state=seed),
+        "random forest": RandomForestRegressor(n_estimators=200, random_state=seed, n_jobs=1),
+    }
+
+
+def schedtune_table(frame: pd.DataFrame, seeds: int = 3) -> dict:
+    """SchedTune's predictor (model statistics + GPU) for each regressor, two splits."""
+    fit = frame[frame.fits]
+    oom = frame[~frame.fits]
+    results = {}
+    for name in _regressors(0):
+        random_true, random_pred, detected = [], [], []
+        for seed in range(seeds):
+            train, test = train_test_split(fit, test_size=0.2, random_state=seed)
+            model = _regressors(seed)[name].fit(train[SCHEDTUNE_FEATURES], train.peak_mib)
+            random_true += list(test.peak_mib)
+            random_pred += list(model.predict(test[SCHEDTUNE_FEATURES]))
+            detected += list(model.predict(oom[SCHEDTUNE_FEATURES]) > oom.usable_mib)
+        lomo_true, lomo_pred, lomo_detected = [], [], []
+        for group in sorted(fit.model.unique()):
+            train, test = fit[fit.model != group], fit[fit.model == group]
+            model = _regressors(0)[name].fit(train[SCHEDTUNE_FEATURES], train.peak_mib)
+            lomo_true += list(test.peak_mib)
+            lomo_pred += list(model.predict(test[SCHEDTUNE_FEATURES]))
+            held_oom = oom[oom.model == group]
+            if len(held_oom):
+                lomo_detected += list(model.predict(held_oom[SCHEDTUNE_FEATURES])
+                                      > held_oom.usable_mib)
+        results[name] = {
+            "random_split": {**metrics(random_true, random_pred),
+                             "oom_detection": float(np.mean(detected))},
+            "leave_one_model_out": {**metrics(lomo_true, lomo_pred),
+                                    "oom_detection": float(np.mean(lomo_detected))},
+        }
+    return results
+
+
+def _spec_vector(model: str) -> list[float]:
+    return default_catalogue().lookup(model).features()
+
+
+def privacy_table(frame: pd.DataFrame, coverage: float = 1.0) -> tuple[dict, dict]:
+    """Leave-one-model-out: peak on B from peaks on other types; and the OOM-safety figures."""
+    obs = observations_from_schedtune(frame)
+    wide = frame.pivot_table(index=["model", "job"], columns="gpu", values="peak_mib")
+    fits = frame.pivot_table(index=["model", "job"], columns="gpu", values="fits")
+    types = list(wide.columns)
+    capacity = {t: default_catalogue().lookup(t).usable_mib for t in types}
+    point: dict[str, tuple[list, list]] = {}
+    safety: dict[str, dict[str, list]] = {}
+    detection = []
+
+    def add(table, name, true, pred):
+        table.setdefault(name, ([], []))
+        table[name][0].append(true)
+        table[name][1].append(pred)
+
+    for group in sorted(obs.group.unique()):
+        train = obs[obs.group != group]
+        ours = CrossTypeMemoryPredictor(coverage=coverage).fit(train)
+        # Baselines fitted on the same rows.
+        tw = train.pivot_table(index="job", columns="gpu", values="peak_mib")
+        rows, median_offset = [], {}
+        for a, b in itertools.permutations(types, 2):
+            both = tw[[a, b]].dropna()
+            median_offset[(a, b)] = float(np.median(both[b] - both[a]))
+            rows += [[pa, *_spec_vector(a), *_spec_vector(b), pb]
+                     for pa, pb in zip(both[a], both[b])]
+        rows = np.array(rows)
+        naive = RandomForestRegressor(n_estimators=100, random_state=0, n_jobs=1)
+        naive.fit(rows[:, :-1], rows[:, -1])
+
+        naive_queries = []
+        for (model, job), peaks in wide.loc[[group]].iterrows():
+            ok = fits.loc[(model, job)].astype(bool)
+            for target in types:
+                sources = [s for s in types if s != target and ok[s]]
+                for k in range(1, len(sources) + 1):
+                    for chosen in itertools.combinations(sources, k):
+                        pred = ours.predict_peak({s: peaks[s] for s in chosen}, target)
+                        if not ok[target]:
+                            # A "does not fit" label: the estimate must exclude the type.
+                            detection.append(pred.safe_mib > capacity[target])
+                            continue
+                        true = peaks[target]
+                        label = f"{k} observed type{'s' if k > 1 else ''}"
+                        add(point, f"ours, {label}", true, pred.mean_mib)
+                        entry = safety.setdefault(label, {"true": [], "safe": [], "margin": []})
+                        entry["true"].append(true)
+                        entry["safe"].append(pred.safe_mib)
+                        entry["margin"].append(pred.margin)
+                        if k == 1:
+                            src = chosen[0]
+                            naive_queries.append((true, [peaks[src], *_spec_vector(src),
+                                                         *_spec_vector(target)]))
+                            add(point, "per-pair median offset", true,
+                                peaks[src] + median_offset[(src, target)])
+                            if "K80" not in (src, target):
+                                add(point, "ours, 1 observed type, K80 excluded", true,
+                                    pred.mean_mib)
+
+        if naive_queries:
+            for true, pred in zip([q[0] for q in naive_queries],
+                                  naive.predict(np.array([q[1] for q in naive_queries]))):
+                add(point, "naive RF (peak_A, specs_A, specs_B)", true, pred)
+
+    order = ["naive RF (peak_A, specs_A, specs_B)", "per-pair median offset",
+             "ours, 1 observed type", "ours, 1 observed type, K80 excluded",
+             "ours, 2 observed types", "ours, 3 observed types", "ours, 4 observed types"]
+    table = {name: metrics(*point[name]) for name in order if name in point}
+
+    oom = {"coverage": coverage, "by_history": {}}
+    all_true, all_safe = [], []
+    for label, entry in safety.items():
+        true, safe = np.array(entry["true"]), np.array(entry["safe"])
+        shards = np.maximum(1, np.ceil(safe / MIB_PER_GIB))
+        all_true += list(true)
+        all_safe += list(safe)
+        oom["by_history"][label] = {
+            "n": int(true.size),
+            "misses_mib": int(np.sum(safe < true)),  # safe estimate below the real peak
+            "oom_misses_shards": int(np.sum(shards * MIB_PER_GIB < true)),  # share too small
+            "median_margin": float(np.median(entry["margin"])),
+            "median_over_allocation": float(np.median(safe / true - 1)),
+            "median_shard_over_allocation": float(np.median(shards * MIB_PER_GIB / true - 1)),
+        }
+    true, safe = np.array(all_true), np.array(all_safe)
+    shards = np.maximum(1, np.ceil(safe / MIB_PER_GIB))
+    oom["all"] = {"n": int(true.size), "misses_mib": int(np.sum(safe < true)),
+                  "oom_misses_shards": int(np.sum(shards * MIB_PER_GIB < true)),
+                  "median_over_allocation": float(np.median(safe / true - 1)),
+                  "median_shard_over_allocation": float(np.median(shards * MIB_PER_GIB / true - 1))}
+    oom["by_history"]["observed on the target type"] = {
+        "median_margin": CrossTypeMemoryPredictor().same_type_margin,
+        "note": "run-to-run spread of the job's own runs, at least same_type_margin "
+                "(the SchedTune data has one run per job, so this is not measured here)"}
+    oom["does_not_fit_detected"] = float(np.mean(detection)) if detection else None
+    oom["does_not_fit_cases"] = len(detection)
+    return table, oom
+
+
+def evaluate(data: Path | None = None, seeds: int = 3, coverage: float = 1.0) -> dict:
+    data = Path(data) if data else data_dir()
+    frame = load_schedtune(data / "schedtune")
+    privacy, oom = privacy_table(frame, coverage)
+    return {
+        "data": {"schedtune_rows": int(len(frame)), "does_not_fit_rows": int((~frame.fits).sum()),
+                 "gavel_job_types": int(load_gavel(data / "gavel").job.nunique())},
+        "paper_random_forest": PAPER,
+        "schedtune_replication": schedtune_table(frame, seeds),
+        "privacy_preserving_lomo": privacy,
+        "oom_safety": oom,
+        "runtime_transfer_lojo": evaluate_transfer(load_gavel(data / "gavel")),
+    }
+
+
+# -- rendering -----------------------------------------------------------------------------
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{100 * x:.2f}%"
+
+
+def _render_table(title: str, header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(str(r[i])) for r in [header] + rows) for i in range(len(header))]
+    line = lambda r: "  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w)  # noqa: E731
+                               for i, (c, w) in enumerate(zip(r, widths)))
+    return "\n".join([title, line(header), "  ".join("-" * w for w in widths),
+                      *[line(r) for r in rows], ""])
+
+
+def render(result: dict) -> str:
+    out = []
+    header = ["regressor / split", "RMSE MiB", "RMSLE", "avg err", "p95 err", "max err",
+              "OOM detected"]
+    rows = [["SchedTune paper, random forest", f"{PAPER['rmse_mib']:.1f}", "-",
+             _pct(PAPER["avg_rel_err"]), "-", _pct(PAPER["max_rel_err"]),
+             _pct(PAPER["oom_detection"])]]
+    for name, splits in result["schedtune_replication"].items():
+        for split, m in splits.items():
+            rows.append([f"{name}, {split.replace('_', ' ')}", f"{m['rmse_mib']:.1f}",
+                         f"{m['rmsle']:.4f}", _pct(m["avg_rel_err"]), _pct(m["p95_rel_err"]),
+                         _pct(m["max_rel_err"]), _pct(m["oom_detection"])])
+    out.append(_render_table("SchedTune replication (model statistics + GPU characteristics)",
+                             header, rows))
+    rows = [[name, f"{m['rmse_mib']:.1f}", f"{m['rmsle']:.4f}", _pct(m["avg_rel_err"]),
+             _pct(m["p95_rel_err"]), _pct(m["max_rel_err"]), str(m["n"])]
+            for name, m in result["privacy_preserving_lomo"].items()]
+    out.append(_render_table(
+        "Privacy-preserving (peaks on other GPU types only), leave-one-model-out "
+        "(target: avg <= 3%, p95 <= 8%)",
+        ["predictor", "RMSE MiB", "RMSLE", "avg err", "p95 err", "max err", "pairs"], rows))
+    oom = result["oom_safety"]
+    rows = []
+    for label, m in oom["by_history"].items():
+        rows.append([label, str(m.get("n", "-")), str(m.get("misses_mib", "-")),
+                     str(m.get("oom_misses_shards", "-")), _pct(m["median_margin"]),
+                     _pct(m.get("median_over_allocation")),
+                     _pct(m.get("median_shard_over_allocation"))])
+    a = oom["all"]
+    rows.append(["all held-out estimates", str(a["n"]), str(a["misses_mib"]),
+                 str(a["oom_misses_shards"]), "-", _pct(a["median_over_allocation"]),
+                 _pct(a["median_shard_over_allocation"])])
+    out.append(_render_table(
+        f"OOM safety, leave-one-model-out (conformal coverage {oom['coverage']:g}; "
+        f"'does not fit' labels excluded: {_pct(oom['does_not_fit_detected'])} "
+        f"of {oom['does_not_fit_cases']})",
+        ["history of the job", "n", "safe<peak", "OOM (shards)", "margin",
+         "over-alloc", "shard over-alloc"], rows))
+    rows = [[name, _pct(m["avg_rel_err"]), _pct(m["median_rel_err"]), _pct(m["p95_rel_err"]),
+             str(m["n"])] for name, m in result["runtime_transfer_lojo"].items()]
+    out.append(_render_table(
+        f"Run-time transfer K80/P100/V100, leave-one-job-type-out (paper's time predictor: "
+        f"avg {_pct(PAPER['time_avg_rel_err'])}, with model statistics)",
+        ["predictor", "avg err", "median err", "p95 err", "pairs"], rows))
+    return "\n".join(out)
+
+
+# -- commands ------------------------------------------------------------------------------

@@ -1,0 +1,655 @@
+"""What is known about running two jobs on one GPU: the class-pair knowledge base and the
+pair-interference model.
+
+**Knowledge base.** For each unordered pair of interference classes (and GPU type where known)
+it keeps the slowdown of each side, ISD = T_packed / T_alone - 1, and the packing saving
+PS = 1 - max(T_packed_a, T_packed_b) / (T_alone_a + T_alone_b), as counts, means and spreads
+(standard deviations). It is seeded from the 34 measured pairs of Ray et al. (Tables III/IV,
+Tesla P100, ``data/alnair``) and learns online from the site's co-runs (``observe``).
+
+A lookup falls back from the most specific cell to coarser ones: (classes, GPU type) ->
+(classes, any GPU) -> the *prior*. The documented prior is the pooled statistics of every seeded
+pair (all classes together): an unmeasured class pair is assumed to behave like the average
+measured pair, with the pooled spread.
+
+**Compatibility rule.** Two classes may share when each side's *pessimistic* predicted
+normalised speed, 1 / (1 + ISD_mean + ISD_spread), is at least ``threshold`` (default 0.7: no
+job should run slower than 0.7x of alone). The spread of a cell with fewer than two
+observations is the prior's spread. Speed here means throughput when sharing / alone.
+
+**Pair-interference model.** ``PairInterferenceModel`` predicts each job's normalised speed
+(1.0 = no slowdown) from both jobs' telemetry: the job's own GPU utilisation, the co-runner's
+GPU utilisation and the GPU's memory size (which stands for the GPU generation). It is a
+gradient-boosted regressor constrained to be non-increasing in the co-runner's utilisation,
+fitted on Gavel's measured pairs (``data/interference``). Memory-access time (MGTSAMP) is not an
+input: no training set here has it measured for co-located pairs, so the model could not learn
+its effect; it still shapes the job's class.
+
+**The Gavel telemetry proxy (what it is, honestly).** Gavel published throughputs, not
+telemetry. Each job type's GPU utilisation on each GPU is *derived* from its isolated
+throughputs on K80, P100 and V100 with a two-term Amdahl model: step time = t_host + W / s(g),
+where s(g) is a GPU speed index -- the 90th percentile over all job types of the throughput
+speed-up relative to K80 (so ~10% of jobs are treated as purely GPU-bound) -- and t_host, W >= 0
+are fitted by non-negative least squares. The proxy utilisation is the GPU part of a step,
+W / s(g) * throughput(g), clipped to [0, 1]. It uses only isolated runs, never a pair, so a
+held-out job type's proxy carries no information about its pairs; the speed index is a
+population statistic of isolated throughputs. It is a model of utilisation, not a measurement:
+a host-bound job (Recommendation) comes out near 0%, a GPU-bound one (ResNet) near 100%.
+The quantile 0.9 was chosen among 0.5/0.75/0.9/1.0 by the same leave-one-job-type-out
+evaluation that is reported, so those figures are slightly optimistic.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+import pandas as pd
+from scipy.optimize import nnls
+from scipy.stats import spearmanr
+from sklearn.base import BaseEstimator, RegressorMixin
+from sklearn.ensemble import HistGradientBoostingRegressor
+from sklearn.utils.validation import check_is_fitted
+from threadpoolctl import threadpool_limits
+
+from slurm_gpushare.predict.classes import (InterferenceClasses, alnair_job_telemetry, data_path, read_locked,
+                      write_atomic)
+
+DEFAULT_THRESHOLD = 0.7
+KB_FORMAT = "slurm-gpushare/knowledge-base/1"
+ALNAIR_GPU = "p100"  # Ray et al. measured on a Tesla P100 16 GB
+ANY_GPU = "*"
+# Memory of the GPUs in Gavel's measurements (MiB): K80 counts one of its two 12 GB dies.
+GAVEL_MEM_MIB = {"k80": 12 * 1024, "p100": 16 * 1024, "v100": 16 * 1024}
+GAVEL_SPEED_QUANTILE = 0.9
+# The pair model's pessimistic estimate for recommending a pair: its 25th percentile of speed.
+SAFE_QUANTILE = 0.25
+MIN_SPEED = 0.05
+
+
+def measured_isd(time_with_s: float, time_solo_s: float) -> float:
+    """Slowdown of a job that ran ``time_with_s`` next to a co-runner and ``time_solo_s`` alone
+    (from its history or a prediction): ISD = T_packed / T_alone - 1."""
+    if time_solo_s <= 0:
+        raise ValueError("solo time must be positive")
+    return time_with_s / time_solo_s - 1.0
+
+
+def packing_saving(packed_a_s: float, packed_b_s: float, alone_a_s: float,
+                   alone_b_s: float) -> float:
+    """PS = 1 - max(T_packed) / (T_alone_a + T_alone_b): time saved against running in turn."""
+    return 1.0 - max(packed_a_s, packed_b_s) / (alone_a_s + alone_b_s)
+
+
+def speed_of(isd: float) -> float:
+    """Normalised speed (throughput shared / alone) of a job with slowdown ``isd``."""
+    return 1.0 / (1.0 + max(isd, -0.99))
+
+
+# -- knowledge base --------------------------------------------------------------------------
+@dataclass
+class _Moments:
+    n: int = 0
+    total: float = 0.0
+    squares: float = 0.0
+
+    def add(self, value: float | None) -> None:
+        if value is None or not math.isfinite(value):
+            return
+        self.n += 1
+        self.total += value
+        self.squares += value * value
+
+    def merge(self, other: "_Moments") -> None:
+        self.n += other.n
+        self.total += other.total
+        self.squares += other.squares
+
+    @property
+    def mean(self) -> float | None:
+        return self.total / self.n if self.n else None
+
+    @property
+    def std(self) -> float | None:
+        if self.n < 2:
+            return None
+        var = (self.squares - self.total * self.total / self.n) / (self.n - 1)
+        return math.sqrt(max(var, 0.0))
+
+
+@dataclass
+class _Cell:
+    isd_a: _Moments
+    isd_b: _Moments
+    ps: _Moments
+
+    @classmethod
+    def empty(cls) -> "_Cell":
+        return cls(_Moments(), _Moments(), _Moments())
+
+    def merge(self, other: "_Cell") -> None:
+        self.isd_a.merge(other.isd_a)
+        self.isd_b.merge(other.isd_b)
+        self.ps.merge(other.ps)
+
+
+@dataclass(frozen=True)
+class PairStats:
+    """What is known about classes ``class_a`` and ``class_b`` sharing a GPU.
+
+    ``isd_a``/``isd_b``: mean slowdown of each side; ``*_spread``: standard deviation (the
+    prior's where fewer than two observations); ``count``: observations behind the numbers
+    (0: the prior); ``source``: "gpu" (this GPU type), "class-pair" (any GPU) or "prior".
+    """
+
+    class_a: int
+    class_b: int
+    gpu_type: str | None
+    isd_a: float
+    isd_b: float
+    ps: float | None
+    count: int
+    isd_a_spread: float
+    isd_b_spread: float
+    ps_spread: float | None
+    source: str
+
+    @property
+    def speed_a(self) -> float:
+        return speed_of(self.isd_a)
+
+    @property
+    def speed_b(self) -> float:
+        return speed_of(self.isd_b)
+
+    @property
+    def pessimistic_speeds(self) -> tuple[float, float]:
+        return (speed_of(self.isd_a + self.isd_a_spread), speed_of(self.isd_b + self.isd_b_spread))
+
+    @property
+    def spread(self) -> float:
+        return max(self.isd_a_spread, self.isd_b_spread)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["speed_a"], out["speed_b"] = round(self.speed_a, 4), round(self.speed_b, 4)
+        return out
+
+
+class KnowledgeBase:
+    """ISD/PS per class pair (and GPU type), seeded from published pairs, learning online."""
+
+    def __init__(self, *, threshold: float = DEFAULT_THRESHOLD, classes_digest: str = ""):
+        self.threshold = threshold
+        self.classes_digest = classes_digest  # which class model the class ids belong to
+        self._cells: dict[tuple[int, int, str], _Cell] = {}
+        self._prior = _Cell.empty()
+
+    # -- building ---------------------------------------------------------------------------
+    @classmethod
+    def seeded(cls, classes: InterferenceClasses | None = None, *,
+               threshold: float = DEFAULT_THRESHOLD) -> "KnowledgeBase":
+        """Seeded with the 34 measured pairs of Ray et al. With ``classes``, each published job
+        is placed in *its* class from its telemetry; without, the paper's cluster ids are used."""
+        pairs = alnair_pairs(classes)
+        kb = cls(threshold=threshold, classes_digest=classes.digest() if classes else "paper")
+        for row in pairs.itertuples(index=False):
+            kb.observe(row.class_a, row.class_b, row.isd_a, row.isd_b, ps=row.ps,
+                       gpu_type=ALNAIR_GPU, prior=True)
+        return kb
+
+    @classmethod
+    def from_store(cls, store, classes: InterferenceClasses | None = None, *,
+                   threshold: float = DEFAULT_THRESHOLD) -> "KnowledgeBase":
+        """The seeded base plus every co-run in ``store`` that has classes and slowdowns."""
+        kb = cls.seeded(classes, threshold=threshold)
+        for obs in store.corun_observations():
+            if None in (obs["class_a"], obs["class_b"], obs["isd_a"], obs["isd_b"]):
+                continue
+            kb.observe(obs["class_a"], obs["class_b"], obs["isd_a"], obs["isd_b"],
+                       ps=obs["ps"], gpu_type=obs["gpu_type"])
+        return kb
+
+    def observe(self, class_a: int, class_b: int, isd_a: float, isd_b: float, *,
+                ps: float | None = None, gpu_type: str | None = None,
+                prior: bool = False) -> None:
+        """Add one measured co-run (ISD as a fraction: 0.15 = 15% slower). ``prior=True`` also
+        feeds the pooled prior (the seed does; site observations do not move the prior)."""
+        class_a, class_b = int(class_a), int(class_b)
+        if class_b < class_a:
+            class_a, class_b, isd_a, isd_b = class_b, class_a, isd_b, isd_a
+        cell = self._cells.setdefault((class_a, class_b, gpu_type or ANY_GPU), _Cell.empty())
+        cell.isd_a.add(isd_a)
+        cell.isd_b.add(isd_b)
+        cell.ps.add(ps)
+        if prior:
+            for value in (isd_a, isd_b):
+                self._prior.isd_a.add(value)
+                self._prior.isd_b.add(value)
+            self._prior.ps.add(ps)
+
+    # -- lookup -----------------------------------------------------------------------------
+    def pair(self, class_a: int, class_b: int, gpu_type: str | None = None) -> PairStats:
+        """Statistics for the pair, oriented so that ``isd_a`` is ``class_a``'s slowdown."""
+        a, b = int(class_a), int(class_b)
+        swap = b < a
+        lo, hi = (b, a) if swap else (a, b)
+        cell, source = None, "prior"
+        if gpu_type and (lo, hi, gpu_type) in self._cells:
+            cell, source = self._cells[(lo, hi, gpu_type)], "gpu"
+        else:
+            pooled = _Cell.empty()
+            for (x, y, _), found in self._cells.items():
+                if (x, y) == (lo, hi):
+                    pooled.merge(found)
+            if pooled.isd_a.n:
+                cell, source = pooled, "class-pair"
+        prior_spread = self._prior.isd_a.std or 0.0
+        if cell is None:
+            isd_lo = isd_hi = self._prior.isd_a.mean or 0.0
+            spread_lo = spread_hi = prior_spread
+            ps, ps_spread, count = self._prior.ps.mean, self._prior.ps.std, 0
+        else:
+            isd_lo, isd_hi = cell.isd_a.mean, cell.isd_b.mean
+            spread_lo = cell.isd_a.std if cell.isd_a.std is not None else prior_spread
+            spread_hi = cell.isd_b.std if cell.isd_b.std is not None else prior_spread
+            ps = cell.ps.mean
+            ps_spread = cell.ps.std if cell.ps.std is not None else self._prior.ps.std
+            count = cell.isd_a.n
+        if swap:
+            isd_lo, isd_hi, spread_lo, spread_hi = isd_hi, isd_lo, spread_hi, spread_lo
+        return PairStats(class_a=a, class_b=b, gpu_type=gpu_type, isd_a=isd_lo, isd_b=isd_hi,
+                         ps=ps, count=count, isd_a_spread=spread_lo, isd_b_spread=spread_hi,
+                         ps_spread=ps_spread, source=source)
+
+    def compatible(self, class_a: int, class_b: int, gpu_type: str | None = None) -> bool:
+        """Whether both sides' pessimistic predicted speed is at least ``threshold``."""
+        speed_a, speed_b = self.pair(class_a, class_b, gpu_type).pessimistic_speeds
+        return speed_a >= self.threshold and speed_b >= self.threshold
+
+    def classes(self) -> list[int]:
+        return sorted({c for (a, b, _) in self._cells for c in (a, b)})
+
+    def table(self, gpu_type: str | None = None) -> list[dict[str, Any]]:
+        """Every known class pair with its statistics and verdict (for ``kb show``)."""
+        out = []
+        known = self.classes()
+        for i, a in enumerate(known):
+            for b in known[i:]:
+                stats = self.pair(a, b, gpu_type)
+                row = stats.to_dict()
+                row["compatible"] = self.compatible(a, b, gpu_type)
+                out.append(row)
+        return out
+
+    # -- persistence ------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        def cell(c: _Cell) -> dict[str, Any]:
+            return {name: asdict(getattr(c, name)) for name in ("isd_a", "isd_b", "ps")}
+
+        return {
+            "format": KB_FORMAT, "threshold": self.threshold,
+            "classes_digest": self.classes_digest, "prior": cell(self._prior),
+            "cells": [{"class_a": a, "class_b": b, "gpu_type": g, **cell(c)}
+                      for (a, b, g), c in sorted(self._cells.items())],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "KnowledgeBase":
+        if data.get("format") != KB_FORMAT:
+            raise ValueError(f"not a knowledge base (format {data.get('format')!r})")
+
+        def cell(d) -> _Cell:
+            return _Cell(_Moments(**d["isd_a"]), _Moments(**d["isd_b"]), _Moments(**d["ps"]))
+
+        kb = cls(threshold=float(data["threshold"]), classes_digest=data.get("classes_digest", ""))
+        kb._prior = cell(data["prior"])
+        for c in data["cells"]:
+            kb._cells[(int(c["class_a"]), int(c["class_b"]), c["gpu_type"])] = cell(c)
+        return kb
+
+    def save(self, path: str | os.PathLike) -> None:
+        write_atomic(path, json.dumps(self.to_dict(), indent=1, sort_keys=True) + "\n")
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "KnowledgeBase":
+        return cls.from_dict(json.loads(read_locked(path)))
+
+
+def alnair_pairs(classes: InterferenceClasses | None = None) -> pd.DataFrame:
+    """The paper's 34 measured pairs with ISD and PS as fractions and each side's class."""
+    raw = pd.read_csv(data_path("alnair", "pairs_tables3_4.csv"))
+    out = pd.DataFrame({
+        "task_a": raw["task_a"], "bs_a": raw["bs_a"], "task_b": raw["task_b"],
+        "bs_b": raw["bs_b"], "paper_class_a": raw["cluster_a"], "paper_class_b": raw["cluster_b"],
+        "isd_a": raw["isd_a_pct"] / 100.0, "isd_b": raw["isd_b_pct"] / 100.0,
+        "ps": raw["packing_saving_pct"] / 100.0,
+    })
+    for side in ("a", "b"):
+        jobs = alnair_job_telemetry(pd.DataFrame({"task": out[f"task_{side}"],
+                                                  "batch_size": out[f"bs_{side}"]}))
+        for feature in ("MGUP", "MGMAP", "MGTSAMP"):
+            out[f"{feature}_{side}"] = jobs[feature].to_numpy()
+        out[f"class_{side}"] = (classes.predict(jobs) if classes is not None
+                                else out[f"paper_class_{side}"]).astype(int)
+    return out
+
+
+# -- the pair-interference model --------------------------------------------------------------
+PROFILE_FIELDS = ("gpu_util_pct", "mem_util_pct", "mem_used_mib", "mem_total_mib")
+
+
+def pair_features(own: Mapping[str, Any], other: Mapping[str, Any]) -> list[float]:
+    """Model inputs for ``own``'s speed next to ``other``: own and other GPU utilisation
+    (fractions) and the GPU's memory in GiB (the smaller of the two profiles' GPUs)."""
+    totals = [p.get("mem_total_mib") for p in (own, other)]
+    totals = [float(t) for t in totals if t is not None and not _isnan(t)]
+    return [_fraction(own.get("gpu_util_pct")), _fraction(other.get("gpu_util_pct")),
+            min(totals) / 1024.0 if totals else float("nan")]
+
+
+def _isnan(value) -> bool:
+    try:
+        return math.isnan(float(value))
+    except (TypeError, ValueError):
+        return True
+
+
+def _fraction(pct) -> float:
+    if pct is None or _isnan(pct):
+        return float("nan")
+    return min(max(float(pct), 0.0), 100.0) / 100.0
+
+
+def _matrix(X) -> np.ndarray:
+    X = np.asarray(X, dtype=float)  # NaN allowed: the regressor routes missing values
+    if X.ndim != 2:
+        raise ValueError("expected a 2-D array of pair features")
+    return X
+
+
+class PairInterferenceModel(RegressorMixin, BaseEstimator):
+    """Predicts a job's normalised speed next to a co-runner from both jobs' telemetry.
+
+    ``fit(X, y)`` takes rows of ``pair_features(own, other)`` and measured speeds;
+    ``predict_speed(profile_a, profile_b)`` returns ``(speed_a, speed_b)``, each in
+    [0.05, 1.0]. Non-increasing in the co-runner's utilisation by construction.
+    ``quantile=None`` predicts the mean speed (for ranking and reporting); a quantile (e.g.
+    ``SAFE_QUANTILE``) predicts that quantile of the speed, a pessimistic estimate for deciding
+    whether a pair may share.
+    """
+
+    def __init__(self, *, quantile: float | None = None, max_iter: int = 150,
+                 learning_rate: float = 0.05, max_depth: int = 3, min_samples_leaf: int = 20,
+                 random_state: int | None = 0):
+        self.quantile = quantile
+        self.max_iter = max_iter
+        self.learning_rate = learning_rate
+        self.max_depth = max_depth
+        self.min_samples_leaf = min_samples_leaf
+        self.random_state = random_state
+
+    def fit(self, X, y) -> "PairInterferenceModel":
+        X = _matrix(X)
+        y = np.asarray(y, dtype=float)
+        loss = {"loss": "quantile", "quantile": self.quantile} if self.quantile else {}
+        regressor = HistGradientBoostingRegressor(
+            max_iter=self.max_iter, learning_rate=self.learning_rate, max_depth=self.max_depth,
+            min_samples_leaf=self.min_samples_leaf, monotonic_cst=[0, -1, 0],
+            random_state=self.random_state, **loss)
+        # One thread: on a few thousand rows OpenMP start-up costs ten times the work.
+        with threadpool_limits(1, user_api="openmp"):
+            self.regressor_ = regressor.fit(X, y)
+        self.n_features_in_ = X.shape[1]
+        self.n_train_ = len(y)
+        return self
+
+    def predict(self, X) -> np.ndarray:
+        check_is_fitted(self, "regressor_")
+        X = _matrix(X)
+        if X.shape[1] != self.n_features_in_:
+            raise ValueError(f"expected {self.n_features_in_} features, got {X.shape[1]}")
+        with threadpool_limits(1, user_api="openmp"):
+            return np.clip(self.regressor_.predict(X), MIN_SPEED, 1.0)
+
+    def predict_speed(self, profile_a: Mapping[str, Any],
+                      profile_b: Mapping[str, Any]) -> tuple[float, float]:
+        """``(speed_a, speed_b)``: each job's throughput when sharing / alone."""
+        speeds = self.predict([pair_features(profile_a, profile_b),
+                               pair_features(profile_b, profile_a)])
+        return float(speeds[0]), float(speeds[1])
+
+    @classmethod
+    def default(cls, quantile: float | None = None) -> "PairInterferenceModel":
+        """Fitted on every usable Gavel pair (cached: fitting takes a fraction of a second)."""
+        return _default_pair_model(quantile)
+
+
+@lru_cache(maxsize=4)
+def _default_pair_model(quantile: float | None) -> PairInterferenceModel:
+    sides = gavel_sides()
+    return PairInterferenceModel(quantile=quantile).fit(_side_features(sides), sides["speed"])
+
+
+def recommend_pair(profile_a: Mapping[str, Any], profile_b: Mapping[str, Any], *,
+                   threshold: float = DEFAULT_THRESHOLD,
+                   model: PairInterferenceModel | None = None) -> bool:
+    """Whether two jobs may share a GPU by telemetry: both fit in memory together and each
+    side's pessimistic predicted speed (the ``SAFE_QUANTILE`` model) is at least ``threshold``."""
+    if fits_memory(profile_a, profile_b) is False:
+        return False
+    model = model or PairInterferenceModel.default(SAFE_QUANTILE)
+    speed_a, speed_b = model.predict_speed(profile_a, profile_b)
+    return speed_a >= threshold and speed_b >= threshold
+
+
+def fits_memory(profile_a: Mapping[str, Any], profile_b: Mapping[str, Any]) -> bool | None:
+    """Whether both jobs' memory fits together in one GPU of the smaller memory of the two
+    profiles; None if a figure is missing."""
+    values = [profile_a.get("mem_used_mib"), profile_b.get("mem_used_mib"),
+              profile_a.get("mem_total_mib"), profile_b.get("mem_total_mib")]
+    if any(_isnan(v) for v in values):
+        return None
+    used_a, used_b, total_a, total_b = (float(v) for v in values)
+    return used_a + used_b <= min(total_a, total_b)
+
+
+def _side_features(sides: pd.DataFrame) -> np.ndarray:
+    return np.column_stack([sides["util_self"] / 100.0, sides["util_other"] / 100.0,
+                            sides["mem_total_mib"] / 1024.0])
+
+
+def gavel_pairs() -> pd.DataFrame:
+    return pd.read_csv(data_path("interference", "gavel_pairs_scale1.csv"))
+
+
+def gavel_profiles(speed_quantile: float = GAVEL_SPEED_QUANTILE) -> pd.DataFrame:
+    """The telemetry proxy of each Gavel job type on each GPU (see the module text):
+    columns gpu, job, gpu_util_pct, mem_util_pct (None: not derivable), mem_used_mib (None),
+    mem_total_mib."""
+    pairs = gavel_pairs()
+    alone = pd.concat([
+        pairs[["gpu", "job_a", "tput_a_alone"]].set_axis(["gpu", "job", "tput"], axis=1),
+        pairs[["gpu", "job_b", "tput_b_alone"]].set_axis(["gpu", "job", "tput"], axis=1),
+    ]).drop_duplicates(["gpu", "job"]).pivot(index="job", columns="gpu", values="tput")
+    gpus = [g for g in ("k80", "p100", "v100") if g in alone.columns]
+    speedup = alone[gpus].div(alone[gpus[0]], axis=0)
+    index = {g: float(np.quantile(speedup[g], speed_quantile)) for g in gpus}
+    rows = []
+    for job, tput in alone.iterrows():
+        design = np.array([[1.0, 1.0 / index[g]] for g in gpus])
+        (t_host, work), _ = nnls(design, np.array([1.0 / tput[g] for g in gpus]))
+        for g in gpus:
+            util = min(1.0, (work / index[g]) * tput[g])
+            rows.append({"gpu": g, "job": job, "gpu_util_pct": round(100.0 * util, 2),
+                         "mem_util_pct": None, "mem_used_mib": None,
+                         "mem_total_mib": GAVEL_MEM_MIB[g]})
+    return pd.DataFrame(rows)
+
+
+def gavel_sides(speed_quantile: float = GAVEL_SPEED_QUANTILE) -> pd.DataFrame:
+    """One row per (GPU, job, co-runner) with the measured normalised speed. Dropped: failed
+    pairs ([0, 0], likely out of memory) and V100 pairs whose shared throughput equals the alone
+    one exactly (filled in, not measured)."""
+    pairs = gavel_pairs()
+    usable = pairs[~pairs["infeasible_zero"] & ~pairs["a_equals_alone"] & ~pairs["b_equals_alone"]]
+    util = gavel_profiles(speed_quantile).set_index(["gpu", "job"])["gpu_util_pct"]
+    rows = []
+    for r in usable.itertuples(index=False):
+        sides = [(r.job_a, r.job_b, r.norm_a)]
+        if r.job_a != r.job_b:
+            sides.append((r.job_b, r.job_a, r.norm_b))
+        for own, other, speed in sides:
+            rows.append({"gpu": r.gpu, "job": own, "other": other,
+                         "util_self": util[(r.gpu, own)], "util_other": util[(r.gpu, other)],
+                         "mem_total_mib": GAVEL_MEM_MIB[r.gpu], "speed": float(speed)})
+    return pd.DataFrame(rows)
+
+
+def job_family(job: str) -> str:
+    """Gavel job type without its batch size: 'ResNet-18 (batch size 16)' -> 'ResNet-18'."""
+    return job.split(" (")[0]
+
+
+def evaluate_pair_model(group: str = "job", threshold: float = DEFAULT_THRESHOLD,
+                        speed_quantile: float = GAVEL_SPEED_QUANTILE) -> dict[str, Any]:
+    """Leave-one-out over Gavel job types (``group="job"``) or model families ("family"):
+    for each held-out group, fit on pairs with no job of that group and predict the speeds of
+    the held-out group's jobs in every pair they are in. Reports Spearman's rank correlation of
+    predicted vs measured speeds (pooled and per GPU), the mean absolute error, and, over
+    unordered pairs, how many the model recommends (both predicted speeds >= threshold) and how
+    often a recommended pair measured a side below ``threshold``."""
+    sides = gavel_sides(speed_quantile)
+    key = sides["job"] if group == "job" else sides["job"].map(job_family)
+    other_key = sides["other"] if group == "job" else sides["other"].map(job_family)
+    X = _side_features(sides)
+    predicted = np.full(len(sides), np.nan)
+    safe = np.full(len(sides), np.nan)
+    for held in sorted(key.unique()):
+        train = ((key != held) & (other_key != held)).to_numpy()
+        test = (key == held).to_numpy()
+        model = PairInterferenceModel().fit(X[train], sides["speed"][train])
+        predicted[test] = model.predict(X[test])
+        pessimistic = PairInterferenceModel(quantile=SAFE_QUANTILE).fit(X[train],
+                                                                         sides["speed"][train])
+        safe[test] = pessimistic.predict(X[test])
+    figures = _pair_figures(sides.assign(predicted=predicted), threshold)
+    safe_figures = _pair_figures(sides.assign(predicted=safe), threshold)
+    figures["safe_model"] = {
+        "quantile": SAFE_QUANTILE,
+        **{name: safe_figures[name] for name in (
+            "spearman", "recommended_pairs", "recommended_below_threshold",
+            "recommended_below_threshold_rate")},
+    }
+    return figures | {
+        "data": "Gavel measured pairs, scale 1, K80/P100/V100 (failed and filled-in pairs "
+                "dropped)",
+        "held_out": f"leave-one-{group}-out ({key.nunique()} groups)",
+        "telemetry": f"Amdahl proxy from isolated throughputs, speed index quantile "
+                     f"{speed_quantile}",
+    }
+
+
+def _pair_figures(sides: pd.DataFrame, threshold: float) -> dict[str, Any]:
+    rho = spearmanr(sides["predicted"], sides["speed"]).statistic
+    per_gpu = {g: round(float(spearmanr(d["predicted"], d["speed"]).statistic), 4)
+               for g, d in sides.groupby("gpu")} if "gpu" in sides else {}
+    pair_key = sides.apply(lambda r: (r["gpu"],) + tuple(sorted((r["job"], r["other"]))), axis=1)
+    pairs = sides.groupby(pair_key).agg(pred_min=("predicted", "min"),
+                                        measured_min=("speed", "min"))
+    if "recommended" in sides:  # the predictor's own rule (e.g. the pessimistic KB verdict)
+        pairs["recommended"] = sides.groupby(pair_key)["recommended"].all()
+    else:
+        pairs["recommended"] = pairs["pred_min"] >= threshold
+    recommended = pairs[pairs["recommended"]]
+    return {
+        "sides": int(len(sides)),
+        "pairs": int(len(pairs)),
+        "spearman": round(float(rho), 4),
+        "spearman_per_gpu": per_gpu,
+        "mae": round(float((sides["predicted"] - sides["speed"]).abs().mean()), 4),
+        "recommended_pairs": int(len(recommended)),
+        "recommended_below_threshold": int((recommended["measured_min"] < threshold).sum()),
+        "recommended_below_threshold_rate": (
+            round(float((recommended["measured_min"] < threshold).mean()), 4)
+            if len(recommended) else None),
+        "all_pairs_below_threshold_rate": round(float((pairs["measured_min"] < threshold).mean()),
+                                                4),
+        "threshold": threshold,
+    }
+
+
+def evaluate_on_alnair(threshold: float = DEFAULT_THRESHOLD) -> dict[str, Any]:
+    """The Gavel-fitted model on Ray et al.'s 34 pairs (another data set entirely: TensorFlow on
+    a P100, telemetry = MGUP of each job). Measured speed = 1 / (1 + ISD)."""
+    model = PairInterferenceModel.default()
+    pairs = alnair_pairs()
+    rows = []
+    for r in pairs.itertuples(index=False):
+        a = {"gpu_util_pct": r.MGUP_a, "mem_util_pct": r.MGTSAMP_a,
+             "mem_total_mib": GAVEL_MEM_MIB["p100"]}
+        b = {"gpu_util_pct": r.MGUP_b, "mem_util_pct": r.MGTSAMP_b,
+             "mem_total_mib": GAVEL_MEM_MIB["p100"]}
+        speed_a, speed_b = model.predict_speed(a, b)
+        name_a, name_b = f"{r.task_a}/{r.bs_a}", f"{r.task_b}/{r.bs_b}"
+        rows.append({"gpu": "p100", "job": name_a, "other": name_b, "predicted": speed_a,
+                     "speed": speed_of(r.isd_a)})
+        rows.append({"gpu": "p100", "job": name_b, "other": name_a, "predicted": speed_b,
+                     "speed": speed_of(r.isd_b)})
+    figures = _pair_figures(pd.DataFrame(rows), threshold)
+    figures.pop("spearman_per_gpu", None)
+    return figures | {"data": "alnair Tables III/IV (34 pairs), none used to fit",
+                      "held_out": "whole data set"}
+
+
+def evaluate_kb_on_alnair(classes: InterferenceClasses | None = None,
+                          threshold: float = DEFAULT_THRESHOLD) -> dict[str, Any]:
+    """Leave-one-pair-out for the class lookup: each of the 34 pairs is predicted from a base
+    seeded with the other 33 (its class pair's mean ISD, else the prior); a pair counts as
+    recommended when ``compatible`` (the pessimistic rule) says so."""
+    pairs = alnair_pairs(classes)
+    rows = []
+    for i, r in enumerate(pairs.itertuples(index=False)):
+        kb = KnowledgeBase(threshold=threshold)
+        for j, o in enumerate(pairs.itertuples(index=False)):
+            if j != i:
+                kb.observe(o.class_a, o.class_b, o.isd_a, o.isd_b, ps=o.ps,
+                           gpu_type=ALNAIR_GPU, prior=True)
+        stats = kb.pair(r.class_a, r.class_b, ALNAIR_GPU)
+        verdict = kb.compatible(r.class_a, r.class_b, ALNAIR_GPU)
+        name_a, name_b = f"{r.task_a}/{r.bs_a}", f"{r.task_b}/{r.bs_b}"
+        rows.append({"gpu": "p100", "job": name_a, "other": name_b, "predicted": stats.speed_a,
+                     "speed": speed_of(r.isd_a), "recommended": verdict})
+        rows.append({"gpu": "p100", "job": name_b, "other": name_a, "predicted": stats.speed_b,
+                     "speed": speed_of(r.isd_b), "recommended": verdict})
+    figures = _pair_figures(pd.DataFrame(rows), threshold)
+    figures.pop("spearman_per_gpu", None)
+    return figures | {"data": "alnair Tables III/IV (34 pairs)",
+                      "held_out": "leave-one-pair-out",
+                      "classes": "ours (fitted on the 175 records)" if classes is not None
+                      else "the paper's cluster ids"}
+
+
+def class_of_history(classes: InterferenceClasses, history: Iterable[Mapping[str, Any]]
+                     ) -> tuple[int | None, str]:
+    """A job's class from its past summaries (``Store.history``): the runs found by the most
+    specific key are used, and within them the peak of each feature (the paper's features are
+    maxima). Returns ``(class, detail)``, or ``(None, why)`` when nothing usable is there."""
+    usable = [s for s in history
+              if None not in (s.get("mgup_max"), s.get("mgmap_max_pct"), s.get("mgtsamp_max"))]
+    if not usable:
+        return None, "no usable telemetry in history"
+    best = min(s.get("matched_key", 0) for s in usable)
+    runs = [s for s in usable if s.get("matched_key", 0) == best]
+    features = [max(s["mgup_max"] for s in runs), max(s["mgmap_max_pct"] for s in runs),
+                max(s["mgtsamp_max"] for s in runs)]
+    job_class = classes.predict_one(*features)
+    level = ("exact script", "job name", "user")[min(best, 2)]
+    return job_class, (f"class {job_class} from {len(runs)} earlier run(s) matched by {level} "
+                       f"(peak util {features[0]:.0f}%, mem {features[1]:.0f}%, "
+                       f"mem-access {features[2]:.0f}%)")

@@ -1,0 +1,503 @@
+"""Privacy-preserving GPU memory prediction across GPU types, with OOM-safe margins.
+
+From a job's observed peak GPU memory on one or more GPU types (its own earlier runs, sampled
+through NVML) predict its peak on another type, without looking at the model, data or
+hyper-parameters. The structure that makes this work: a peak is a part fixed per GPU type
+(CUDA context, cuDNN/cuBLAS handles and workspaces, allocator granularity) plus a part that
+scales with the job's tensors, and that scaling part is nearly the same on every type. So for
+each ordered pair of types (A, B) we fit, robustly, ``peak_B - peak_A = a_AB + b_AB * peak_A``
+(an offset plus a small scale correction); a Huber fit keeps the few jobs whose cuDNN picks
+a different algorithm on one type from bending the line for all others.
+
+Several observations are combined by a weighted mean (weights from each pair's residual scale).
+The margin is split-conformal: relative errors of predictions made for jobs held out of the
+fit (cross-fitting by job group) give an upper quantile per (target type, observed types), so
+a job observed on more types, or on the target type itself, gets a smaller margin.
+
+A type the training data lacks is mapped to the nearest trained type (same architecture, else
+nearest compute capability, then SM count) and gets an extra margin (``unseen_type_margin``).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import itertools
+import json
+import math
+import os
+import pickle
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Iterable, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+import sklearn
+from sklearn.base import BaseEstimator
+from sklearn.utils.validation import check_is_fitted
+
+from slurm_gpushare.core.files import lock_for, read_locked, replace_atomically
+from slurm_gpushare.core.gpus import Catalogue, GpuSpec, UnknownGpu, default_catalogue
+
+MIB_PER_GIB = 1024
+
+# SchedTune names its GPUs only by their characteristics; CUDA cores tell them apart.
+SCHEDTUNE_GPUS = {2496: "K80", 2560: "RTX2070S", 5120: "V100-16GB", 5888: "RTX3070",
+                  10496: "RTX3090"}
+SCHEDTUNE_COLUMNS = ["model", "batch_size", "activations_mb", "parameters_mb", "input_mb",
+                     "peak_mib", "cuda_cores", "memory_bandwidth_gbs", "memory_clock_mhz",
+                     "tensor_cores", "sm_count"]
+
+
+def data_dir() -> Path:
+    """The packaged data (SchedTune, Gavel, catalogue)."""
+    return Path(str(resources.files("slurm_gpushare").joinpath("data")))
+
+
+def load_schedtune(path: str | os.PathLike | None = None,
+                   catalogue: Catalogue | None = None) -> pd.DataFrame:
+    """SchedTune's model_stats.csv with the GPU named and a ``fits`` label per row.
+
+    A row fits when its peak is within the GPU's usable memory; the others are the paper's
+    interpolations for runs that hit OOM and must not be used as measurements.
+    """
+    catalogue = catalogue or default_catalogue()
+    path = Path(path) if path else data_dir() / "schedtune" / "model_stats.csv"
+    if path.is_dir():
+        path = path / "model_stats.csv"
+    frame = pd.read_csv(path)
+    if len(frame.columns) != len(SCHEDTUNE_COLUMNS):
+        raise ValueError(f"{path}: expected {len(SCHEDTUNE_COLUMNS)} columns")
+    frame.columns = SCHEDTUNE_COLUMNS
+    unknown = set(frame.cuda_cores) - set(SCHEDTUNE_GPUS)
+    if unknown:
+        raise ValueError(f"{path}: unknown GPU with {sorted(unknown)} CUDA cores")
+    frame["gpu"] = frame.cuda_cores.map(SCHEDTUNE_GPUS)
+    frame["usable_mib"] = frame.gpu.map(lambda m: catalogue.lookup(m).usable_mib)
+    frame["fits"] = frame.peak_mib <= frame.usable_mib
+    frame["job"] = frame.model + "/bs" + frame.batch_size.astype(str)
+    return frame
+
+
+def observations_from_schedtune(frame: pd.DataFrame) -> pd.DataFrame:
+    """The long table the predictor trains on: job, group, gpu, peak_mib (measured rows)."""
+    rows = frame[frame.fits]
+    return pd.DataFrame({"job": rows.job, "group": rows.model, "gpu": rows.gpu,
+                         "peak_mib": rows.peak_mib.astype(float)}).reset_index(drop=True)
+
+
+def _huber_line(x: np.ndarray, y: np.ndarray, delta: float, iters: int = 30) -> np.ndarray:
+    """Intercept and slope of y ~ x by iteratively reweighted least squares (Huber loss)."""
+    weights = np.ones_like(y)
+    intercept = slope = 0.0
+    for _ in range(iters):
+        sw = weights.sum()
+        mx, my = (weights * x).sum() / sw, (weights * y).sum() / sw
+        sxx = (weights * (x - mx) ** 2).sum()
+        slope = (weights * (x - mx) * (y - my)).sum() / sxx if sxx > 0 else 0.0
+        intercept = my - slope * mx
+        resid = y - intercept - slope * x
+        scale = max(1.4826 * np.median(np.abs(resid - np.median(resid))), 1e-6)
+        ratio = np.abs(resid) / (delta * scale)
+        new = np.where(ratio <= 1, 1.0, 1.0 / np.maximum(ratio, 1e-12))
+        if np.allclose(new, weights):
+            break
+        weights = new
+    return np.array([intercept, slope])
+
+
+def conformal_upper(residuals: Sequence[float], coverage: float) -> float:
+    """Split-conformal upper bound of relative under-prediction (>= 0).
+
+    The ceil((n+1)*coverage)-th smallest residual; beyond n it is capped at the largest
+    (coverage n/(n+1), the most n calibration points can promise).
+    """
+    values = np.sort(np.asarray(residuals, dtype=float))
+    if values.size == 0:
+        return math.inf
+    rank = min(math.ceil((values.size + 1) * coverage), values.size)
+    return max(float(values[rank - 1]), 0.0)
+
+
+@dataclass(frozen=True)
+class PairTransfer:
+    """``peak_B = peak_A + intercept + slope * clip(peak_A, lo, hi)`` (MiB)."""
+
+    intercept: float
+    slope: float
+    lo: float
+    hi: float
+    scale: float  # robust relative residual scale, for combining sources
+    n: int
+
+    def predict(self, peak: np.ndarray | float) -> np.ndarray | float:
+        # Outside the training range keep the edge's offset: no extrapolated slope.
+        return peak + self.intercept + self.slope * np.clip(peak, self.lo, self.hi)
+
+
+@dataclass(frozen=True)
+class PeakPrediction:
+    model: str  # catalogue model of the target
+    mean_mib: float
+    margin: float  # relative: safe = mean * (1 + margin)
+    basis: str  # e.g. "same type, 3 runs" or "from V100-16GB+RTX3090"
+
+    @property
+    def safe_mib(self) -> float:
+        return self.mean_mib * (1 + self.margin)
+
+
+def _pair_key(sources: Iterable[str]) -> str:
+    return "+".join(sorted(sources))
+
+
+class CrossTypeMemoryPredictor(BaseEstimator):
+    """Peak GPU memory on one type from peaks observed on others (no model statistics).
+
+    ``fit(X)`` takes a long table with columns ``job``, ``gpu`` (catalogue model), ``peak_mib``
+    and optionally ``group`` (jobs of one group are held out together when calibrating, e.g.
+    all batch sizes of one network). The fitted state: ``types_``, ``pairs_`` (per ordered
+    pair), ``margins_`` (per target and observed-type set), ``margin_by_count_``.
+    """
+
+    def __init__(self, *, coverage: float = 1.0, huber_delta: float = 1.345,
+                 min_jobs: int = 8, min_calibration: int = 12, n_folds: int = 12,
+                 max_sources: int = 4, same_type_margin: float = 0.05,
+                 unseen_type_margin: float = 0.10, catalogue: Catalogue | None = None,
+                 random_state: int | None = 0):
+        self.coverage = coverage
+        self.huber_delta = huber_delta
+        self.min_jobs = min_jobs
+        self.min_calibration = min_calibration
+        self.n_folds = n_folds
+        self.max_sources = max_sources
+        self.same_type_margin = same_type_margin
+        self.unseen_type_margin = unseen_type_margin
+        self.catalogue = catalogue
+        self.random_state = random_state
+
+    # -- fitting -------------------------------------------------------------------------
+    def _catalogue(self) -> Catalogue:
+        return self.catalogue or default_catalogue()
+
+    @staticmethod
+    def _wide(X: pd.DataFrame) -> pd.DataFrame:
+        missing = {"job", "gpu", "peak_mib"} - set(X.columns)
+        if missing:
+            raise ValueError(f"training table lacks column(s): {', '.join(sorted(missing))}")
+        # A job's peak on a type is the largest of its runs there (what must fit).
+        return X.pivot_table(index="job", columns="gpu", values="peak_mib", aggfunc="max")
+
+    def _fit_pairs(self, wide: pd.DataFrame) -> dict[tuple[str, str], PairTransfer]:
+        pairs = {}
+        values = wide.to_numpy(float)
+        for (i, a), (j, b) in itertools.permutations(enumerate(wide.columns), 2):
+            both = ~np.isnan(values[:, i]) & ~np.isnan(values[:, j])
+            if both.sum() < self.min_jobs:
+                continue
+            x, y = values[both, i], values[both, j]
+            intercept, slope = _huber_line(x, y - x, self.huber_delta)
+            transfer = PairTransfer(intercept, slope, float(x.min()), float(x.max()), 1.0,
+                                    int(both.sum()))
+            rel = y / transfer.predict(x) - 1
+            scale = max(1.4826 * float(np.median(np.abs(rel))), 0.005)
+            pairs[(a, b)] = PairTransfer(intercept, slope, transfer.lo, transfer.hi, scale,
+                                         int(both.sum()))
+        return pairs
+
+    def _combine(self, pairs, peaks: Mapping[str, np.ndarray], target: str):
+        """Weighted mean of the per-source predictions (vectorised over jobs)."""
+        total, weight = 0.0, 0.0
+        for source, peak in peaks.items():
+            transfer = pairs.get((source, target))
+            if transfer is None:
+                return None
+            w = 1.0 / transfer.scale ** 2
+            total = total + w * transfer.predict(peak)
+            weight += w
+        return total / weight
+
+    def fit(self, X: pd.DataFrame, y=None) -> "CrossTypeMemoryPredictor":
+        wide = self._wide(X)
+        if wide.shape[1] < 2:
+            raise ValueError("need peaks on at least two GPU types to learn transfers")
+        groups = (X.groupby("job")["group"].first() if "group" in X.columns
+                  else pd.Series(wide.index, index=wide.index)).reindex(wide.index)
+        self.types_ = list(wide.columns)
+        self.pairs_ = self._fit_pairs(wide)
+        if not self.pairs_:
+            raise ValueError(f"no pair of GPU types shares {self.min_jobs} jobs")
+
+        # Cross-fitting: each group's jobs are predicted by transfers fitted without them.
+        unique = np.array(sorted(groups.unique()))
+        rng = np.random.default_rng(self.random_state)
+        fold_of = dict(zip(rng.permutation(unique),
+                           itertools.cycle(range(min(self.n_folds, len(unique))))))
+        folds = groups.map(fold_of).to_numpy()
+        residuals: dict[tuple[str, str], list[float]] = {}
+        for fold in np.unique(folds):
+            held = wide[folds == fold]
+            pairs = self._fit_pairs(wide[folds != fold])
+            for target in self.types_:
+                truth = held[target].to_numpy(float)
+                others = [t for t in self.types_ if t != target]
+                for k in range(1, min(self.max_sources, len(others)) + 1):
+                    for sources in itertools.combinations(others, k):
+                        pred = self._combine(pairs, {s: held[s].to_numpy(float)
+                                                     for s in sources}, target)
+                        if pred is None:
+                            continue
+                        rel = truth / pred - 1
+                        rel = rel[~np.isnan(rel)]
+                        residuals.setdefault((target, _pair_key(sources)), []).extend(rel)
+        self.calibration_residuals_ = {k: np.asarray(v) for k, v in residuals.items()}
+        self.margins_ = {k: conformal_upper(v, self.coverage)
+                         for k, v in residuals.items() if len(v) >= self.min_calibration}
+        by_count: dict[int, list[float]] = {}
+        for (target, key), values in residuals.items():
+            by_count.setdefault(key.count("+") + 1, []).extend(values)
+        self.margin_by_count_ = {k: conformal_upper(v, self.coverage)
+                                 for k, v in sorted(by_count.items())}
+        self.n_jobs_ = len(wide)
+        return self
+
+    # -- prediction ----------------------------------------------------------------------
+    def _trained_proxy(self, model: str) -> str:
+        """The trained type nearest to ``model``: same architecture, then compute capability,
+        then SM count (the CUDA context and library workspaces follow the architecture)."""
+        if model in self.types_:
+            return model
+        catalogue = self._catalogue()
+        spec = catalogue.lookup(model)
+
+        def distance(name: str) -> tuple[bool, float, float]:
+            other = catalogue.lookup(name)
+            return (spec.architecture != other.architecture, abs(spec.cc - other.cc),
+                    abs(math.log(spec.sm_count / other.sm_count)))
+        return min(self.types_, key=distance)
+
+    def predict_peak(self, observed: Mapping[str, float | Sequence[float]],
+                     target: str) -> PeakPrediction:
+        """Predicted peak and margin on catalogue model ``target`` from ``{model: peak(s)}``."""
+        check_is_fitted(self, "pairs_")
+        runs = {model: np.atleast_1d(np.asarray(peaks, dtype=float))
+                for model, peaks in observed.items()}
+        runs = {m: r for m, r in runs.items() if r.size}
+        if not runs:
+            raise ValueError("no observed peak")
+        if target in runs:
+            peaks = runs[target]
+            spread = float(peaks.max() / peaks.min() - 1) if peaks.size > 1 else 0.0
+            return PeakPrediction(target, float(peaks.max()),
+                                  max(self.same_type_margin, spread),
+                                  f"same type, {peaks.size} run(s)")
+        proxy_target = self._trained_proxy(target)
+        proxies: dict[str, float] = {}
+        for model, peaks in runs.items():
+            proxy = self._trained_proxy(model)
+            proxies[proxy] = max(proxies.get(proxy, 0.0), float(peaks.max()))
+        unseen = proxy_target != target or any(self._trained_proxy(m) != m for m in runs)
+        extra = self.unseen_type_margin if unseen else 0.0
+        if proxy_target in proxies:
+            # A source stands for the same trained type as the target: nothing to transfer.
+            return PeakPrediction(target, proxies[proxy_target],
+                                  self.same_type_margin + extra,
+                                  f"like {proxy_target} (nearest trained type)")
+        usable = {s: p for s, p in proxies.items() if (s, proxy_target) in self.pairs_}
+        if not usable:
+            raise ValueError(f"no transfer learned towards {proxy_target}")
+        # Keep the most informative sources when more were observed than calibrated for.
+        chosen = sorted(usable, key=lambda s: self.pairs_[(s, proxy_target)].scale)
+        chosen = chosen[: self.max_sources]
+        mean = float(self._combine(self.pairs_, {s: np.array([usable[s]]) for s in chosen},
+                                   proxy_target)[0])
+        key = (proxy_target, _pair_key(chosen))
+        margin = self.margins_.get(key, self.margin_by_count_.get(
+            len(chosen), max(self.margin_by_count_.values())))
+        basis = f"from {'+'.join(sorted(chosen))}"
+        if unseen:
+            basis += f" via {proxy_target} (nearest trained type)"
+        return PeakPrediction(target, mean, margin + extra, basis)
+
+    def predict(self, X: pd.DataFrame) -> np.ndarray:
+        """Mean peak for rows ``source``, ``source_peak_mib``, ``target`` (one source each)."""
+        check_is_fitted(self, "pairs_")
+        return np.array([self.predict_peak({row.source: row.source_peak_mib}, row.target).mean_mib
+                         for row in X.itertuples(index=False)])
+
+
+# -- OOM-safe estimate per configured GPU type ---------------------------------------------
+
+@dataclass(frozen=True)
+class TypeEstimate:
+    gpu_type: str  # config type name
+    model: str
+    predicted_mib: float
+    margin: float
+    safe_mib: float
+    shards: int  # GiB, what the share asks for
+    fits: bool
+    reason: str
+
+
+@dataclass(frozen=True)
+class MemoryVerdict:
+    """What is known about a job's GPU memory, per configured GPU type."""
+
+    known: bool
+    reason: str
+    source: str = "history"  # "history", "hint" or "unknown"
+    per_type: Mapping[str, TypeEstimate] = field(default_factory=dict)
+
+    @property
+    def safe_mib(self) -> dict[str, float]:
+        """Safe peak per type where the job fits (what ``JobEstimate.memory_mib`` holds)."""
+        return {name: e.safe_mib for name, e in self.per_type.items() if e.fits}
+
+    @property
+    def excluded(self) -> dict[str, str]:
+        return {name: e.reason for name, e in self.per_type.items() if not e.fits}
+
+    def job_estimate(self, runtime_s: Mapping[str, float] | None = None,
+                     job_class: int | None = None):
+        """The policy's ``JobEstimate`` (None when the memory is unknown)."""
+        from slurm_gpushare.core.policy import JobEstimate  # late: policy may import this module
+
+        if not self.known:
+            return None
+        return JobEstimate(source=self.source, memory_mib=self.safe_mib,
+                           runtime_s=dict(runtime_s or {}), job_class=job_class,
+                           detail=self.reason)
+
+
+def _capacity_mib(gpu_type, spec: GpuSpec) -> float:
+    return min(gpu_type.memory_gib * MIB_PER_GIB, spec.usable_mib)
+
+
+def estimate_memory(observed: Mapping[str, float | Sequence[float]], gpu_types: Sequence,
+                    predictor: CrossTypeMemoryPredictor, *, catalogue: Catalogue | None = None,
+                    hint_mib: float | None = None, hint_margin: float = 0.10,
+                    prealloc_fraction: float = 0.95) -> MemoryVerdict:
+    """OOM-safe peak and shard count on each configured type from a job's observed peaks.
+
+    ``observed`` maps a config type name (or catalogue model) to the peak(s) in MiB of the
+    job's earlier runs there. A peak at ``prealloc_fraction`` of the GPU or more means the
+    framework grabbed the memory up front (TensorFlow, JAX): the need is unknown, and only
+    the user's hint (``hint_mib``) can size the share.
+    """
+    catalogue = catalogue or predictor.catalogue or default_catalogue()
+    by_name = {g.name: g for g in gpu_types}
+    runs: dict[str, list[float]] = {}
+    for name, peaks in observed.items():
+        peaks = [float(p) for p in np.atleast_1d(peaks)]
+        if not peaks:
+            continue
+        if any(p <= 0 or not math.isfinite(p) for p in peaks):
+            raise ValueError(f"peak on {name} must be a positive number of MiB")
+        if name in by_name:
+            spec = catalogue.for_gpu_type(by_name[name])
+            capacity = _capacity_mib(by_name[name], spec)
+        else:
+            spec = catalogue.lookup(name)
+            capacity = spec.usable_mib
+        if max(peaks) >= prealloc_fraction * capacity:
+            why = (f"peak {max(peaks) / MIB_PER_GIB:.1f} GiB on {name} is "
+                   f"{max(peaks) / capacity:.0%} of its memory: the framework pre-allocates")
+            if hint_mib:
+                return _from_hint(hint_mib, hint_margin, gpu_types, catalogue, why)
+            return MemoryVerdict(False, why + "; give a memory hint", source="unknown")
+        runs.setdefault(spec.model, []).extend(peaks)
+    if not runs:
+        if hint_mib:
+            return _from_hint(hint_mib, hint_margin, gpu_types, catalogue, "no history")
+        return MemoryVerdict(False, "no observed peak", source="unknown")
+
+    per_type = {}
+    for gpu_type in gpu_types:
+        spec = catalogue.for_gpu_type(gpu_type)
+        try:
+            pred = predictor.predict_peak(runs, spec.model)
+        except (ValueError, UnknownGpu) as exc:
+            per_type[gpu_type.name] = TypeEstimate(gpu_type.name, spec.model, math.nan,
+                                                   math.nan, math.inf, 0, False, str(exc))
+            continue
+        per_type[gpu_type.name] = _type_estimate(gpu_type, spec, pred.mean_mib, pred.margin,
+                                                 pred.basis)
+    observed_text = ", ".join(f"{max(p) / MIB_PER_GIB:.1f} GiB on {m}" for m, p in runs.items())
+    fitting = [e for e in per_type.values() if e.fits]
+    margins = sorted({f"{e.margin:.0%}" for e in fitting})
+    reason = f"peak {observed_text}"
+    if margins:
+        reason += f" + {'/'.join(margins)} margin"
+    return MemoryVerdict(True, reason, source="history", per_type=per_type)
+
+
+def _type_estimate(gpu_type, spec: GpuSpec, mean: float, margin: float,
+                   basis: str) -> TypeEstimate:
+    safe = mean * (1 + margin)
+    shards = max(1, math.ceil(safe / MIB_PER_GIB))
+    capacity = _capacity_mib(gpu_type, spec)
+    fits = shards <= gpu_type.memory_gib and safe <= capacity
+    reason = (f"{safe / MIB_PER_GIB:.1f} GiB safe ({mean / MIB_PER_GIB:.1f} GiB {basis} "
+              f"+ {margin:.0%})")
+    if not fits:
+        reason += f" exceeds {capacity / MIB_PER_GIB:.1f} GiB usable on {gpu_type.name}"
+    return TypeEstimate(gpu_type.name, spec.model, mean, margin, safe, shards, fits, reason)
+
+
+def _from_hint(hint_mib: float, margin: float, gpu_types, catalogue, why: str) -> MemoryVerdict:
+    per_type = {g.name: _type_estimate(g, catalogue.for_gpu_type(g), hint_mib, margin,
+                                       "user hint") for g in gpu_types}
+    return MemoryVerdict(True, f"{why}; memory hint {hint_mib / MIB_PER_GIB:.1f} GiB "
+                               f"+ {margin:.0%} margin", source="hint", per_type=per_type)
+
+
+# -- persistence ---------------------------------------------------------------------------
+
+def training_hash(X: pd.DataFrame) -> str:
+    """sha256 of the training table in a canonical order."""
+    canonical = X.sort_values(list(X.columns)).to_csv(index=False)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def save_predictor(predictor: BaseEstimator, path: str | os.PathLike, *,
+                   training_data: pd.DataFrame | None = None,
+                   metrics: Mapping[str, float] | None = None) -> dict:
+    """Write ``predictor`` with its metadata atomically (temp file + rename, under a lock)."""
+    check_is_fitted(predictor)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    metadata = {
+        "estimator": type(predictor).__name__,
+        "params": {k: v for k, v in predictor.get_params().items() if k != "catalogue"},
+        "trained_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "sklearn_version": sklearn.__version__,
+        "data_sha256": training_hash(training_data) if training_data is not None else None,
+        "n_rows": int(len(training_data)) if training_data is not None else None,
+        "metrics": dict(metrics or {}),
+    }
+    payload = pickle.dumps({"metadata": metadata, "estimator": predictor})
+    with lock_for(path):  # the model and its metadata side file change together
+        replace_atomically(path, payload)
+        replace_atomically(path.with_suffix(path.suffix + ".json"),
+                           json.dumps(metadata, indent=2).encode())
+    return metadata
+
+
+def load_predictor(path: str | os.PathLike) -> tuple[BaseEstimator, dict]:
+    """The estimator and metadata written by ``save_predictor`` (trusted local file)."""
+    payload = pickle.loads(read_locked(path))
+    return payload["estimator"], payload["metadata"]
+
+
+def default_predictor() -> CrossTypeMemoryPredictor:
+    """A predictor fitted on the packaged SchedTune measurements (until the site has its own)."""
+    global _DEFAULT
+    if _DEFAULT is None:
+        _DEFAULT = CrossTypeMemoryPredictor().fit(observations_from_schedtune(load_schedtune()))
+    return _DEFAULT
+
+
+_DEFAULT: CrossTypeMemoryPredictor | None = None

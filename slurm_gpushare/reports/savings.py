@@ -1,0 +1,560 @@
+"""What sharing saved and what it cost: figures per co-run group and aggregated.
+
+Definitions (a *co-run group* is a set of jobs that shared one GPU with overlapping run times,
+joined transitively):
+
+- **Packing Saving** of a group: ``PS = 1 - makespan / sum of solo times``, where the makespan
+  is first start to last end on that GPU. Aggregated over groups: ``1 - sum(makespans) /
+  sum(solo times)``. Only groups whose members all completed and all have a solo time count.
+- **Individual Slow Down** of a shared job: ``ISD = shared run time / solo run time - 1``.
+- **Solo time** of a job: from its own history (the median duration of solo runs -- not shared,
+  no co-runner -- of the same fingerprint on the same GPU type, in the store), else from a
+  supplied predictor callable; each job says which (``solo_source``).
+- **GPU-hours**: used is what the GPUs were busy (a co-run group's makespan counted once,
+  shared among its members in proportion to their solo times, or run times where a solo time is
+  missing); the exclusive counterfactual is each job on whole GPUs for its solo time (its own
+  run time where unknown; a share stands for the one GPU it replaced). Saved = the difference.
+
+Jobs still running are left out of every figure (counted as ``running``). Failed and cancelled
+jobs count in GPU-hours (they held GPUs) and in the failure counts, never in ISD or PS.
+
+Reports show users and accounts (admins see those in sacct anyway) but no job names, scripts
+or models: those never enter the accounting records. ``anonymise=True`` replaces user names by
+``user-1``, ``user-2``, ... (in order of GPU-hours) and drops them from job-level detail.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+from slurm_gpushare.slurm.accounting import JobRecord
+
+GROUP_BY = ("user", "account", "partition", "gpu-type", "class-pair")
+SOLO = "solo"  # class-pair key of jobs that ran on whole GPUs or alone on a share
+SoloPredictor = Callable[[JobRecord], "float | None"]
+
+
+# -- the store, read-only ----------------------------------------------------------------------
+class StoreView:
+    """What the report needs from the store (``store.Store``), read-only.
+
+    Uses ``Store.summaries``, ``Store.history`` and ``Store.corun_observations``; two lookups the
+    store has no method for are read here against its schema: a decision by id and the
+    fingerprint keys linked to a job id. The store may keep ``cluster`` empty on a one-cluster
+    site, so a job is looked up under its sacct cluster name and under "".
+    """
+
+    def __init__(self, store):
+        self.store = store
+        path = Path(store.path)
+        self._ro = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False) \
+            if str(store.path) != ":memory:" else store._db
+        self._ro.row_factory = sqlite3.Row
+
+    def close(self) -> None:
+        if self._ro is not getattr(self.store, "_db", None):
+            self._ro.close()
+
+    def decision(self, decision_id: str) -> dict[str, Any] | None:
+        if not decision_id:
+            return None
+        row = self._ro.execute("SELECT data FROM decisions WHERE decision_id = ?",
+                               (decision_id,)).fetchone()
+        return json.loads(row["data"]) if row else None
+
+    def job_keys(self, job: JobRecord) -> list[str]:
+        """The job's fingerprint keys, most specific first (as ``JobKeys.as_list``)."""
+        keys: list[str] = []
+        decision = self.decision(job.decision_id) or {}
+        keys += decision.get("keys") or []
+        rows = self._ro.execute("SELECT key FROM job_keys WHERE job_id = ? AND cluster IN (?, '') "
+                                "ORDER BY rowid", (job.job_id, job.cluster)).fetchall()
+        keys += [r["key"] for r in rows if r["key"] not in keys]
+        return keys
+
+    def summaries(self, job: JobRecord) -> list[dict[str, Any]]:
+        return self.store.summaries(job.job_id, job.cluster) or self.store.summaries(job.job_id)
+
+    def history(self, keys: list[str]) -> list[dict[str, Any]]:
+        return self.store.history(keys) if keys else []
+
+    def coruns(self) -> list[dict[str, Any]]:
+        return self.store.corun_observations()
+
+
+# -- co-run groups -----------------------------------------------------------------------------
+@dataclass
+class CorunGroup:
+    """Jobs that shared one GPU at overlapping times."""
+
+    gpu: str  # "node:index" or the GPU's UUID
+    jobs: list[JobRecord]
+
+    @property
+    def ids(self) -> list[str]:
+        return [j.job_id for j in self.jobs]
+
+    @property
+    def makespan_s(self) -> float:
+        return max(j.end for j in self.jobs) - min(j.start for j in self.jobs)
+
+    @property
+    def shared(self) -> bool:
+        return len(self.jobs) > 1
+
+
+def _ran(job: JobRecord) -> bool:
+    return job.finished and job.start is not None and job.end is not None
+
+
+def groups_from_placements(jobs: Iterable[JobRecord],
+                           placements: Mapping[str, Iterable[tuple[str, int]]]
+                           ) -> list[CorunGroup]:
+    """Co-run groups from where jobs ran: for each (node, GPU index), the jobs whose
+    [start, end) intervals overlap, joined transitively (a chain a-b, b-c is one group).
+
+    ``placements``: job id -> {(node, GPU index)}, e.g. ``accounting.placements_from_scontrol``
+    sampled while the jobs ran. Start/End come from sacct. Jobs with more than one GPU are not
+    co-runners of anyone (they kept whole GPUs). Touching intervals (one ends the second the
+    next starts) do not overlap.
+    """
+    by_id = {j.job_id: j for j in jobs if _ran(j)}
+    on_gpu: dict[tuple[str, int], list[JobRecord]] = defaultdict(list)
+    for job_id, places in placements.items():
+        places = set(places)
+        if job_id in by_id and len(places) == 1:
+            on_gpu[next(iter(places))].append(by_id[job_id])
+    groups = []
+    for (node, index), members in sorted(on_gpu.items()):
+        members.sort(key=lambda j: (j.start, j.end, j.job_id))
+        current: list[JobRecord] = []
+        reach = None
+        for job in members:
+            if current and job.start >= reach:
+                groups.append(CorunGroup(f"{node}:{index}", current))
+                current = []
+            current.append(job)
+            reach = job.end if len(current) == 1 else max(reach, job.end)
+        if current:
+            groups.append(CorunGroup(f"{node}:{index}", current))
+    return groups
+
+
+def groups_from_store(jobs: Iterable[JobRecord], observations: Iterable[Mapping[str, Any]]
+                      ) -> list[CorunGroup]:
+    """Co-run groups from the store's pair observations (``Store.corun_observations``):
+    pairs on the same GPU joined transitively; pairs naming a job not in ``jobs`` are skipped."""
+    by_id = {j.job_id: j for j in jobs if _ran(j)}
+    parent: dict[str, str] = {}
+
+    def find(x: str) -> str:
+        while parent.setdefault(x, x) != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    gpu_of: dict[str, str] = {}
+    for obs in observations:
+        a, b = obs["job_a"], obs["job_b"]
+        if a not in by_id or b not in by_id:
+            continue
+        parent[find(a)] = find(b)
+        gpu_of.setdefault(a, obs.get("gpu_uuid") or "")
+        gpu_of.setdefault(b, obs.get("gpu_uuid") or "")
+    members: dict[str, list[JobRecord]] = defaultdict(list)
+    for job_id in parent:
+        members[find(job_id)].append(by_id[job_id])
+    groups = [CorunGroup(gpu_of[sorted(m, key=lambda j: j.start)[0].job_id],
+                         sorted(m, key=lambda j: (j.start, j.job_id)))
+              for m in members.values()]
+    return sorted(groups, key=lambda g: (min(j.start for j in g.jobs), g.gpu))
+
+
+def record_groups(store, groups: Iterable[CorunGroup], *, gpu_type: str | None = None) -> int:
+    """Write each overlapping pair of every group to the store as a co-run observation (GPU
+    named "node:index"); returns the number of pairs. For tools that derive co-runs from
+    placement before the prolog/epilog telemetry reports them."""
+    pairs = 0
+    for group in groups:
+        for i, a in enumerate(group.jobs):
+            for b in group.jobs[i + 1:]:
+                overlap = min(a.end, b.end) - max(a.start, b.start)
+                if overlap > 0:
+                    store.record_corun(a.job_id, b.job_id, gpu_uuid=group.gpu,
+                                       overlap_s=overlap, gpu_type=gpu_type or a.gpu_type or None)
+                    pairs += 1
+    return pairs
+
+
+# -- solo times --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Solo:
+    seconds: float
+    source: str  # "history" or "predictor"
+    runs: int = 0  # solo runs behind a history figure
+
+
+def _same_gpu(summary: Mapping[str, Any], gpu_type: str) -> bool:
+    # Summaries carry the NVML model name ("A100-80GB"), jobs the gres type ("a100").
+    model = (summary.get("gpu_model") or "").lower()
+    return not gpu_type or not model or gpu_type.lower() in model
+
+
+def solo_from_history(job: JobRecord, view: StoreView | None) -> Solo | None:
+    """Median duration of the job's own solo runs on its GPU type, found by the most specific
+    of its fingerprint keys (script, then job name) that has any."""
+    if view is None:
+        return None
+    # ``JobKeys.as_list`` always ends with the user key (every job has a user). The user alone
+    # says nothing about run time, so only the script and job-name keys are asked.
+    runs = [s for s in view.history(view.job_keys(job)[:-1])
+            if s.get("job_id") != job.job_id and not s.get("shared")
+            and not [c for c in s.get("coruns") or [] if c.get("job_id") != "other"]
+            and (s.get("duration_s") or 0) > 0 and _same_gpu(s, job.gpu_type)]
+    if not runs:
+        return None
+    best = min(s.get("matched_key", 0) for s in runs)
+    durations = [s["duration_s"] for s in runs if s.get("matched_key", 0) == best]
+    return Solo(float(statistics.median(durations)), "history", len(durations))
+
+
+def solo_time(job: JobRecord, view: StoreView | None,
+              predictor: SoloPredictor | None) -> Solo | None:
+    found = solo_from_history(job, view)
+    if found is None and predictor is not None:
+        seconds = predictor(job)
+        if seconds is not None and seconds > 0:
+            found = Solo(float(seconds), "predictor")
+    return found
+
+
+# -- per-job figures ---------------------------------------------------------------------------
+@dataclass
+class JobFigures:
+    job: JobRecord
+    group: CorunGroup | None = None
+    solo: Solo | None = None
+    job_class: int | None = None
+    class_pair: str = SOLO
+    used_gpu_s: float = 0.0
+    exclusive_gpu_s: float = 0.0
+    isd: float | None = None
+    share_gib: float | None = None
+    decision_source: str = ""
+    peak_mem_gib: float | None = None
+
+    @property
+    def saved_gpu_s(self) -> float:
+        return self.exclusive_gpu_s - self.used_gpu_s
+
+
+def _figures_for(jobs: Sequence[JobRecord], groups: Sequence[CorunGroup],
+                 view: StoreView | None, predictor: SoloPredictor | None,
+                 classes: Mapping[str, int]) -> list[JobFigures]:
+    group_of = {j.job_id: g for g in groups for j in g.jobs}
+    out = []
+    for job in jobs:
+        if not (job.gpu_job and _ran(job)):
+            continue
+        fig = JobFigures(job=job, group=group_of.get(job.job_id))
+        run = job.run_time_s or 0.0
+        decision = view.decision(job.decision_id) if view else None
+        if decision:
+            fig.share_gib = decision.get("share_gib")
+            fig.decision_source = decision.get("source", "")
+            if decision.get("job_class") is not None:
+                fig.job_class = int(decision["job_class"])
+        if fig.job_class is None and job.job_id in classes:
+            fig.job_class = classes[job.job_id]
+        if view:
+            peaks = [s.get("mgmap_max_mib") for s in view.summaries(job)
+                     if s.get("mgmap_max_mib") is not None]
+            fig.peak_mem_gib = max(peaks) / 1024 if peaks else None
+        if job.on_share:
+            fig.solo = solo_time(job, view, predictor)
+        if not job.on_share:
+            fig.used_gpu_s = fig.exclusive_gpu_s = job.gpus * run
+        out.append(fig)
+    by_id = {f.job.job_id: f for f in out}
+    for group in groups:
+        members = [by_id[j.job_id] for j in group.jobs
+                   if j.job_id in by_id and by_id[j.job_id].job.on_share]
+        if not members:
+            continue
+        all_solo = all(m.solo for m in members)
+        weights = [m.solo.seconds if all_solo else (m.job.run_time_s or 0.0) for m in members]
+        total = sum(weights) or 1.0
+        for m, w in zip(members, weights):
+            m.used_gpu_s = group.makespan_s * w / total
+        others = {m.job.job_id: m.job_class for m in members}
+        for m in members:
+            if group.shared:
+                pair = sorted("?" if c is None else str(c) for c in others.values())
+                m.class_pair = "+".join(pair)
+    for fig in out:
+        if fig.job.on_share:
+            if fig.group is None:  # a share that never met a co-runner: alone on its GPU
+                fig.used_gpu_s = fig.job.run_time_s or 0.0
+            elif fig.group.shared and fig.solo and fig.job.state == "COMPLETED":
+                fig.isd = (fig.job.run_time_s or 0.0) / fig.solo.seconds - 1.0
+            fig.exclusive_gpu_s = (fig.solo.seconds if fig.solo else fig.job.run_time_s or 0.0) \
+                * fig.job.exclusive_gpus
+    return out
+
+
+def group_ps(group: CorunGroup, figures: Mapping[str, JobFigures]) -> float | None:
+    """PS of one group, or None when a member did not complete or has no solo time."""
+    members = [figures.get(j.job_id) for j in group.jobs]
+    if not group.shared or any(m is None or m.solo is None or m.job.state != "COMPLETED"
+                               for m in members):
+        return None
+    return 1.0 - group.makespan_s / sum(m.solo.seconds for m in members)
+
+
+# -- aggregation -------------------------------------------------------------------------------
+def _pct(values: Sequence[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    k = (len(ordered) - 1) * q
+    low, high = int(k), min(int(k) + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (k - low)
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def aggregate(figures: Sequence[JobFigures], psable: set[str],
+              all_jobs: Sequence[JobRecord]) -> dict[str, Any]:
+    """Figures of a set of jobs. ``psable``: ids of jobs in groups with a PS."""
+    shared = [f for f in figures if f.job.on_share]
+    exclusive = [f for f in figures if not f.job.on_share]
+    isds = [f.isd for f in shared if f.isd is not None]
+    ps_members = [f for f in shared if f.job.job_id in psable]
+    ps_solo = sum(f.solo.seconds for f in ps_members)
+    used = sum(f.used_gpu_s for f in figures)
+    excl = sum(f.exclusive_gpu_s for f in figures)
+    gpu_jobs = [j for j in all_jobs if j.gpu_job]
+    delays_sh = [f.job.queue_delay_s for f in shared if f.job.queue_delay_s is not None]
+    delays_ex = [f.job.queue_delay_s for f in exclusive if f.job.queue_delay_s is not None]
+    sources = defaultdict(int)
+    for f in shared:
+        if f.solo:
+            sources[f.solo.source] += 1
+    return {
+        "jobs": len([j for j in all_jobs if j.finished]),
+        "gpu_jobs": len(figures),
+        "shared_jobs": len(shared),
+        "exclusive_jobs": len(exclusive),
+        "running_jobs": len([j for j in gpu_jobs if not j.finished]),
+        "gpu_hours_used": used / 3600,
+        "gpu_hours_exclusive": excl / 3600,
+        "gpu_hours_saved": (excl - used) / 3600,
+        "saved_fraction": (excl - used) / excl if excl else None,
+        "ps": 1.0 - sum(f.used_gpu_s for f in ps_members) / ps_solo if ps_solo else None,
+        "ps_groups_jobs": len(ps_members),
+        "isd_n": len(isds),
+        "isd_mean": _mean(isds),
+        "isd_median": _pct(isds, 0.5),
+        "isd_p95": _pct(isds, 0.95),
+        "isd_max": max(isds) if isds else None,
+        "solo_from_history": sources["history"],
+        "solo_from_predictor": sources["predictor"],
+        "solo_unknown": len([f for f in shared if f.solo is None]),
+        "queue_delay_shared_mean_s": _mean(delays_sh),
+        "queue_delay_shared_median_s": _pct(delays_sh, 0.5),
+        "queue_delay_exclusive_mean_s": _mean(delays_ex),
+        "queue_delay_exclusive_median_s": _pct(delays_ex, 0.5),
+        "oom_shared": len([f for f in shared if f.job.oom]),
+        "oom_exclusive": len([f for f in exclusive if f.job.oom]),
+        "failed_shared": len([f for f in shared if f.job.failed]),
+        "failed_exclusive": len([f for f in exclusive if f.job.failed]),
+        "cancelled_shared": len([f for f in shared if f.job.cancelled]),
+        "cancelled_exclusive": len([f for f in exclusive if f.job.cancelled]),
+    }
+
+
+def prediction_quality(figures: Sequence[JobFigures]) -> dict[str, Any]:
+    """Share given (prediction + margin, GiB) vs peak GPU memory observed, per decision source.
+
+    ``over_share``: jobs whose observed peak exceeded their share (the margin was not enough);
+    ``rel_error``: |share - peak| / peak."""
+    out: dict[str, Any] = {}
+    pairs = [(f.decision_source or "unknown", f.share_gib, f.peak_mem_gib) for f in figures
+             if f.job.on_share and f.share_gib and f.peak_mem_gib]
+    for source in sorted({p[0] for p in pairs}):
+        rows = [(s, p) for src, s, p in pairs if src == source]
+        errors = [abs(s - p) / p for s, p in rows]
+        out[source] = {
+            "n": len(rows),
+            "over_share": len([1 for s, p in rows if p > s]),
+            "rel_error_mean": _mean(errors),
+            "rel_error_p95": _pct(errors, 0.95),
+            "peak_over_share_median": _pct([p / s for s, p in rows], 0.5),
+        }
+    return out
+
+
+def _key(fig_or_job, by: str) -> str:
+    job = fig_or_job.job if isinstance(fig_or_job, JobFigures) else fig_or_job
+    if by == "user":
+        return job.user or "?"
+    if by == "account":
+        return job.account or "?"
+    if by == "partition":
+        return job.partition or "?"
+    if by == "gpu-type":
+        return job.gpu_type or "?"
+    if by == "class-pair":
+        return fig_or_job.class_pair if isinstance(fig_or_job, JobFigures) else SOLO
+    raise ValueError(f"cannot group by {by!r}; choose one of {', '.join(GROUP_BY)}")
+
+
+def _pseudonyms(figures: Sequence[JobFigures], jobs: Sequence[JobRecord]) -> dict[str, str]:
+    hours: dict[str, float] = defaultdict(float)
+    for job in jobs:
+        hours[job.user or "?"] += 0.0
+    for f in figures:
+        hours[f.job.user or "?"] += f.used_gpu_s
+    ranked = sorted(hours, key=lambda u: (-hours[u], u))
+    return {user: f"user-{i + 1}" for i, user in enumerate(ranked)}
+
+
+def _timeline(figures: Sequence[JobFigures], since: float, until: float) -> list[dict]:
+    """Saved GPU-hours per local day (per hour for windows of two days or less), by job end."""
+    step = 3600 if until - since <= 2 * 86400 else 86400
+    buckets: dict[float, list[JobFigures]] = defaultdict(list)
+    for f in figures:
+        end = datetime.fromtimestamp(f.job.end)
+        start = end.replace(minute=0, second=0, microsecond=0)
+        if step == 86400:
+            start = start.replace(hour=0)
+        buckets[start.timestamp()].append(f)
+    out = []
+    for start in sorted(buckets):
+        rows = buckets[start]
+        used = sum(f.used_gpu_s for f in rows)
+        excl = sum(f.exclusive_gpu_s for f in rows)
+        out.append({"start": start, "step_s": step,
+                    "gpu_hours_used": used / 3600, "gpu_hours_exclusive": excl / 3600,
+                    "gpu_hours_saved": (excl - used) / 3600})
+    return out
+
+
+def _class_matrix(figures: Sequence[JobFigures]) -> list[dict[str, Any]]:
+    """Mean ISD of a job of class a next to a co-runner of class b (for the heat map)."""
+    cells: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for f in figures:
+        if f.isd is None or f.group is None or not f.group.shared:
+            continue
+        own = "?" if f.job_class is None else str(f.job_class)
+        for other in f.group.jobs:
+            if other.job_id == f.job.job_id:
+                continue
+            cls = next((g.job_class for g in figures if g.job.job_id == other.job_id), None)
+            cells[(own, "?" if cls is None else str(cls))].append(f.isd)
+    return [{"class": a, "with": b, "n": len(v), "isd_mean": _mean(v)}
+            for (a, b), v in sorted(cells.items())]
+
+
+def build_report(jobs: Sequence[JobRecord], *, since: float, until: float,
+                 by: str = "account", groups: Sequence[CorunGroup] | None = None,
+                 store=None, predictor: SoloPredictor | None = None, anonymise: bool = False,
+                 source: str = "") -> dict[str, Any]:
+    """The whole report as plain data (what every output format renders).
+
+    ``groups``: co-run groups if already known (e.g. ``groups_from_placements``); otherwise they
+    come from the store's co-run observations (none without a store).
+    """
+    if by not in GROUP_BY:
+        raise ValueError(f"cannot group by {by!r}; choose one of {', '.join(GROUP_BY)}")
+    view = StoreView(store) if store is not None else None
+    try:
+        observations = view.coruns() if view else []
+        if groups is None:
+            groups = groups_from_store(jobs, observations)
+        classes: dict[str, int] = {}
+        for obs in observations:  # classes the co-run records know, where decisions do not
+            for side in ("a", "b"):
+                if obs.get(f"class_{side}") is not None:
+                    classes[obs[f"job_{side}"]] = int(obs[f"class_{side}"])
+        figures = _figures_for(jobs, groups, view, predictor, classes)
+    finally:
+        if view:
+            view.close()
+    by_id = {f.job.job_id: f for f in figures}
+    group_rows, psable = [], set()
+    for group in groups:
+        ps = group_ps(group, by_id)
+        members = [by_id[j.job_id] for j in group.jobs if j.job_id in by_id]
+        if ps is not None:
+            psable.update(j.job_id for j in group.jobs)
+        group_rows.append({
+            "gpu": group.gpu, "gpu_type": group.jobs[0].gpu_type or "?",
+            "jobs": group.ids, "class_pair": members[0].class_pair if members else SOLO,
+            "start": min(j.start for j in group.jobs), "makespan_s": group.makespan_s,
+            "solo_sum_s": sum(m.solo.seconds for m in members) if all(m.solo for m in members)
+            else None,
+            "ps": ps,
+            "members": [{"job_id": m.job.job_id, "run_s": m.job.run_time_s,
+                         "solo_s": m.solo.seconds if m.solo else None,
+                         "solo_source": m.solo.source if m.solo else "unknown",
+                         "isd": m.isd, "state": m.job.state} for m in members],
+        })
+    names = _pseudonyms(figures, jobs) if anonymise else {}
+
+    def key(item) -> str:
+        value = _key(item, by)
+        return names.get(value, value) if by == "user" and anonymise else value
+
+    rows_by: dict[str, list[JobFigures]] = defaultdict(list)
+    jobs_by: dict[str, list[JobRecord]] = defaultdict(list)
+    for f in figures:
+        rows_by[key(f)].append(f)
+    fig_ids = {f.job.job_id: f for f in figures}
+    for job in jobs:
+        jobs_by[key(fig_ids.get(job.job_id, job))].append(job)
+    rows = [{"key": k, **aggregate(rows_by.get(k, []), psable, jobs_by[k])}
+            for k in sorted(set(rows_by) | set(jobs_by))]
+    shared_jobs = [{
+        "job_id": f.job.job_id,
+        **({} if anonymise else {"user": f.job.user}),
+        "account": f.job.account, "gpu_type": f.job.gpu_type or "?",
+        "state": f.job.state, "run_s": f.job.run_time_s,
+        "solo_s": f.solo.seconds if f.solo else None,
+        "solo_source": f.solo.source if f.solo else "unknown",
+        "isd": f.isd, "class_pair": f.class_pair,
+        "co_runners": [j for j in (f.group.ids if f.group else []) if j != f.job.job_id],
+    } for f in figures if f.job.on_share]
+    notes = []
+    if store is None and not groups:
+        notes.append("No store given: co-runs and solo times are unknown, so the figures count "
+                     "no saving (pass --store).")
+    unknown = len([f for f in figures if f.job.on_share and f.solo is None])
+    if unknown:
+        notes.append(f"{unknown} shared job(s) have no solo run time (no solo history, no "
+                     "prediction): they count at their own run time and are left out of ISD "
+                     "and PS.")
+    return {
+        "notes": notes,
+        "window": {"since": since, "until": until},
+        "generated": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "source": source,
+        "by": by,
+        "anonymised": anonymise,
+        "totals": aggregate(figures, psable, jobs),
+        "rows": rows,
+        "groups": group_rows,
+        "shared_jobs": shared_jobs,
+        "prediction": prediction_quality(figures),
+        "timeline": _timeline(figures, since, until),
+        "class_matrix": _class_matrix(figures),
+    }

@@ -1,0 +1,668 @@
+"""Slurm accounting ingestion: what each job was, from ``sacct``, for the savings reports.
+
+One ``JobRecord`` per job (an array task is a job, ``123_4``; a heterogeneous component is a
+job, ``123+1``); step lines (``123.batch``, ``123.0``, ``123_4.extern``) are folded into their
+job's ``steps``. Both of 22.05's machine formats are read:
+
+- ``sacct -P -o <SACCT_FIELDS>`` with ``SLURM_TIME_FORMAT=%s`` (ISO times are accepted too),
+  parsed with ``csv.DictReader(delimiter='|')``; AdminComment is the last field so a ``|``
+  inside it cannot shift the others;
+- ``sacct --json`` (openapi dbv0.0.38 layout).
+
+Of the AdminComment only the product's own tag (``gpushare:v1:...``) is kept: an admin's free
+text has no place in a report. Job names and scripts are never requested.
+
+Incremental use: ``AccountingCache`` keeps the finished jobs already ingested and the last end
+time seen under a state directory, so a later run asks sacct only for what ended since (with a
+slack for records that reach slurmdbd late). Jobs still running are never cached.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import re
+import subprocess
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Mapping
+
+from slurm_gpushare import TAG_PREFIX
+from slurm_gpushare.slurm.jobs import parse_tag
+
+SACCT_FIELDS = ("JobID", "JobIDRaw", "Cluster", "User", "Account", "Partition", "State",
+                "ExitCode", "DerivedExitCode", "Submit", "Eligible", "Start", "End",
+                "ElapsedRaw", "NNodes", "NodeList", "ReqTRES", "AllocTRES",
+                "AdminComment")
+# AdminComment is free text, so it goes last. Constraints is left out: it is free text as well
+# and its OR operator is the delimiter ("a100|v100"), so with -P it would split into two fields.
+
+# States of jobs that have not finished; they are left out of finished figures.
+ACTIVE_STATES = frozenset({"PENDING", "RUNNING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD",
+                           "RESIZING", "SUSPENDED", "CONFIGURING", "COMPLETING", "STAGE_OUT",
+                           "SIGNALING", "RESV_DEL_HOLD", "SPECIAL_EXIT", "STOPPED"})
+# Finished but not successful (CANCELLED is counted on its own: a user's choice, not a fault).
+FAILURE_STATES = frozenset({"FAILED", "OUT_OF_MEMORY", "TIMEOUT", "NODE_FAIL", "BOOT_FAIL",
+                            "DEADLINE", "PREEMPTED"})
+SIGKILL = 9
+PROGRESS_MIN_LINES = 20000  # below this, parsing is too quick for a progress bar to help
+# Free-text fields: with -P only the last field may hold a '|' without shifting the others.
+FREE_TEXT_FIELDS = frozenset({"AdminComment", "Comment", "SystemComment", "Constraints",
+                              "JobName", "WorkDir", "SubmitLine", "Reason"})
+LATE_RECORD_SLACK_S = 3600  # re-read this much before the last end seen (late dbd records)
+
+
+class AccountingError(RuntimeError):
+    """sacct could not be run or its output not read."""
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    step_id: str  # "batch", "extern", "0", ...
+    state: str
+    exit_code: int | None = None
+    signal: int | None = None
+    elapsed_s: float | None = None
+
+
+@dataclass
+class JobRecord:
+    """One job (array task or het component included) as accounting knows it."""
+
+    job_id: str  # as Slurm shows it: "123", "123_4", "123+1"
+    raw_id: str = ""  # JobIDRaw: the unique numeric id
+    cluster: str = ""
+    user: str = ""
+    account: str = ""
+    partition: str = ""
+    state: str = ""  # "CANCELLED by 0" is normalised to "CANCELLED"
+    exit_code: int | None = None
+    signal: int | None = None
+    submit: float | None = None
+    start: float | None = None
+    end: float | None = None
+    elapsed_s: float | None = None
+    nodes: str = ""
+    req_tres: dict[str, float] = field(default_factory=dict)
+    alloc_tres: dict[str, float] = field(default_factory=dict)
+    tag: str = ""  # the product's AdminComment tag, or ""
+    steps: list[StepRecord] = field(default_factory=list)
+    gpu_type: str = ""  # filled by ``resolve_gpu_types``
+
+    # -- what the tag says -----------------------------------------------------------------
+    @property
+    def tag_fields(self) -> dict[str, str]:
+        return parse_tag(self.tag)
+
+    @property
+    def shared(self) -> bool:
+        """The hook turned this job's whole-GPU request into a share."""
+        return self.tag_fields.get("action") == "share"
+
+    @property
+    def decision_id(self) -> str:
+        value = self.tag_fields.get("id", "")
+        return "" if value == "-" else value
+
+    @property
+    def decision_code(self) -> str:
+        return self.tag_fields.get("why", "")
+
+    # -- what it was given -----------------------------------------------------------------
+    @property
+    def gpus(self) -> float:
+        """Whole GPUs allocated (typed and untyped TRES name the same GPUs; take one)."""
+        return _gres_count(self.alloc_tres, "gpu")
+
+    @property
+    def shards(self) -> float:
+        return _gres_count(self.alloc_tres, "shard")
+
+    @property
+    def requested_gpus(self) -> float:
+        return _gres_count(self.req_tres, "gpu")
+
+    @property
+    def gpu_job(self) -> bool:
+        return self.gpus > 0 or self.shards > 0 or self.shared
+
+    @property
+    def on_share(self) -> bool:
+        """Ran on a share of a GPU: made one by the hook, or asked for shards itself."""
+        return self.shared or self.shards > 0
+
+    @property
+    def exclusive_gpus(self) -> float:
+        """GPUs the job would have held without sharing: a share replaced exactly one GPU."""
+        return 1.0 if self.on_share else self.gpus
+
+    # -- how it went -----------------------------------------------------------------------
+    @property
+    def finished(self) -> bool:
+        return bool(self.state) and self.state not in ACTIVE_STATES and self.end is not None
+
+    @property
+    def started(self) -> bool:
+        return self.start is not None
+
+    @property
+    def run_time_s(self) -> float | None:
+        if self.start is not None and self.end is not None:
+            return max(0.0, self.end - self.start)
+        return self.elapsed_s if self.finished else None
+
+    @property
+    def queue_delay_s(self) -> float | None:
+        if self.submit is not None and self.start is not None:
+            return max(0.0, self.start - self.submit)
+        return None
+
+    @property
+    def oom_evidence(self) -> str:
+        """Why the job counts as killed for memory: "state" (OUT_OF_MEMORY on the job or a
+        step), "sigkill" (a failure by SIGKILL, how the kernel's OOM killer ends a process when
+        no cgroup reports it), or "" when it does not."""
+        if self.state == "OUT_OF_MEMORY" or any(s.state == "OUT_OF_MEMORY" for s in self.steps):
+            return "state"
+        if self.state == "FAILED" and (self.signal == SIGKILL or any(
+                s.signal == SIGKILL and s.state == "FAILED" for s in self.steps)):
+            return "sigkill"
+        return ""
+
+    @property
+    def oom(self) -> bool:
+        return bool(self.oom_evidence)
+
+    @property
+    def failed(self) -> bool:
+        return self.finished and (self.state in FAILURE_STATES or self.oom)
+
+    @property
+    def cancelled(self) -> bool:
+        return self.state == "CANCELLED"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "JobRecord":
+        data = dict(data)
+        data["steps"] = [StepRecord(**s) for s in data.get("steps", [])]
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def _gres_count(tres: Mapping[str, float], name: str) -> float:
+    plain = tres.get(f"gres/{name}")
+    if plain is not None:
+        return plain
+    return sum(v for k, v in tres.items() if k.startswith(f"gres/{name}:"))
+
+
+# -- field parsers -------------------------------------------------------------------------
+_MEM_UNITS = {"K": 1 / 1024, "M": 1.0, "G": 1024.0, "T": 1024.0 ** 2, "P": 1024.0 ** 3}
+
+
+def parse_tres(text: str) -> dict[str, float]:
+    """``billing=1,cpu=1,gres/shard=8,mem=8000M`` -> {name: count}; memory in MiB."""
+    out: dict[str, float] = {}
+    for part in (text or "").split(","):
+        name, sep, value = part.strip().partition("=")
+        if not sep or not name:
+            continue
+        unit = value[-1:].upper()
+        scale = 1.0
+        if unit in _MEM_UNITS:
+            value, scale = value[:-1], _MEM_UNITS[unit]
+        try:
+            out[name] = float(value) * scale
+        except ValueError:
+            continue  # a field we cannot read is left out, never guessed
+    return out
+
+
+def parse_time(text: str | int | float | None) -> float | None:
+    """Epoch seconds (``SLURM_TIME_FORMAT=%s``) or ISO local time; None when not set."""
+    if text is None:
+        return None
+    if isinstance(text, (int, float)):
+        return float(text) if text > 0 else None
+    text = text.strip()
+    if not text or text in ("Unknown", "None", "N/A", "0"):
+        return None
+    if text.isdigit():
+        return float(text)
+    try:
+        return datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        return None
+
+
+def parse_exit(text: str | None) -> tuple[int | None, int | None]:
+    """sacct's ``ExitCode`` ``<return code>:<signal>``."""
+    code, _, signal = (text or "").partition(":")
+    try:
+        return int(code), int(signal or 0)
+    except ValueError:
+        return None, None
+
+
+def parse_state(text: str | None) -> str:
+    """``CANCELLED by 0`` -> ``CANCELLED``; ``RUNNING`` stays."""
+    return (text or "").split(" ")[0].strip().upper()
+
+
+def _number(text: str | None) -> float | None:
+    try:
+        return float(text) if text not in (None, "") else None
+    except ValueError:
+        return None
+
+
+def _own_tag(comment: str | None) -> str:
+    comment = (comment or "").strip()
+    return comment if comment.startswith(TAG_PREFIX) else ""
+
+
+_STEP_ID = re.compile(r"^(?P<job>[^.]+)\.(?P<step>.+)$")
+
+
+# -- sacct -P --------------------------------------------------------------------------------
+def parse_psv(text: str, *, progress: bool | None = None) -> list[JobRecord]:
+    """Jobs from ``sacct -P`` output with a header line (steps folded into their jobs)."""
+    lines = text.splitlines()
+    if not lines or "JobID" not in lines[0].split("|"):
+        raise AccountingError("sacct -P output needs its header line (do not pass -n)")
+    reader = csv.DictReader(io.StringIO(text), delimiter="|", quoting=csv.QUOTE_NONE,
+                            restkey="_rest")
+    header = reader.fieldnames or []
+    early = [name for name in header[:-1] if name in FREE_TEXT_FIELDS]
+    if early:
+        raise AccountingError(f"sacct field {early[0]} is free text and may contain '|': "
+                              "request it last, or not at all")
+    rows = _with_progress(reader, len(lines) - 1, progress, "reading sacct")
+    return _fold(_row_to_parts(row) for row in rows)
+
+
+def _row_to_parts(row: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    if row.get("_rest"):  # a '|' inside the free-text last field split it further
+        row["AdminComment"] = "|".join([row.get("AdminComment") or ""] + row.pop("_rest"))
+    job_id = (row.get("JobID") or "").strip()
+    exit_code, signal = parse_exit(row.get("ExitCode"))
+    return job_id, {
+        "raw_id": (row.get("JobIDRaw") or "").strip(),
+        "cluster": row.get("Cluster") or "",
+        "user": row.get("User") or "",
+        "account": row.get("Account") or "",
+        "partition": row.get("Partition") or "",
+        "state": parse_state(row.get("State")),
+        "exit_code": exit_code,
+        "signal": signal,
+        "submit": parse_time(row.get("Submit")),
+        "start": parse_time(row.get("Start")),
+        "end": parse_time(row.get("End")),
+        "elapsed_s": _number(row.get("ElapsedRaw")),
+        "nodes": "" if row.get("NodeList") in (None, "None assigned") else row["NodeList"],
+        "req_tres": parse_tres(row.get("ReqTRES") or ""),
+        "alloc_tres": parse_tres(row.get("AllocTRES") or ""),
+        "tag": _own_tag(row.get("AdminComment")),
+    }
+
+
+def _fold(parts: Iterable[tuple[str, dict[str, Any]]]) -> list[JobRecord]:
+    """Job lines become records; step lines join their job's ``steps`` (in any order)."""
+    jobs: dict[str, JobRecord] = {}
+    steps: list[tuple[str, StepRecord]] = []
+    for job_id, values in parts:
+        if not job_id:
+            continue
+        match = _STEP_ID.match(job_id)
+        if match:
+            steps.append((match["job"], StepRecord(
+                step_id=match["step"], state=values["state"], exit_code=values["exit_code"],
+                signal=values["signal"], elapsed_s=values["elapsed_s"])))
+        elif "[" in job_id:
+            continue  # array tasks not yet started ("123_[4-9]"): not jobs until they run
+        else:
+            jobs[job_id] = JobRecord(job_id=job_id, **values)
+    for parent, step in steps:
+        if parent in jobs:  # a step without its job line (cut-off output) is dropped
+            jobs[parent].steps.append(step)
+    return list(jobs.values())
+
+
+# -- sacct --json (22.05: openapi dbv0.0.38) --------------------------------------------------
+def parse_json(text: str, *, progress: bool | None = None) -> list[JobRecord]:
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise AccountingError(f"sacct --json output is not JSON: {exc}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("jobs"), list):
+        raise AccountingError("sacct --json output has no 'jobs' list")
+    jobs = []
+    for job in _with_progress(data["jobs"], len(data["jobs"]), progress, "reading sacct"):
+        jobs.append(_json_job(job))
+    return jobs
+
+
+def _json_job(job: Mapping[str, Any]) -> JobRecord:
+    raw_id = str(job.get("job_id", ""))
+    array = job.get("array") or {}
+    het = job.get("het") or {}
+    job_id = raw_id
+    if array.get("task_id") is not None and array.get("job_id"):
+        job_id = f"{array['job_id']}_{array['task_id']}"
+    elif het.get("job_offset") is not None and het.get("job_id"):
+        job_id = f"{het['job_id']}+{het['job_offset']}"
+    times = job.get("time") or {}
+    exit_code, signal = _json_exit(job.get("exit_code"))
+    record = JobRecord(
+        job_id=job_id, raw_id=raw_id,
+        cluster=job.get("cluster") or (job.get("association") or {}).get("cluster") or "",
+        user=job.get("user") or "", account=job.get("account") or "",
+        partition=job.get("partition") or "",
+        state=parse_state((job.get("state") or {}).get("current")),
+        exit_code=exit_code, signal=signal,
+        submit=parse_time(times.get("submission")), start=parse_time(times.get("start")),
+        end=parse_time(times.get("end")), elapsed_s=_float(times.get("elapsed")),
+        nodes="" if job.get("nodes") in (None, "None assigned") else job["nodes"],
+        req_tres=_json_tres((job.get("tres") or {}).get("requested")),
+        alloc_tres=_json_tres((job.get("tres") or {}).get("allocated")),
+        tag=_own_tag((job.get("comment") or {}).get("administrator")),
+    )
+    for step in job.get("steps") or []:
+        # The step's id ("batch", 0, 1); its name is the command line's program: not kept.
+        step_id = str((step.get("step") or {}).get("id", ""))
+        code, sig = _json_exit(step.get("exit_code"))
+        record.steps.append(StepRecord(
+            step_id=step_id, state=parse_state((step.get("state"))), exit_code=code,
+            signal=sig, elapsed_s=_float((step.get("time") or {}).get("elapsed"))))
+    return record
+
+
+def _json_exit(value: Any) -> tuple[int | None, int | None]:
+    if not isinstance(value, Mapping):
+        return None, None
+    signal = value.get("signal") or {}
+    sig = signal.get("signal_id") if isinstance(signal, Mapping) else None
+    return _int(value.get("return_code")), _int(sig) or 0
+
+
+def _json_tres(items: Any) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for item in items or []:
+        if not isinstance(item, Mapping) or item.get("count") is None:
+            continue
+        name = item.get("type") or ""
+        if item.get("name"):
+            name = f"{name}/{item['name']}"
+        out[name] = float(item["count"])
+    return out
+
+
+def _float(value: Any) -> float | None:
+    try:
+        return float(value) if value is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _int(value: Any) -> int | None:
+    try:
+        return int(value) if value is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+def parse_sacct(text: str, *, progress: bool | None = None) -> list[JobRecord]:
+    """Either format, recognised by its first character."""
+    if text.lstrip().startswith("{"):
+        return parse_json(text, progress=progress)
+    return parse_psv(text, progress=progress)
+
+
+def _with_progress(items: Iterable, total: int, progress: bool | None, what: str) -> Iterator:
+    """Iterate, with a rich progress bar on stderr for large inputs (``progress=None``: only
+    when there are many lines and stderr is a terminal)."""
+    if progress is None:
+        progress = total >= PROGRESS_MIN_LINES and os.isatty(2)
+    if not progress:
+        yield from items
+        return
+    from rich.console import Console
+    from rich.progress import Progress
+
+    with Progress(console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task(what, total=total)
+        for item in items:
+            yield item
+            bar.advance(task)
+
+
+# -- running sacct ---------------------------------------------------------------------------
+def sacct_argv(since: float, until: float, *, as_json: bool = False) -> list[str]:
+    window = ["-a", "-S", _slurm_time(since), "-E", _slurm_time(until)]
+    if as_json:
+        return ["sacct", *window, "--json"]
+    return ["sacct", *window, "-P", "-o", ",".join(SACCT_FIELDS)]
+
+
+def _slurm_time(ts: float) -> str:
+    return datetime.fromtimestamp(ts).strftime("%Y-%m-%dT%H:%M:%S")
+
+
+def run_sacct(since: float, until: float, *, as_json: bool = False,
+              timeout: float = 600) -> str:
+    """sacct's output for every job of every user in the window (needs operator rights)."""
+    argv = sacct_argv(since, until, as_json=as_json)
+    try:
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
+                                env={**os.environ, "SLURM_TIME_FORMAT": "%s"})
+    except FileNotFoundError:
+        raise AccountingError("sacct not found (is the Slurm client installed?)") from None
+    except subprocess.TimeoutExpired:
+        raise AccountingError(f"sacct did not answer within {timeout:.0f}s") from None
+    if result.returncode != 0:
+        raise AccountingError(f"sacct failed: {(result.stderr or result.stdout).strip()[:300]}")
+    return result.stdout
+
+
+# -- where jobs ran --------------------------------------------------------------------------
+def expand_hostlist(text: str) -> list[str]:
+    """``a100-[1-2],v100-1`` -> ``['a100-1', 'a100-2', 'v100-1']`` (Slurm's hostlist form)."""
+    out: list[str] = []
+    for prefix, ranges, plain in re.findall(r"([^,\[]+)\[([^\]]+)\]|([^,\[\]]+)", text or ""):
+        if plain:
+            out.append(plain)
+            continue
+        for part in ranges.split(","):
+            low, _, high = part.partition("-")
+            if not high:
+                out.append(prefix + low)
+                continue
+            for number in range(int(low), int(high) + 1):
+                out.append(f"{prefix}{number:0{len(low)}d}")
+    return out
+
+
+def node_gpu_types_from_scontrol(text: str) -> dict[str, str]:
+    """Node -> GPU type from ``scontrol -o show nodes`` (``Gres=gpu:a100:2,shard:a100:160``)."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        name = re.search(r"\bNodeName=(\S+)", line)
+        gres = re.search(r"\bGres=(\S+)", line)
+        if not name or not gres:
+            continue
+        typed = re.search(r"(?:^|,)gpu:([A-Za-z0-9_.\-]+):\d", gres.group(1))
+        if typed:
+            out[name.group(1)] = typed.group(1)
+    return out
+
+
+def query_node_gpu_types(timeout: float = 30) -> dict[str, str]:
+    try:
+        result = subprocess.run(["scontrol", "-o", "show", "nodes"], capture_output=True,
+                                text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    return node_gpu_types_from_scontrol(result.stdout) if result.returncode == 0 else {}
+
+
+def resolve_gpu_types(jobs: Iterable[JobRecord], node_types: Mapping[str, str]) -> None:
+    """Fill ``gpu_type``: a typed GPU TRES, else the type of the node it ran on, else the
+    tag's type when it allowed only one; "" when unknown."""
+    for job in jobs:
+        typed = [k.split(":", 1)[1] for k in job.alloc_tres if k.startswith("gres/gpu:")
+                 or k.startswith("gres/shard:")]
+        nodes = expand_hostlist(job.nodes)
+        on_nodes = sorted({node_types[n] for n in nodes if n in node_types})
+        allowed = [t for t in job.tag_fields.get("types", "").split("+") if t]
+        if typed:
+            job.gpu_type = typed[0]
+        elif len(on_nodes) == 1:
+            job.gpu_type = on_nodes[0]
+        elif len(allowed) == 1:
+            job.gpu_type = allowed[0]
+
+
+def placements_from_scontrol(text: str) -> dict[str, set[tuple[str, int]]]:
+    """Job id -> {(node, GPU index)} from ``scontrol show job -d`` (while the job runs;
+    slurmctld forgets the indexes when a job ends). Array tasks and het components get the
+    ids sacct uses (``123_4``, ``123+1``)."""
+    out: dict[str, set[tuple[str, int]]] = {}
+    for block in re.split(r"\n(?=JobId=)", text):
+        head = re.search(r"JobId=(\d+)", block)
+        if not head:
+            continue
+        job_id = head.group(1)
+        array = re.search(r"ArrayJobId=(\d+) ArrayTaskId=(\d+)\b", block)
+        het = re.search(r"HetJobId=(\d+) HetJobOffset=(\d+)", block)
+        if array:
+            job_id = f"{array.group(1)}_{array.group(2)}"
+        elif het:
+            job_id = f"{het.group(1)}+{het.group(2)}"
+        for node, indexes in re.findall(
+                r"Nodes=(\S+) [^\n]*?GRES=[^\n]*?(?:gpu|shard)[^(\n]*\(IDX:([\d,\-]+)\)", block):
+            for name in expand_hostlist(node):
+                for index in _expand_indexes(indexes):
+                    out.setdefault(job_id, set()).add((name, index))
+    return out
+
+
+def _expand_indexes(text: str) -> list[int]:
+    out: list[int] = []
+    for part in text.split(","):
+        low, _, high = part.partition("-")
+        out.extend(range(int(low), int(high or low) + 1))
+    return out
+
+
+# -- incremental ingestion -------------------------------------------------------------------
+class AccountingCache:
+    """Finished jobs already read from sacct, and how far the reading got, in ``state_dir``.
+
+    ``accounting-jobs.jsonl``: one finished job per line, appended (a job read again replaces
+    the earlier line when loaded); ``accounting-state.json``: ``last_end`` (the latest end time
+    of a cached job), ``covered_from`` (the earliest time asked for) and the count of jobs.
+    """
+
+    STATE = "accounting-state.json"
+    JOBS = "accounting-jobs.jsonl"
+
+    def __init__(self, state_dir: str | os.PathLike):
+        self.dir = Path(state_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.state = self._read_state()
+
+    def _read_state(self) -> dict[str, Any]:
+        try:
+            return json.loads((self.dir / self.STATE).read_text())
+        except FileNotFoundError:
+            return {"v": 1, "last_end": None, "covered_from": None, "jobs": 0}
+        except ValueError:
+            raise AccountingError(f"{self.dir / self.STATE} is damaged; remove it to re-read "
+                                  "accounting from scratch") from None
+
+    def jobs(self) -> dict[str, JobRecord]:
+        out: dict[str, JobRecord] = {}
+        path = self.dir / self.JOBS
+        if not path.exists():
+            return out
+        with open(path) as handle:
+            for line in handle:
+                if line.strip():
+                    record = JobRecord.from_dict(json.loads(line))
+                    out[f"{record.cluster}/{record.job_id}"] = record
+        return out
+
+    def query_window(self, since: float, until: float) -> tuple[float, float]:
+        """What sacct must still be asked for to cover ``[since, until]``."""
+        covered_from, last_end = self.state.get("covered_from"), self.state.get("last_end")
+        if covered_from is None or last_end is None or since < covered_from:
+            return since, until
+        return max(since, last_end - LATE_RECORD_SLACK_S), until
+
+    def add(self, records: Iterable[JobRecord], since: float) -> int:
+        """Keep the finished jobs not already held; returns how many were new."""
+        held = self.jobs()
+        new = [r for r in records if r.finished and f"{r.cluster}/{r.job_id}" not in held]
+        if new:
+            with open(self.dir / self.JOBS, "a") as handle:
+                for record in new:
+                    handle.write(json.dumps(record.to_dict(), sort_keys=True) + "\n")
+        ends = [r.end for r in new if r.end is not None]
+        last_end = self.state.get("last_end")
+        covered_from = self.state.get("covered_from")
+        self.state.update({
+            "last_end": max([e for e in [last_end, *ends] if e is not None], default=None),
+            "covered_from": since if covered_from is None else min(covered_from, since),
+            "jobs": len(held) + len(new),
+        })
+        tmp = self.dir / (self.STATE + ".tmp")
+        tmp.write_text(json.dumps(self.state, sort_keys=True) + "\n")
+        os.replace(tmp, self.dir / self.STATE)
+        return len(new)
+
+
+@dataclass
+class Ingested:
+    jobs: list[JobRecord]  # every job in the window, running ones included (marked)
+    new: int  # jobs read for the first time (incremental runs)
+    source: str  # "sacct", "file <path>", "cache <dir>"
+
+
+def ingest(since: float, until: float, *, sacct_file: str | os.PathLike | None = None,
+           state_dir: str | os.PathLike | None = None, as_json: bool = False,
+           node_types: Mapping[str, str] | None = None,
+           runner: Callable[..., str] = run_sacct, progress: bool | None = None) -> Ingested:
+    """The jobs that ended in ``[since, until]`` plus those still running.
+
+    From a recorded file (``sacct_file``, either format), else from sacct; with a
+    ``state_dir``, sacct is asked only for what the cache does not hold yet.
+    """
+    if sacct_file is not None:
+        try:
+            text = Path(sacct_file).read_text()
+        except OSError as exc:
+            raise AccountingError(f"cannot read {sacct_file}: {exc.strerror}") from None
+        jobs, source = parse_sacct(text, progress=progress), f"file {sacct_file}"
+        new = len(jobs)
+    elif state_dir is not None:
+        cache = AccountingCache(state_dir)
+        start, stop = cache.query_window(since, until)
+        fetched = parse_sacct(runner(start, stop, as_json=as_json), progress=progress)
+        new = cache.add(fetched, since)
+        held = cache.jobs()
+        running = [j for j in fetched if not j.finished]
+        jobs, source = list(held.values()) + running, f"cache {state_dir}"
+    else:
+        jobs = parse_sacct(runner(since, until, as_json=as_json), progress=progress)
+        new, source = len(jobs), "sacct"
+    jobs = [j for j in jobs if not j.finished or (j.end is not None and since <= j.end <= until)]
+    if node_types is None:
+        node_types = query_node_gpu_types() if sacct_file is None else {}
+    resolve_gpu_types(jobs, node_types)
+    return Ingested(jobs=jobs, new=new, source=source)

@@ -1,0 +1,335 @@
+"""What the product decided (or would decide) for a job, for the people who submit jobs.
+
+User-side tools cannot reach the daemon's 0600 hook socket; they talk to its read-only
+*query* socket (``daemon.query_socket``, or ``$GPUSHARE_QUERY_SOCKET``), which answers two ops
+for the peer's uid (SO_PEERCRED):
+
+* ``{"v": 1, "op": "explain", "job": {...}}`` -- the what-if decision for a job description
+  (the same job fields the hook sends, ``protocol.JOB_FIELDS``);
+* ``{"v": 1, "op": "job", "job_id": "123"}`` -- the decision recorded for a job the peer owns
+  (any job for root and SlurmUser).
+
+``slurm-gpushare explain JOBID`` asks the daemon for its record; when the daemon cannot answer
+it falls back to what Slurm itself recorded: the job's ``AdminComment`` tag
+(``gpushare:v1:share:id=...:shard=N:types=a+b:why=code``) and, once finished, its accounting.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+from typing import Any, Mapping
+
+
+from slurm_gpushare.core.errors import UserError
+from slurm_gpushare import PROTOCOL_VERSION, TAG_PREFIX
+from slurm_gpushare.core.config import Config, ConfigError, load_config
+
+QUERY_SOCKET_ENV = "GPUSHARE_QUERY_SOCKET"
+MAX_REPLY_BYTES = 1 << 20
+
+# What each reason code's source means, for decisions known only from their tag.
+SOURCE_PHRASES = {
+    "history": "peak GPU memory of this job's earlier runs + margin",
+    "hint": "the memory hint in the job's comment + margin",
+    "default": "the default share (no earlier runs, no memory hint)",
+}
+# Kept-but-tagged decisions (the job is eligible, its GPU stays whole this time).
+KEEP_PHRASES = {
+    "first-run": "no history yet: runs on a whole GPU and is profiled so its next run can share",
+    "memory-unknown": "earlier runs left no usable memory measurement; keeps a whole GPU",
+    "does-not-fit": "the job's memory fits no GPU type's share; keeps a whole GPU",
+    "unknown-type": "the requested GPU type is not configured for sharing",
+}
+# How the per-type memory figures were obtained, by source.
+MEMORY_NOTES = {"history": "predicted peak + margin", "hint": "hint + margin",
+                "default": "default share"}
+_TAG = re.compile(r"^gpushare:v(\d+):(share|keep)((?::[a-z_]+=[A-Za-z0-9_+.,\-]*)*)$")
+
+
+class DaemonUnavailable(UserError):
+    """The query socket did not answer."""
+
+
+def user_config() -> Config:
+    """The site configuration if this user can read it; the defaults otherwise."""
+    try:
+        return load_config()
+    except ConfigError:
+        return Config()
+
+
+def query_socket_path(config: Config | None = None) -> str:
+    """$GPUSHARE_QUERY_SOCKET, else ``daemon.query_socket`` ("" when the site turned it off)."""
+    if os.environ.get(QUERY_SOCKET_ENV):
+        return os.environ[QUERY_SOCKET_ENV]
+    return (config or user_config()).daemon.query_socket
+
+
+def request(socket_path: str, message: dict[str, Any], timeout: float = 2.0) -> Any:
+    """One JSON line out, one back. Kept here, not imported from the daemon module, so that
+    every submission through the wrapper does not pay for loading the daemon."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout)
+        sock.connect(socket_path)
+        sock.sendall(json.dumps(message).encode() + b"\n")
+        data = b""
+        while not data.endswith(b"\n") and len(data) < MAX_REPLY_BYTES:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    return json.loads(data)
+
+
+def query(socket_path: str, message: dict[str, Any], timeout: float = 2.0) -> dict[str, Any]:
+    """One request on the query socket. Raises DaemonUnavailable if nobody answers."""
+    if not socket_path:
+        raise DaemonUnavailable("the site turned the query socket off (daemon.query_socket)")
+    try:
+        reply = request(socket_path, {"v": PROTOCOL_VERSION, **message}, timeout)
+    except (OSError, ValueError) as exc:
+        why = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+        raise DaemonUnavailable(f"the gpushare daemon is not reachable on {socket_path}: {why}")
+    if not isinstance(reply, dict):
+        raise DaemonUnavailable(f"unreadable reply from {socket_path}")
+    return reply
+
+
+def daemon_reachable(socket_path: str, timeout: float = 1.0) -> tuple[bool, str]:
+    try:
+        reply = query(socket_path, {"op": "ping"}, timeout)
+    except DaemonUnavailable as exc:
+        return False, str(exc)
+    return bool(reply.get("ok")), str(reply.get("error", ""))
+
+
+# ---- what Slurm recorded -------------------------------------------------------------------
+
+def parse_tag(admin_comment: str | None) -> dict[str, Any] | None:
+    """The product's AdminComment tag as a dict, or None when the job carries none."""
+    text = (admin_comment or "").strip()
+    if not text.startswith(TAG_PREFIX.split(":")[0] + ":"):
+        return None
+    match = _TAG.match(text)
+    if not match:
+        return None
+    tag: dict[str, Any] = {"version": int(match.group(1)), "action": match.group(2)}
+    for item in match.group(3).split(":")[1:]:
+        key, _, value = item.partition("=")
+        tag[key] = value
+    if "shard" in tag and tag["shard"].isdigit():
+        tag["shard"] = int(tag["shard"])
+    tag["types"] = [t for t in tag.get("types", "").split("+") if t]
+    return tag
+
+
+def _slurm(*args: str, timeout: float = 15) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(list(args), capture_output=True, text=True, timeout=timeout)
+    except FileNotFoundError:
+        raise UserError(f"{args[0]} not found: are the Slurm clients installed?")
+    except subprocess.TimeoutExpired:
+        raise UserError(f"{args[0]} did not answer within {timeout:.0f}s")
+
+
+def slurm_job(job_id: str, cluster: str | None = None) -> dict[str, str] | None:
+    """``scontrol -o show job`` for one job (its first line for an array), or None."""
+    args = ["scontrol", "-o", "show", "job", job_id]
+    if cluster:
+        args[1:1] = ["-M", cluster]
+    result = _slurm(*args)
+    if result.returncode != 0 or not result.stdout.strip():
+        return None
+    return parse_scontrol_line(result.stdout.splitlines()[0])
+
+
+def parse_scontrol_line(line: str) -> dict[str, str]:
+    """``Key=value`` pairs of one ``scontrol -o`` line. Slurm's keys start with a capital;
+    other words (``gpushare=off`` in a Comment with spaces) continue the value before them.
+    The first occurrence of a key wins, so a user's comment cannot fake a field printed
+    before it (AdminComment comes before Comment)."""
+    fields: dict[str, str] = {}
+    key = None
+    for word in line.split(" "):
+        match = re.match(r"^([A-Z][A-Za-z0-9_:/]*)=(.*)$", word)
+        if match:
+            key = match.group(1)
+            if key not in fields:
+                fields[key] = match.group(2)
+            else:
+                key = None
+        elif key is not None and word:
+            fields[key] += " " + word
+    return fields
+
+
+def job_outcome(job_id: str) -> dict[str, str] | None:
+    """The finished job's accounting record (None while it runs or without accounting)."""
+    names = ["JobID", "State", "ExitCode", "Elapsed", "NodeList", "AllocTRES"]
+    result = _slurm("sacct", "-n", "-P", "-X", "-j", job_id, "-o", ",".join(names))
+    lines = [line for line in result.stdout.splitlines() if line.strip()]
+    if result.returncode != 0 or not lines:
+        return None
+    record = dict(zip(names, lines[0].split("|")))
+    if record.get("State", "").split(" ")[0] in ("PENDING", "RUNNING", "REQUEUED", "SUSPENDED"):
+        return None
+    return record
+
+
+# ---- reports ---------------------------------------------------------------------------------
+
+def decision_from_tag(tag: Mapping[str, Any]) -> dict[str, Any]:
+    """A decision dict (the daemon's shape) rebuilt from an AdminComment tag."""
+    code = str(tag.get("why", ""))
+    source = code[:-len("-share")] if code.endswith("-share") else ""
+    reason = SOURCE_PHRASES.get(source) or KEEP_PHRASES.get(code, code)
+    if tag.get("action") == "share" and tag.get("shard"):
+        reason = (f"{reason}: {tag['shard']} GiB share (gres/shard) on "
+                  f"{', '.join(tag['types']) or 'any type'}")
+    return {"action": tag.get("action", ""), "code": code, "reason": reason,
+            "decision_id": tag.get("id", ""), "share_gib": tag.get("shard"),
+            "gpu_types": list(tag.get("types", [])), "details": {"source": source}}
+
+
+def decision_from_record(record: Mapping[str, Any]) -> dict[str, Any]:
+    """A decision dict from the daemon's stored record (flat; fingerprint keys left out)."""
+    decision = {k: v for k, v in record.items() if k not in ("keys", "source", "details")}
+    decision["details"] = {**(record.get("details") or {}), "source": record.get("source", "")}
+    return decision
+
+
+def explain_job(job_id: str, socket_path: str | None = None) -> dict[str, Any]:
+    """Everything known about one job's sharing decision, as a JSON-able report.
+
+    The daemon's record when it has one (asked on the query socket, which checks that the job
+    is the caller's); else the job's AdminComment tag; plus Slurm's view and, once the job has
+    finished, its accounting."""
+    if not re.fullmatch(r"\d+(_\d+)?", job_id):
+        raise UserError(f"not a job id: {job_id!r}")
+    socket_path = socket_path or query_socket_path()
+    report: dict[str, Any] = {"job_id": job_id}
+    try:
+        reply = query(socket_path, {"op": "job", "job_id": job_id})
+    except DaemonUnavailable as exc:
+        reply = {"ok": False, "error": str(exc)}
+    if str(reply.get("error", "")).startswith("permission denied"):
+        raise UserError(f"job {job_id}: only its owner and admins may see its decision")
+    admin_comment = None
+    if reply.get("ok"):
+        daemon_job = reply.get("job") or {}
+        admin_comment = daemon_job.get("admin_comment")
+        if isinstance(reply.get("record"), dict):
+            report["decision"] = decision_from_record(reply["record"])
+            report["source"] = "daemon"
+        # Whatever else the daemon knows (co-runners, predictions, outcome) goes along as is.
+        report.update({k: v for k, v in reply.items()
+                       if k not in ("v", "ok", "rid", "job", "record", "decision")})
+    else:
+        report["daemon_error"] = reply.get("error", "no answer")
+
+    job = slurm_job(job_id)
+    if job is None and not reply.get("ok"):
+        raise UserError(f"job {job_id} is unknown to Slurm ({report['daemon_error']})")
+    if job is not None:
+        admin_comment = job.get("AdminComment", admin_comment)
+        report["slurm"] = {k: job[k] for k in ("JobState", "Partition", "TresPerNode", "TresPerJob",
+                                               "Features", "NodeList")
+                           if job.get(k) not in (None, "", "(null)")}
+    if "decision" not in report:
+        tag = parse_tag(admin_comment)
+        report["source"] = "admin_comment"
+        report["decision"] = decision_from_tag(tag) if tag else {
+            "action": "keep", "code": "", "decision_id": "",
+            "reason": "no gpushare tag: the job runs as submitted (kept, no GPU asked for, "
+                      "or the daemon was not reachable at submission)"}
+    if "outcome" not in report:
+        outcome = job_outcome(job_id)
+        if outcome:
+            report["outcome"] = outcome
+    return report
+
+
+def _gib(mib: float) -> str:
+    return f"{mib / 1024:.1f} GiB"
+
+
+def decision_rows(decision: Mapping[str, Any], *, what_if: bool = False,
+                  extra: Mapping[str, Any] | None = None) -> list[tuple[str, str]]:
+    """A decision as ``(label, text)`` rows."""
+    extra = extra or {}
+    details = decision.get("details") or {}
+    action = decision.get("action", "?")
+    code = decision.get("code") or ""
+    lines = []
+    if action == "share":
+        verb = "would run" if what_if else "runs"
+        types = " or ".join(decision.get("gpu_types") or []) or "any type"
+        lines.append(("decision", f"{verb} as a share: {decision.get('share_gib')} GiB of GPU "
+                                  f"memory (gres/shard) on {types}"))
+    else:
+        lines.append(("decision", ("would be kept" if what_if else "kept") + " as submitted"))
+    lines.append(("why", f"{decision.get('reason', '')}" + (f" [{code}]" if code else "")))
+    job_class = decision.get("job_class", details.get("job_class", extra.get("job_class")))
+    if job_class is not None:
+        lines.append(("class", f"interference class {job_class}"))
+    elif details.get("source") in ("hint", "default"):
+        lines.append(("class", "unknown (no earlier runs of this job)"))
+    memory = details.get("memory_mib") or {}
+    if memory:
+        note = MEMORY_NOTES.get(details.get("source"), "estimate + margin")
+        lines.append(("memory", ", ".join(f"{t} {_gib(v)}" for t, v in sorted(memory.items()))
+                      + f" per GPU ({note})"))
+    chosen = decision.get("gpu_types") or []
+    excluded = details.get("excluded_types") or []
+    if chosen or excluded:
+        lines.append(("types", f"chosen {', '.join(chosen) or 'none'}; "
+                               f"excluded {', '.join(excluded) or 'none'}"))
+    for key, label in (("chosen_nodes", "nodes"), ("excluded_nodes", "excluded nodes")):
+        value = details.get(key) or extra.get(key)
+        if value:
+            lines.append((label, ", ".join(value) if isinstance(value, list) else str(value)))
+    writes = decision.get("writes") or {}
+    shown = {k: v for k, v in writes.items() if k != "admin_comment"}
+    if shown:
+        lines.append(("changes", " ".join(f"{k}={v}" for k, v in shown.items())))
+    corunners = extra.get("co_runners", details.get("co_runners"))
+    if corunners is not None:
+        lines.append(("co-runners", ", ".join(map(_corunner, corunners)) or "none seen"))
+    if decision.get("decision_id") and not what_if:  # a what-if decision is not recorded
+        lines.append(("id", str(decision["decision_id"])))
+    return lines
+
+
+def render_rows(rows: list[tuple[str, str]], indent: str = "") -> str:
+    width = max((len(label) for label, _ in rows), default=0)
+    return "\n".join(f"{indent}{label:<{width}}  {text}" for label, text in rows)
+
+
+def _corunner(entry: Any) -> str:
+    if isinstance(entry, Mapping):
+        text = str(entry.get("job_id", "?"))
+        if entry.get("class") is not None:
+            text += f" (class {entry['class']})"
+        return text
+    return str(entry)
+
+
+def format_report(report: Mapping[str, Any]) -> str:
+    rows = decision_rows(report.get("decision") or {}, extra=report)
+    slurm = report.get("slurm") or {}
+    if slurm:
+        rows.append(("slurm", " ".join(f"{k}={v}" for k, v in slurm.items()
+                                       if k != "AdminComment")))
+    outcome = report.get("outcome")
+    if outcome:
+        rows.append(("outcome", f"{outcome.get('State')} after {outcome.get('Elapsed')} on "
+                                f"{outcome.get('NodeList')} (exit {outcome.get('ExitCode')}; "
+                                f"{outcome.get('AllocTRES') or 'no TRES recorded'})"))
+    if report.get("source") == "admin_comment":
+        why = report.get("daemon_error", "it kept no record of this job")
+        rows.append(("source", f"the job's AdminComment tag (daemon: {why})"))
+    return f"job {report['job_id']}\n" + render_rows(rows, indent="  ")

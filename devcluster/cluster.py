@@ -30,7 +30,7 @@ from typing import Callable
 import click
 
 from slurm_gpushare import HOOK_DIR
-from slurm_gpushare.node.agent import pid_alive
+from slurm_gpushare.core.files import pid_alive, replace_atomically
 from slurm_gpushare.core.config import load_config
 from devcluster.fakegpu import ROOT_ENV as FAKEGPU_ROOT_ENV
 from devcluster.fakegpu import write_board
@@ -227,10 +227,7 @@ class TestCluster:
         if path.exists() and path.read_text() == text:
             os.chmod(path, mode)
             return False
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(text)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
+        replace_atomically(path, text.encode(), mode)
         return True
 
     def _slurm_conf(self, *, job_submit: bool = True) -> str:

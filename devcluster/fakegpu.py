@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from slurm_gpushare.node.agent import pid_alive
+from slurm_gpushare.core.files import pid_alive
 from slurm_gpushare.slurm.jobs import gpu_indices
 from slurm_gpushare.node.telemetry.nvml import DeviceSample, ProcessSample
 

@@ -146,3 +146,10 @@ def cluster():
     test_cluster.start()
     test_cluster.startup_seconds = time.monotonic() - started
     yield test_cluster
+
+
+def pytest_collection_modifyitems(items):
+    """Everything under tests/cluster runs on the real local Slurm cluster."""
+    for item in items:
+        if "cluster" in Path(str(item.fspath)).parent.parts[-1:]:
+            item.add_marker(pytest.mark.cluster)

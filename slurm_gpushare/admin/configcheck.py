@@ -28,6 +28,8 @@ from typing import Callable, Iterable, Sequence
 
 from slurm_gpushare import HOOK_DIR
 from slurm_gpushare.core.errors import UserError
+from slurm_gpushare.core.hostlist import expand_hostlist
+from slurm_gpushare.slurm import cmd
 from slurm_gpushare.core.config import DEFAULT_CONFIG_PATH, CONFIG_ENV, Config, ConfigError, load_config
 from slurm_gpushare.user.explain import parse_scontrol_line, request
 
@@ -37,7 +39,6 @@ HOOK_SETTINGS = "gpushare_hook.json"
 DEFAULT_SLURM_CONF = "/etc/slurm/slurm.conf"
 LUA_VERSION = "5.1"  # Debian's job_submit_lua.so links liblua5.1
 
-Runner = Callable[..., subprocess.CompletedProcess]
 
 
 class ProblemsFound(UserError):
@@ -54,57 +55,6 @@ class Finding:
 
 
 # ---- Slurm's files ---------------------------------------------------------------------------
-
-def expand_hostlist(text: str) -> list[str]:
-    """``gpu-[01-03,07],login1`` -> names (Slurm hostlist syntax, one bracket level)."""
-    names: list[str] = []
-    for part in re.findall(r"[^,\[]*(?:\[[^\]]*\][^,\[]*)*", text):
-        if not part:
-            continue
-        match = re.match(r"^(.*?)\[([^\]]*)\](.*)$", part)
-        if not match:
-            names.append(part)
-            continue
-        head, ranges, tail = match.groups()
-        for item in ranges.split(","):
-            low, _, high = item.partition("-")
-            if high:
-                width = len(low)
-                for number in range(int(low), int(high) + 1):
-                    names += expand_hostlist(f"{head}{number:0{width}d}{tail}")
-            else:
-                names += expand_hostlist(f"{head}{low}{tail}")
-    return names
-
-
-def compress_hostlist(names: Sequence[str]) -> str:
-    """The reverse of expand_hostlist for names ending in numbers (others listed as they are)."""
-    groups: dict[tuple[str, int], list[int]] = {}
-    plain: list[str] = []
-    for name in names:
-        match = re.match(r"^(.*?)(\d+)$", name)
-        if match:
-            groups.setdefault((match.group(1), len(match.group(2))), []).append(int(match.group(2)))
-        else:
-            plain.append(name)
-    out = list(plain)
-    for (prefix, width), numbers in groups.items():
-        numbers = sorted(set(numbers))
-        if len(numbers) == 1:
-            out.append(f"{prefix}{numbers[0]:0{width}d}")
-            continue
-        spans, start, prev = [], numbers[0], numbers[0]
-        for number in numbers[1:] + [None]:
-            if number is not None and number == prev + 1:
-                prev = number
-                continue
-            spans.append(f"{start:0{width}d}" if start == prev
-                         else f"{start:0{width}d}-{prev:0{width}d}")
-            if number is not None:
-                start = prev = number
-        out.append(f"{prefix}[{','.join(spans)}]")
-    return ",".join(out)
-
 
 def _logical_lines(path: Path, seen: set[Path] | None = None) -> Iterable[tuple[Path, str]]:
     """A Slurm config file's lines: comments dropped, ``\\`` continuations joined, Include
@@ -225,34 +175,26 @@ class LiveSlurm:
     error: str = ""
 
     @classmethod
-    def query(cls, run: Runner = subprocess.run) -> "LiveSlurm":
+    def query(cls) -> "LiveSlurm":
         live = cls()
         try:
-            result = run(["scontrol", "show", "config"], capture_output=True, text=True,
-                         timeout=20)
-        except FileNotFoundError:
-            live.error = "scontrol not found"
+            result = cmd.run(["scontrol", "show", "config"], timeout=20)
+        except cmd.SlurmError as exc:
+            live.error = str(exc)
             return live
-        except subprocess.TimeoutExpired:
-            live.error = "scontrol show config timed out"
-            return live
-        if result.returncode != 0:
-            lines = (result.stderr or result.stdout).strip().splitlines()
-            live.error = lines[-1] if lines else f"scontrol exited {result.returncode}"
+        if not result.ok:
+            live.error = result.message
             return live
         for line in result.stdout.splitlines():
             match = re.match(r"^(\S+)\s+=\s?(.*)$", line)
             if match:
                 live.config[match.group(1).lower()] = match.group(2).strip()
-        nodes = run(["scontrol", "-o", "show", "node"], capture_output=True, text=True,
-                    timeout=20)
-        for line in nodes.stdout.splitlines():
+        for line in (cmd.output(["scontrol", "-o", "show", "node"], timeout=20) or "").splitlines():
             fields = parse_scontrol_line(line)
             if fields.get("NodeName"):
                 live.nodes[fields["NodeName"]] = fields
-        parts = run(["scontrol", "-o", "show", "partition"], capture_output=True, text=True,
-                    timeout=20)
-        for line in parts.stdout.splitlines():
+        for line in (cmd.output(["scontrol", "-o", "show", "partition"], timeout=20)
+                     or "").splitlines():
             fields = parse_scontrol_line(line)
             if fields.get("PartitionName"):
                 live.partitions.add(fields["PartitionName"])
@@ -680,11 +622,11 @@ class Checker:
 
 
 def check_config(slurm_conf: str | None = None, config_path: str | None = None, *,
-                 live: bool = True, runner: Runner = subprocess.run,
+                 live: bool = True,
                  lua_binary: str | None = None,
                  lua_dirs: Sequence[str] | None = None) -> list[Finding]:
     """All findings for a cluster (see the module docstring)."""
-    live_slurm = LiveSlurm.query(runner) if live else None
+    live_slurm = LiveSlurm.query() if live else None
     path = (slurm_conf
             or (live_slurm.get("SLURM_CONF") if live_slurm and not live_slurm.error else None)
             or os.environ.get("SLURM_CONF") or DEFAULT_SLURM_CONF)

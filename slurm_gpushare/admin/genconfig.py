@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import re
-import subprocess
 from dataclasses import dataclass
 from typing import Sequence
 
-from slurm_gpushare.admin.configcheck import Runner, compress_hostlist, gres_tokens
+from slurm_gpushare.admin.configcheck import gres_tokens
+from slurm_gpushare.core.hostlist import compress_hostlist
+from slurm_gpushare.slurm import cmd
 from slurm_gpushare.core.config import Config
 from slurm_gpushare.core.errors import UserError
 
@@ -20,17 +21,11 @@ class GpuNode:
     features: tuple[str, ...] = ()
 
 
-def sinfo_gpu_nodes(run: Runner = subprocess.run) -> list[GpuNode]:
+def sinfo_gpu_nodes() -> list[GpuNode]:
     """GPU nodes as sinfo lists them (one entry per node, whatever its partitions)."""
-    try:
-        result = run(["sinfo", "-h", "-N", "-o", "%N|%G|%f"], capture_output=True, text=True,
-                     timeout=20)
-    except FileNotFoundError:
-        raise UserError("sinfo not found: are the Slurm clients installed?")
-    if result.returncode != 0:
-        raise UserError(f"sinfo failed: {(result.stderr or '').strip()}")
+    out = cmd.check_output(["sinfo", "-h", "-N", "-o", "%N|%G|%f"], timeout=20)
     nodes: dict[str, GpuNode] = {}
-    for line in result.stdout.splitlines():
+    for line in out.splitlines():
         parts = line.split("|")
         if len(parts) != 3 or parts[0] in nodes:
             continue

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import click
 
-from slurm_gpushare.admin.configcheck import (ProblemsFound, check_config, expand_hostlist,
-                                              format_findings)
+from slurm_gpushare.admin.configcheck import ProblemsFound, check_config, format_findings
 from slurm_gpushare.admin.genconfig import (GpuNode, generate_fragments, parse_node_spec,
                                             sinfo_gpu_nodes)
 from slurm_gpushare.core.config import ConfigError, load_config
+from slurm_gpushare.core.hostlist import expand_hostlist
 
 
 @click.command("check-config")

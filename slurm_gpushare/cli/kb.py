@@ -34,6 +34,8 @@ from typing import Any
 
 import click
 
+from slurm_gpushare.core.config import DaemonConfig
+
 # numpy, pandas, scikit-learn and the modules built on them are imported inside the commands:
 # every ``slurm-gpushare`` invocation loads this module, most never need them.
 FEATURES = ("MGUP", "MGMAP", "MGTSAMP")
@@ -47,7 +49,7 @@ def default_model_path() -> str:
     explicit = os.environ.get("GPUSHARE_CLASSES_MODEL")
     if explicit:
         return explicit
-    state = os.environ.get("GPUSHARE_STATE_DIR", "/var/lib/slurm-gpushare")
+    state = os.environ.get("GPUSHARE_STATE_DIR", DaemonConfig.state_dir)
     return str(Path(state) / "classes.json")
 
 

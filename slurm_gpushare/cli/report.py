@@ -151,7 +151,7 @@ def report_command(since, until, by, fmt, output, anonymise, sacct_file, sacct_j
             raise click.ClickException(f"no store at {store_path}")
         from slurm_gpushare.daemon.store import Store, StoreError
         try:
-            store = Store(store_path)
+            store = Store(store_path, readonly=True)
         except (StoreError, OSError) as exc:
             raise click.ClickException(f"cannot open the store {store_path}: {exc}")
     try:

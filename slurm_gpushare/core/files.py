@@ -1,4 +1,5 @@
-"""Files that several processes share: written atomically under a lock, read under it.
+"""Files that several processes share: written atomically under a lock, read under it; and
+whether a pid file's process is alive.
 
 A writer makes a temporary file in the same directory, fsyncs it and renames it over the
 target, holding ``<path>.lock`` (filelock), so a reader sees the old file or the new, never half.
@@ -21,12 +22,14 @@ def lock_for(path: str | os.PathLike) -> FileLock:
     return FileLock(str(path) + ".lock", timeout=LOCK_TIMEOUT_S)
 
 
-def replace_atomically(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` to ``path`` by temp file + fsync + rename (the caller holds the lock)."""
+def replace_atomically(path: str | os.PathLike, data: bytes, mode: int = 0o600) -> None:
+    """Write ``data`` to ``path`` by temp file + fsync + rename (the caller holds the lock
+    where several writers may race). The file is born with ``mode``: never briefly wider."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
@@ -35,6 +38,19 @@ def replace_atomically(path: str | os.PathLike, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists (one of another user's counts)."""
+    if pid <= 0:  # kill(0, ...) would signal our own process group
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def write_locked(path: str | os.PathLike, data: bytes | str) -> None:

@@ -11,10 +11,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Mapping, Protocol, Sequence
 
-from slurm_gpushare import TAG_PREFIX
 from slurm_gpushare.core import tres as tresmod
+from slurm_gpushare.core.tag import Tag
 from slurm_gpushare.core.config import Config, GpuType
-from slurm_gpushare.daemon.protocol import Decision, JobRequest
+from slurm_gpushare.core.types import Decision, JobRequest
 
 SHARED_GRES = ("shard", "mps")
 
@@ -173,11 +173,6 @@ def units_needed(gpu_type: GpuType, memory_mib: float, util_pct: float | None,
     return max(units, math.ceil(util_pct / budget_pct * capacity(gpu_type) - 1e-9))
 
 
-def _tag(action: str, decision_id: str, code: str, **fields) -> str:
-    extra = "".join(f"{key}={value}:" for key, value in fields.items())
-    return f"{TAG_PREFIX}{action}:id={decision_id or '-'}:{extra}why={code}"
-
-
 def decide(request: JobRequest, config: Config, *, estimate: JobEstimate | None = None,
            view: ClusterView | None = None, knowledge: Compatibility | None = None,
            decision_id: str = "") -> Decision:
@@ -192,7 +187,7 @@ def decide(request: JobRequest, config: Config, *, estimate: JobEstimate | None 
 
     def keep_tagged(code: str, reason: str, **details) -> Decision:
         return Decision(action="keep", code=code, reason=reason, decision_id=decision_id,
-                        writes={"admin_comment": _tag("keep", decision_id, code)},
+                        writes={"admin_comment": Tag("keep", code, decision_id).encode()},
                         details=details)
 
     where = gpu_request(request)
@@ -288,12 +283,10 @@ def decide(request: JobRequest, config: Config, *, estimate: JobEstimate | None 
     # The memory the job may use wherever it lands (MPS enforces it: the TaskProlog reads it).
     limit_mib = math.ceil(max(estimate.memory_mib[g.name] for g in fits))
     share_gib = units if best.sharing == "shard" else math.ceil(limit_mib / 1024)
-    tag_fields: dict[str, object] = {best.sharing: units, "types": "+".join(type_names)}
-    if best.sharing == "mps":
-        tag_fields["mem"] = limit_mib
-    if estimate.job_class is not None:
-        tag_fields["class"] = estimate.job_class
-    writes["admin_comment"] = _tag("share", decision_id, code, **tag_fields)
+    writes["admin_comment"] = Tag(
+        "share", code, decision_id, types=type_names, job_class=estimate.job_class,
+        **({"shard": units} if best.sharing == "shard" else {"mps": units, "mem_mib": limit_mib}),
+    ).encode()
     what = (f"{units} GiB share (gres/shard)" if best.sharing == "shard" else
             f"{units}% MPS share (gres/mps, memory limit {limit_mib / 1024:.1f} GiB)")
     reason = (f"{estimate.detail}: {what} on "

@@ -12,28 +12,20 @@ from __future__ import annotations
 
 import logging
 import re
-import subprocess
 import threading
 from typing import Sequence
 
 from slurm_gpushare.core.config import Config
 from slurm_gpushare.core.policy import NodeView
-from slurm_gpushare.slurm.jobs import lookup_job, parse_tag
+from slurm_gpushare.slurm import cmd
+from slurm_gpushare.slurm.jobs import lookup_job
 
 log = logging.getLogger("slurm_gpushare.daemon.clusterview")
 
 
-def _run(argv: list[str], timeout: float) -> str | None:
-    try:
-        result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return result.stdout if result.returncode == 0 else None
-
-
 def read_nodes(config: Config, timeout: float = 10.0) -> dict[str, tuple[str, tuple[str, ...], int]]:
     """node -> (GPU type, partitions, GPUs), the type found among the node's features."""
-    out = _run(["sinfo", "-h", "-N", "-o", "%N|%f|%P|%G"], timeout)
+    out = cmd.output(["sinfo", "-h", "-N", "-o", "%N|%f|%P|%G"], timeout=timeout)
     if out is None:
         return {}
     by_feature = {g.feature: g.name for g in config.gpu_types}
@@ -75,8 +67,7 @@ def resident_classes(shares: dict[str, str], classes: dict[str, int | None]) -> 
 def class_of_job(job_id: str) -> int | None:
     """A share's class from its AdminComment tag; None when untagged or classless."""
     job = lookup_job(job_id)
-    value = parse_tag(job.admin_comment).get("class") if job else None
-    return int(value) if value is not None and value.isdigit() else None
+    return job.tag.job_class if job and job.tag else None
 
 
 class SlurmClusterView:
@@ -95,7 +86,7 @@ class SlurmClusterView:
 
     def refresh(self) -> bool:
         node_info = read_nodes(self.config)
-        queue = _run(["squeue", "-h", "-t", "R", "-o", "%i|%N|%b"], 20.0)
+        queue = cmd.output(["squeue", "-h", "-t", "R", "-o", "%i|%N|%b"], timeout=20.0)
         if not node_info or queue is None:
             return False
         shares = running_shares(queue)

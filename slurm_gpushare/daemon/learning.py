@@ -6,13 +6,13 @@ thread, never on the request path."""
 from __future__ import annotations
 
 import logging
-import subprocess
 from typing import Any, Callable
 
 from slurm_gpushare.core.config import Config
 from slurm_gpushare.daemon.logs import event
 from slurm_gpushare.daemon.store import Store
-from slurm_gpushare.slurm.jobs import lookup_job, parse_tag
+from slurm_gpushare.slurm import cmd
+from slurm_gpushare.slurm.jobs import lookup_job
 
 
 class Learner:
@@ -28,11 +28,10 @@ class Learner:
         """On the writer thread: requeue a job that outgrew its share (its next run is sized
         from the new peak)."""
         try:
-            result = subprocess.run(["scontrol", "requeue", job_id], capture_output=True,
-                                    text=True, timeout=15)
-            ok, detail = result.returncode == 0, (result.stderr or result.stdout).strip()
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            ok, detail = False, type(exc).__name__
+            result = cmd.run(["scontrol", "requeue", job_id])
+            ok, detail = result.ok, (result.stderr or result.stdout).strip()
+        except cmd.SlurmError as exc:
+            ok, detail = False, str(exc)
         self.count("requeued" if ok else "requeue-failed")
         event(logging.WARNING if ok else logging.ERROR, "requeued" if ok else "requeue-failed",
                job_id=job_id, detail=detail)
@@ -57,12 +56,12 @@ class Learner:
     def _check_share(self, summary: dict[str, Any], job) -> None:
         """gres/shard sets no hardware limit: record a job that used more than its share, so
         admins see it (log event, counter, report) before a co-runner runs out of memory."""
-        shard = parse_tag(job.admin_comment).get("shard") if job else None
+        limit = job.tag.limit_mib if job and job.tag else None
         peak = summary.get("mgmap_max_mib")
-        if shard is None or peak is None or peak <= int(shard) * 1024:
+        if limit is None or peak is None or peak <= limit:
             return
         self.count("share-exceeded")
-        event(logging.WARNING, "share-exceeded", job_id=job.job_id, share_gib=int(shard),
+        event(logging.WARNING, "share-exceeded", job_id=job.job_id, share_gib=round(limit / 1024, 1),
                peak_mib=peak, gpu_model=summary.get("gpu_model"), uid=job.uid)
 
     def _learn_coruns(self, summary: dict[str, Any], job, config: Config) -> int:
@@ -85,7 +84,7 @@ class Learner:
             other_id = str(corun["job_id"])
             was_complete = _complete(self._corun_row(job.job_id, other_id))
             other = lookup_job(other_id)
-            other_class = parse_tag(other.admin_comment).get("class") if other else None
+            other_class = other.tag.job_class if other and other.tag else None
             # A measured slowdown only when the co-run covered (nearly) the whole run.
             isd = (measured_isd(duration, solo) if solo and duration
                    and float(corun.get("overlap_s") or 0) >= 0.8 * duration else None)

@@ -79,8 +79,21 @@ SCHEMA_VERSION = len(MIGRATIONS)
 class Store:
     """One SQLite database; safe to share between threads of one process."""
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike, *, readonly: bool = False):
+        """``readonly``: a reader beside the daemon (reports): never creates, migrates or
+        writes, and never waits for the daemon's transactions (WAL)."""
         self.path = Path(path)
+        self._lock = threading.RLock()
+        if readonly:
+            if not self.path.exists():
+                raise StoreError(f"{self.path}: no such store")
+            self._db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=10.0,
+                                       isolation_level=None, check_same_thread=False)
+            self._db.row_factory = sqlite3.Row
+            if self.schema_version != SCHEMA_VERSION:
+                raise StoreError(f"{self.path}: schema version {self.schema_version}, this "
+                                 f"program reads {SCHEMA_VERSION}")
+            return
         if str(path) != ":memory:":
             self.path.parent.mkdir(parents=True, exist_ok=True)
             if not self.path.exists():
@@ -88,7 +101,6 @@ class Store:
         self._db = sqlite3.connect(str(path), timeout=10.0, isolation_level=None,
                                    check_same_thread=False)
         self._db.row_factory = sqlite3.Row
-        self._lock = threading.RLock()
         self._db.execute("PRAGMA journal_mode=WAL")
         # WAL + NORMAL: consistent after a crash, no fsync per record (a power cut may lose
         # the last few records, never corrupt the store).
@@ -236,6 +248,13 @@ class Store:
         row = self._db.execute("SELECT data FROM decisions WHERE decision_id = ?",
                                (decision_id,)).fetchone()
         return json.loads(row["data"]) if row else None
+
+    def keys_of_job(self, job_id: str, cluster: str = "") -> list[str]:
+        """Fingerprint keys linked to a job (under its cluster or the one-cluster ""), in the
+        order they were linked."""
+        rows = self._db.execute("SELECT key FROM job_keys WHERE job_id = ? AND cluster IN (?, '') "
+                                "ORDER BY rowid", (job_id, cluster)).fetchall()
+        return list(dict.fromkeys(r["key"] for r in rows))
 
     def decisions(self, limit: int = 100) -> list[dict[str, Any]]:
         rows = self._db.execute("SELECT data FROM decisions ORDER BY ts DESC LIMIT ?",

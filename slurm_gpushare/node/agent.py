@@ -34,10 +34,10 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from slurm_gpushare import PROTOCOL_VERSION
+from slurm_gpushare.core.config import DaemonConfig
+from slurm_gpushare.core.files import pid_alive, replace_atomically
 from slurm_gpushare.daemon.protocol import request
 
-DEFAULT_STATE_DIR = "/var/lib/slurm-gpushare"
-DEFAULT_SOCKET = "/run/slurm-gpushare/daemon.sock"
 DEFAULT_INTERVAL_S = 0.25
 # A collector whose epilog never came (slurmd crash) ends by itself after this long.
 DEFAULT_MAX_DURATION_S = 14 * 24 * 3600.0
@@ -67,19 +67,6 @@ def _log(state_dir: str | os.PathLike, message: str) -> None:
 
 def _valid_job_id(job_id: str | None) -> bool:
     return bool(job_id) and job_id.replace("_", "").isdigit()
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether a process with this pid exists (one of another user's counts)."""
-    if pid <= 0:  # kill(0, ...) would signal our own process group
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _read_pid(path: Path) -> int | None:
@@ -118,20 +105,14 @@ def send_message(message: dict[str, Any], socket_path: str, timeout_s: float = 5
 def share_limit_mib(job_id: str) -> float | None:
     """The memory a shared job may use, from its decision tag: shards x 1 GiB, or an MPS
     share's mem=; None for a job that is not a share (or whose tag cannot be read)."""
-    from slurm_gpushare.slurm.jobs import lookup_job, parse_tag
+    from slurm_gpushare.slurm.jobs import lookup_job
 
     try:
         job = lookup_job(job_id)
     except ValueError:
         return None
-    tag = parse_tag(job.admin_comment) if job else {}
-    if tag.get("action") != "share":
-        return None
-    if tag.get("mem", "").isdigit():
-        return float(tag["mem"])
-    if tag.get("shard", "").isdigit():
-        return float(tag["shard"]) * 1024
-    return None
+    tag = job.tag if job else None
+    return tag.limit_mib if tag else None
 
 
 def overrun_watch(job_id: str, limit_mib: float, notify: Callable[[dict[str, Any]], Any],
@@ -160,13 +141,7 @@ def spool(summary: dict[str, Any], directory: str | os.PathLike) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     name = f"{summary.get('cluster') or 'local'}-{summary['job_id']}-{summary['gpu_index']}.json"
     final = directory / name
-    tmp = directory / f".{name}.{os.getpid()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        json.dump(summary, handle, sort_keys=True)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, final)
+    replace_atomically(final, json.dumps(summary, sort_keys=True).encode(), mode=0o600)
     return final
 
 
@@ -385,8 +360,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--gpus", default=env("SLURM_JOB_GPUS") or env("CUDA_VISIBLE_DEVICES"),
                         help="GPU indices or UUIDs, comma-separated")
     parser.add_argument("--cluster", default=env("SLURM_CLUSTER_NAME", ""))
-    parser.add_argument("--state-dir", default=env("GPUSHARE_STATE_DIR", DEFAULT_STATE_DIR))
-    parser.add_argument("--socket", default=env("GPUSHARE_SOCKET", DEFAULT_SOCKET))
+    parser.add_argument("--state-dir", default=env("GPUSHARE_STATE_DIR", DaemonConfig.state_dir))
+    parser.add_argument("--socket", default=env("GPUSHARE_SOCKET", DaemonConfig.socket))
     parser.add_argument("--interval", type=float, default=DEFAULT_INTERVAL_S)
     parser.add_argument("--max-duration", type=float, default=DEFAULT_MAX_DURATION_S)
     parser.add_argument("--scenario", default=env("GPUSHARE_TELEMETRY_SCENARIO"))

@@ -12,11 +12,11 @@ from __future__ import annotations
 from pathlib import Path
 
 
+from slurm_gpushare.predict.history import PREALLOC_PCT
 from slurm_gpushare.core.config import Config
 
 MEMORY_MODEL = "memory.pkl"
 # A peak at this share of the GPU is a pre-allocating framework, not a measurement of need.
-PREALLOC_PCT = 95.0
 
 
 def model_path(config: Config) -> Path:

@@ -25,13 +25,10 @@ or models: those never enter the accounting records. ``anonymise=True`` replaces
 
 from __future__ import annotations
 
-import json
-import sqlite3
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from slurm_gpushare.slurm.accounting import JobRecord
@@ -45,39 +42,21 @@ SoloPredictor = Callable[[JobRecord], "float | None"]
 class StoreView:
     """What the report needs from the store (``store.Store``), read-only.
 
-    Uses ``Store.summaries``, ``Store.history`` and ``Store.corun_observations``; two lookups the
-    store has no method for are read here against its schema: a decision by id and the
-    fingerprint keys linked to a job id. The store may keep ``cluster`` empty on a one-cluster
-    site, so a job is looked up under its sacct cluster name and under "".
+    Only the store's own methods, never its SQL. The store may keep ``cluster`` empty on a
+    one-cluster site, so a job is looked up under its sacct cluster name and under "".
     """
 
     def __init__(self, store):
         self.store = store
-        path = Path(store.path)
-        self._ro = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False) \
-            if str(store.path) != ":memory:" else store._db
-        self._ro.row_factory = sqlite3.Row
-
-    def close(self) -> None:
-        if self._ro is not getattr(self.store, "_db", None):
-            self._ro.close()
 
     def decision(self, decision_id: str) -> dict[str, Any] | None:
-        if not decision_id:
-            return None
-        row = self._ro.execute("SELECT data FROM decisions WHERE decision_id = ?",
-                               (decision_id,)).fetchone()
-        return json.loads(row["data"]) if row else None
+        return self.store.decision(decision_id) if decision_id else None
 
     def job_keys(self, job: JobRecord) -> list[str]:
         """The job's fingerprint keys, most specific first (as ``JobKeys.as_list``)."""
-        keys: list[str] = []
-        decision = self.decision(job.decision_id) or {}
-        keys += decision.get("keys") or []
-        rows = self._ro.execute("SELECT key FROM job_keys WHERE job_id = ? AND cluster IN (?, '') "
-                                "ORDER BY rowid", (job.job_id, job.cluster)).fetchall()
-        keys += [r["key"] for r in rows if r["key"] not in keys]
-        return keys
+        keys = list((self.decision(job.decision_id) or {}).get("keys") or [])
+        return keys + [k for k in self.store.keys_of_job(job.job_id, job.cluster)
+                       if k not in keys]
 
     def summaries(self, job: JobRecord) -> list[dict[str, Any]]:
         return self.store.summaries(job.job_id, job.cluster) or self.store.summaries(job.job_id)
@@ -477,19 +456,15 @@ def build_report(jobs: Sequence[JobRecord], *, since: float, until: float,
     if by not in GROUP_BY:
         raise ValueError(f"cannot group by {by!r}; choose one of {', '.join(GROUP_BY)}")
     view = StoreView(store) if store is not None else None
-    try:
-        observations = view.coruns() if view else []
-        if groups is None:
-            groups = groups_from_store(jobs, observations)
-        classes: dict[str, int] = {}
-        for obs in observations:  # classes the co-run records know, where decisions do not
-            for side in ("a", "b"):
-                if obs.get(f"class_{side}") is not None:
-                    classes[obs[f"job_{side}"]] = int(obs[f"class_{side}"])
-        figures = _figures_for(jobs, groups, view, predictor, classes)
-    finally:
-        if view:
-            view.close()
+    observations = view.coruns() if view else []
+    if groups is None:
+        groups = groups_from_store(jobs, observations)
+    classes: dict[str, int] = {}
+    for obs in observations:  # classes the co-run records know, where decisions do not
+        for side in ("a", "b"):
+            if obs.get(f"class_{side}") is not None:
+                classes[obs[f"job_{side}"]] = int(obs[f"class_{side}"])
+    figures = _figures_for(jobs, groups, view, predictor, classes)
     by_id = {f.job.job_id: f for f in figures}
     group_rows, psable = [], set()
     for group in groups:

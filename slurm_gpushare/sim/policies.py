@@ -39,13 +39,13 @@ Policies:
 from __future__ import annotations
 
 import math
-import re
 
 import numpy as np
 
 from slurm_gpushare.core import policy as daemon_policy
 from slurm_gpushare.core.config import Config, GpuType, PolicyConfig
-from slurm_gpushare.daemon.protocol import JobRequest
+from slurm_gpushare.core.hostlist import expand_hostlist
+from slurm_gpushare.core.types import JobRequest
 
 from slurm_gpushare.sim.cluster import SPEED_PROFILES
 from slurm_gpushare.sim.engine import Request
@@ -244,23 +244,6 @@ class SjfBsbf(KnowledgePolicy):
 
 
 # --- gpushare: the daemon's decision code -----------------------------------------------------
-
-def expand_hostlist(text: str) -> list[str]:
-    """Slurm hostlist ``a[1-3,5],b2`` -> names."""
-    names = []
-    for part in re.findall(r"[^,\[]+(?:\[[^\]]*\])?", text or ""):
-        match = re.fullmatch(r"([^\[]*)\[([^\]]*)\]", part)
-        if not match:
-            names.append(part)
-            continue
-        prefix, ranges = match.groups()
-        for item in ranges.split(","):
-            lo, _, hi = item.partition("-")
-            width = len(lo)
-            for k in range(int(lo), int(hi or lo) + 1):
-                names.append(f"{prefix}{k:0{width}d}")
-    return names
-
 
 class SimView:
     """The simulated cluster as ``decide()`` sees it (``policy.ClusterView``).

@@ -24,14 +24,15 @@ import io
 import json
 import os
 import re
-import subprocess
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
-from slurm_gpushare import TAG_PREFIX
-from slurm_gpushare.slurm.jobs import parse_tag
+from slurm_gpushare.core.files import replace_atomically
+from slurm_gpushare.core.hostlist import expand_hostlist, expand_ranges
+from slurm_gpushare.core.tag import TAG_PREFIX, Tag
+from slurm_gpushare.slurm import cmd
 
 SACCT_FIELDS = ("JobID", "JobIDRaw", "Cluster", "User", "Account", "Partition", "State",
                 "ExitCode", "DerivedExitCode", "Submit", "Eligible", "Start", "End",
@@ -93,23 +94,21 @@ class JobRecord:
     gpu_type: str = ""  # filled by ``resolve_gpu_types``
 
     # -- what the tag says -----------------------------------------------------------------
-    @property
-    def tag_fields(self) -> dict[str, str]:
-        return parse_tag(self.tag)
+    def __post_init__(self):
+        self.decision = Tag.decode(self.tag)  # decoded once: reports read it many times
 
     @property
     def shared(self) -> bool:
         """The hook turned this job's whole-GPU request into a share."""
-        return self.tag_fields.get("action") == "share"
+        return bool(self.decision and self.decision.shared)
 
     @property
     def decision_id(self) -> str:
-        value = self.tag_fields.get("id", "")
-        return "" if value == "-" else value
+        return self.decision.decision_id if self.decision else ""
 
     @property
     def decision_code(self) -> str:
-        return self.tag_fields.get("why", "")
+        return self.decision.why if self.decision else ""
 
     # -- what it was given -----------------------------------------------------------------
     @property
@@ -459,35 +458,12 @@ def run_sacct(since: float, until: float, *, as_json: bool = False,
     """sacct's output for every job of every user in the window (needs operator rights)."""
     argv = sacct_argv(since, until, as_json=as_json)
     try:
-        result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
-                                env={**os.environ, "SLURM_TIME_FORMAT": "%s"})
-    except FileNotFoundError:
-        raise AccountingError("sacct not found (is the Slurm client installed?)") from None
-    except subprocess.TimeoutExpired:
-        raise AccountingError(f"sacct did not answer within {timeout:.0f}s") from None
-    if result.returncode != 0:
-        raise AccountingError(f"sacct failed: {(result.stderr or result.stdout).strip()[:300]}")
-    return result.stdout
+        return cmd.check_output(argv, timeout=timeout, epoch_times=True)
+    except cmd.SlurmError as exc:
+        raise AccountingError(str(exc)) from None
 
 
 # -- where jobs ran --------------------------------------------------------------------------
-def expand_hostlist(text: str) -> list[str]:
-    """``a100-[1-2],v100-1`` -> ``['a100-1', 'a100-2', 'v100-1']`` (Slurm's hostlist form)."""
-    out: list[str] = []
-    for prefix, ranges, plain in re.findall(r"([^,\[]+)\[([^\]]+)\]|([^,\[\]]+)", text or ""):
-        if plain:
-            out.append(plain)
-            continue
-        for part in ranges.split(","):
-            low, _, high = part.partition("-")
-            if not high:
-                out.append(prefix + low)
-                continue
-            for number in range(int(low), int(high) + 1):
-                out.append(f"{prefix}{number:0{len(low)}d}")
-    return out
-
-
 def node_gpu_types_from_scontrol(text: str) -> dict[str, str]:
     """Node -> GPU type from ``scontrol -o show nodes`` (``Gres=gpu:a100:2,shard:a100:160``)."""
     out: dict[str, str] = {}
@@ -503,12 +479,8 @@ def node_gpu_types_from_scontrol(text: str) -> dict[str, str]:
 
 
 def query_node_gpu_types(timeout: float = 30) -> dict[str, str]:
-    try:
-        result = subprocess.run(["scontrol", "-o", "show", "nodes"], capture_output=True,
-                                text=True, timeout=timeout)
-    except (OSError, subprocess.TimeoutExpired):
-        return {}
-    return node_gpu_types_from_scontrol(result.stdout) if result.returncode == 0 else {}
+    out = cmd.output(["scontrol", "-o", "show", "nodes"], timeout=timeout)
+    return node_gpu_types_from_scontrol(out) if out is not None else {}
 
 
 def resolve_gpu_types(jobs: Iterable[JobRecord], node_types: Mapping[str, str]) -> None:
@@ -519,7 +491,7 @@ def resolve_gpu_types(jobs: Iterable[JobRecord], node_types: Mapping[str, str]) 
                  or k.startswith("gres/shard:")]
         nodes = expand_hostlist(job.nodes)
         on_nodes = sorted({node_types[n] for n in nodes if n in node_types})
-        allowed = [t for t in job.tag_fields.get("types", "").split("+") if t]
+        allowed = list(job.decision.types) if job.decision else []
         if typed:
             job.gpu_type = typed[0]
         elif len(on_nodes) == 1:
@@ -547,16 +519,8 @@ def placements_from_scontrol(text: str) -> dict[str, set[tuple[str, int]]]:
         for node, indexes in re.findall(
                 r"Nodes=(\S+) [^\n]*?GRES=[^\n]*?(?:gpu|shard)[^(\n]*\(IDX:([\d,\-]+)\)", block):
             for name in expand_hostlist(node):
-                for index in _expand_indexes(indexes):
+                for index in expand_ranges(indexes):
                     out.setdefault(job_id, set()).add((name, index))
-    return out
-
-
-def _expand_indexes(text: str) -> list[int]:
-    out: list[int] = []
-    for part in text.split(","):
-        low, _, high = part.partition("-")
-        out.extend(range(int(low), int(high or low) + 1))
     return out
 
 
@@ -621,9 +585,8 @@ class AccountingCache:
             "covered_from": since if covered_from is None else min(covered_from, since),
             "jobs": len(held) + len(new),
         })
-        tmp = self.dir / (self.STATE + ".tmp")
-        tmp.write_text(json.dumps(self.state, sort_keys=True) + "\n")
-        os.replace(tmp, self.dir / self.STATE)
+        replace_atomically(self.dir / self.STATE,
+                           (json.dumps(self.state, sort_keys=True) + "\n").encode())
         return len(new)
 
 

@@ -6,12 +6,12 @@
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
 from dataclasses import dataclass
 
-from slurm_gpushare import TAG_PREFIX
+from slurm_gpushare.core.hostlist import expand_ranges
+from slurm_gpushare.core.tag import Tag
+from slurm_gpushare.slurm import cmd
 
 
 @dataclass(frozen=True)
@@ -23,44 +23,19 @@ class SlurmJob:
     nodes: str = ""
 
     @property
+    def tag(self) -> Tag | None:
+        return Tag.decode(self.admin_comment)
+
+    @property
     def decision_id(self) -> str:
-        return decision_id_from_tag(self.admin_comment)
-
-
-def decision_id_from_tag(tag: str) -> str:
-    """The decision id in an AdminComment tag (``gpushare:v1:<action>:id=<id>:...``)."""
-    if not tag or not tag.startswith(TAG_PREFIX):
-        return ""
-    match = re.search(r":id=([0-9a-f]+)(?::|$)", tag)
-    return match.group(1) if match else ""
-
-
-def parse_tag(tag: str) -> dict[str, str]:
-    """All key=value fields of a tag plus its action; {} for anything that is not ours."""
-    if not tag or not tag.startswith(TAG_PREFIX):
-        return {}
-    action, _, rest = tag[len(TAG_PREFIX):].partition(":")
-    fields = {"action": action}
-    for part in rest.split(":"):
-        key, sep, value = part.partition("=")
-        if sep:
-            fields[key] = value
-    return fields
-
-
-def _run(argv: list[str], timeout: float) -> str | None:
-    try:
-        result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
-                                env={**os.environ, "SLURM_TIME_FORMAT": "%s"})
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return result.stdout if result.returncode == 0 else None
+        tag = self.tag
+        return tag.decision_id if tag else ""
 
 
 def lookup_job(job_id: str, timeout: float = 5.0) -> SlurmJob | None:
     if not re.fullmatch(r"\d+(_\d+)?(\+\d+)?", job_id):
         raise ValueError(f"not a job id: {job_id!r}")
-    out = _run(["scontrol", "-o", "show", "job", job_id], timeout)
+    out = cmd.output(["scontrol", "-o", "show", "job", job_id], timeout=timeout, epoch_times=True)
     if out and out.strip():
         line = out.splitlines()[0]
         uid = re.search(r"\bUserId=\S*?\((\d+)\)", line)
@@ -72,8 +47,8 @@ def lookup_job(job_id: str, timeout: float = 5.0) -> SlurmJob | None:
                         comment.group(1).strip() if comment else "",
                         state.group(1) if state else "",
                         nodes.group(1) if nodes and nodes.group(1) != "(null)" else "")
-    out = _run(["sacct", "-n", "-P", "-X", "-j", job_id, "-o", "JobID,UID,State,NodeList,AdminComment"],
-               timeout)
+    out = cmd.output(["sacct", "-n", "-P", "-X", "-j", job_id, "-o",
+                      "JobID,UID,State,NodeList,AdminComment"], timeout=timeout, epoch_times=True)
     if out and out.strip():
         fields = out.splitlines()[0].split("|", 4)
         if len(fields) == 5:
@@ -88,14 +63,12 @@ def gpu_indices(job_id: str, node: str, timeout: float = 10.0) -> list[int]:
     The fallback when Slurm sets neither SLURM_JOB_GPUS nor CUDA_VISIBLE_DEVICES (shards on
     22.05, file-backed test GPUs): lines like ``Nodes=n1 CPU_IDs=0 Mem=0 GRES=shard:8(IDX:0)``.
     """
-    out = _run(["scontrol", "show", "job", "-d", job_id], timeout) or ""
+    out = cmd.output(["scontrol", "show", "job", "-d", job_id], timeout=timeout) or ""
     indices: set[int] = set()
     for nodes, spec in re.findall(r"Nodes=(\S+) .*?GRES=(\S+)", out):
-        if nodes != node and node not in (_run(["scontrol", "show", "hostnames", nodes],
-                                                timeout) or "").split():
+        if nodes != node and node not in (cmd.output(["scontrol", "show", "hostnames", nodes],
+                                                      timeout=timeout) or "").split():
             continue
         for group in re.findall(r"\(IDX:([\d,\-]+)\)", spec):
-            for part in group.split(","):
-                low, _, high = part.partition("-")
-                indices.update(range(int(low), int(high or low) + 1))
+            indices.update(expand_ranges(group))
     return sorted(indices)

@@ -16,20 +16,19 @@ it falls back to what Slurm itself recorded: the job's ``AdminComment`` tag
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import socket
-import subprocess
 from typing import Any, Mapping
 
 
 from slurm_gpushare.core.errors import UserError
-from slurm_gpushare import PROTOCOL_VERSION, TAG_PREFIX
+from slurm_gpushare.daemon.protocol import request
+from slurm_gpushare.core.tag import Tag
+from slurm_gpushare.slurm import cmd
+from slurm_gpushare import PROTOCOL_VERSION
 from slurm_gpushare.core.config import Config, ConfigError, load_config
 
 QUERY_SOCKET_ENV = "GPUSHARE_QUERY_SOCKET"
-MAX_REPLY_BYTES = 1 << 20
 
 # What each reason code's source means, for decisions known only from their tag.
 SOURCE_PHRASES = {
@@ -47,7 +46,6 @@ KEEP_PHRASES = {
 # How the per-type memory figures were obtained, by source.
 MEMORY_NOTES = {"history": "predicted peak + margin", "hint": "hint + margin",
                 "default": "default share"}
-_TAG = re.compile(r"^gpushare:v(\d+):(share|keep)((?::[a-z_]+=[A-Za-z0-9_+.,\-]*)*)$")
 
 
 class DaemonUnavailable(UserError):
@@ -67,22 +65,6 @@ def query_socket_path(config: Config | None = None) -> str:
     if os.environ.get(QUERY_SOCKET_ENV):
         return os.environ[QUERY_SOCKET_ENV]
     return (config or user_config()).daemon.query_socket
-
-
-def request(socket_path: str, message: dict[str, Any], timeout: float = 2.0) -> Any:
-    """One JSON line out, one back. Kept here, not imported from the daemon module, so that
-    every submission through the wrapper does not pay for loading the daemon."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(timeout)
-        sock.connect(socket_path)
-        sock.sendall(json.dumps(message).encode() + b"\n")
-        data = b""
-        while not data.endswith(b"\n") and len(data) < MAX_REPLY_BYTES:
-            chunk = sock.recv(65536)
-            if not chunk:
-                break
-            data += chunk
-    return json.loads(data)
 
 
 def query(socket_path: str, message: dict[str, Any], timeout: float = 2.0) -> dict[str, Any]:
@@ -109,39 +91,12 @@ def daemon_reachable(socket_path: str, timeout: float = 1.0) -> tuple[bool, str]
 
 # ---- what Slurm recorded -------------------------------------------------------------------
 
-def parse_tag(admin_comment: str | None) -> dict[str, Any] | None:
-    """The product's AdminComment tag as a dict, or None when the job carries none."""
-    text = (admin_comment or "").strip()
-    if not text.startswith(TAG_PREFIX.split(":")[0] + ":"):
-        return None
-    match = _TAG.match(text)
-    if not match:
-        return None
-    tag: dict[str, Any] = {"version": int(match.group(1)), "action": match.group(2)}
-    for item in match.group(3).split(":")[1:]:
-        key, _, value = item.partition("=")
-        tag[key] = value
-    if "shard" in tag and tag["shard"].isdigit():
-        tag["shard"] = int(tag["shard"])
-    tag["types"] = [t for t in tag.get("types", "").split("+") if t]
-    return tag
-
-
-def _slurm(*args: str, timeout: float = 15) -> subprocess.CompletedProcess:
-    try:
-        return subprocess.run(list(args), capture_output=True, text=True, timeout=timeout)
-    except FileNotFoundError:
-        raise UserError(f"{args[0]} not found: are the Slurm clients installed?")
-    except subprocess.TimeoutExpired:
-        raise UserError(f"{args[0]} did not answer within {timeout:.0f}s")
-
-
 def slurm_job(job_id: str, cluster: str | None = None) -> dict[str, str] | None:
     """``scontrol -o show job`` for one job (its first line for an array), or None."""
     args = ["scontrol", "-o", "show", "job", job_id]
     if cluster:
         args[1:1] = ["-M", cluster]
-    result = _slurm(*args)
+    result = cmd.run(args)
     if result.returncode != 0 or not result.stdout.strip():
         return None
     return parse_scontrol_line(result.stdout.splitlines()[0])
@@ -170,7 +125,7 @@ def parse_scontrol_line(line: str) -> dict[str, str]:
 def job_outcome(job_id: str) -> dict[str, str] | None:
     """The finished job's accounting record (None while it runs or without accounting)."""
     names = ["JobID", "State", "ExitCode", "Elapsed", "NodeList", "AllocTRES"]
-    result = _slurm("sacct", "-n", "-P", "-X", "-j", job_id, "-o", ",".join(names))
+    result = cmd.run(["sacct", "-n", "-P", "-X", "-j", job_id, "-o", ",".join(names)])
     lines = [line for line in result.stdout.splitlines() if line.strip()]
     if result.returncode != 0 or not lines:
         return None
@@ -182,17 +137,24 @@ def job_outcome(job_id: str) -> dict[str, str] | None:
 
 # ---- reports ---------------------------------------------------------------------------------
 
-def decision_from_tag(tag: Mapping[str, Any]) -> dict[str, Any]:
+def share_phrase(tag: Tag) -> str:
+    """What a share is, in words: ``22 GiB share (gres/shard)`` or an MPS share and its limit."""
+    if tag.shard is not None:
+        return f"{tag.shard} GiB share (gres/shard)"
+    limit = f", memory limit {tag.mem_mib / 1024:.1f} GiB" if tag.mem_mib is not None else ""
+    return f"{tag.mps}% MPS share (gres/mps{limit})"
+
+
+def decision_from_tag(tag: Tag) -> dict[str, Any]:
     """A decision dict (the daemon's shape) rebuilt from an AdminComment tag."""
-    code = str(tag.get("why", ""))
+    code = tag.why
     source = code[:-len("-share")] if code.endswith("-share") else ""
     reason = SOURCE_PHRASES.get(source) or KEEP_PHRASES.get(code, code)
-    if tag.get("action") == "share" and tag.get("shard"):
-        reason = (f"{reason}: {tag['shard']} GiB share (gres/shard) on "
-                  f"{', '.join(tag['types']) or 'any type'}")
-    return {"action": tag.get("action", ""), "code": code, "reason": reason,
-            "decision_id": tag.get("id", ""), "share_gib": tag.get("shard"),
-            "gpu_types": list(tag.get("types", [])), "details": {"source": source}}
+    if tag.shared and (tag.shard is not None or tag.mps is not None):
+        reason = f"{reason}: {share_phrase(tag)} on {', '.join(tag.types) or 'any type'}"
+    return {"action": tag.action, "code": code, "reason": reason,
+            "decision_id": tag.decision_id, "share_gib": tag.shard,
+            "gpu_types": list(tag.types), "details": {"source": source}}
 
 
 def decision_from_record(record: Mapping[str, Any]) -> dict[str, Any]:
@@ -240,7 +202,7 @@ def explain_job(job_id: str, socket_path: str | None = None) -> dict[str, Any]:
                                                "Features", "NodeList")
                            if job.get(k) not in (None, "", "(null)")}
     if "decision" not in report:
-        tag = parse_tag(admin_comment)
+        tag = Tag.decode(admin_comment)
         report["source"] = "admin_comment"
         report["decision"] = decision_from_tag(tag) if tag else {
             "action": "keep", "code": "", "decision_id": "",

@@ -26,7 +26,6 @@ import os
 import pwd
 import re
 import signal
-import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -35,6 +34,8 @@ from typing import IO
 import click
 
 from slurm_gpushare.core.errors import UserError
+from slurm_gpushare.core.tag import Tag
+from slurm_gpushare.slurm import cmd
 from slurm_gpushare.user import explain as explainmod
 from slurm_gpushare.core.config import Config
 from slurm_gpushare.user.sbatchargs import (CommandLine, SbatchArgsError, Submission, add_comment_token,
@@ -143,12 +144,7 @@ def opt_out_argv(command_line: CommandLine, script_bytes: bytes | None, config: 
 
 def default_partition() -> str:
     """The cluster's default partition, as the hook takes it from part_list."""
-    try:
-        result = subprocess.run(["scontrol", "-o", "show", "partition"], capture_output=True,
-                                text=True, timeout=15)
-    except (OSError, subprocess.TimeoutExpired):
-        return ""
-    for line in result.stdout.splitlines():
+    for line in (cmd.output(["scontrol", "-o", "show", "partition"]) or "").splitlines():
         fields = explainmod.parse_scontrol_line(line)
         if fields.get("Default") == "YES":
             return fields.get("PartitionName", "")
@@ -221,8 +217,8 @@ def submit(argv: list[str], *, stdin_bytes: bytes | None = None) -> int:
     job_line = _PARSABLE if parsable else _SUBMITTED
     try:
         # argv[0] "sbatch", so its messages read exactly as when run by hand.
-        proc = subprocess.Popen(["sbatch", *argv], executable=sbatch, stdout=subprocess.PIPE,
-                                stdin=subprocess.PIPE if stdin_bytes is not None else None)
+        proc = cmd.popen(["sbatch", *argv], executable=sbatch, stdout=cmd.PIPE,
+                         stdin=cmd.PIPE if stdin_bytes is not None else None)
     except OSError as exc:
         raise WrapperError(f"cannot run {sbatch}: {exc.strerror}") from None
     if stdin_bytes is not None:
@@ -281,16 +277,16 @@ def report_decision(job_id: str, cluster: str | None, *, quiet: bool = False) ->
         job = explainmod.slurm_job(job_id, cluster)
     except UserError:
         job = None
-    tag = explainmod.parse_tag(job.get("AdminComment")) if job else None
+    tag = Tag.decode(job.get("AdminComment")) if job else None
     if tag:
         if quiet:
             return
-        if tag.get("action") == "share":
-            types = " or ".join(tag["types"]) or "any type"
-            what = f"runs as a share: {tag.get('shard')} GiB of GPU memory on {types}"
+        if tag.shared:
+            what = f"runs as a share: {explainmod.share_phrase(tag)} on " + (
+                " or ".join(tag.types) or "any type")
         else:
             what = "keeps its whole GPU(s)"
-        click.echo(f"gpushare: job {job_id} {what} [{tag.get('why')}]; details: "
+        click.echo(f"gpushare: job {job_id} {what} [{tag.why}]; details: "
                    f"slurm-gpushare explain {job_id}", err=True)
         return
     reachable, why = explainmod.daemon_reachable(explainmod.query_socket_path())

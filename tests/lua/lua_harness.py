@@ -15,7 +15,7 @@ from pathlib import Path
 
 import lupa.lua51 as lupa51
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 HOOK = REPO / "slurm_gpushare" / "lua" / "job_submit.lua"
 
 # String fields of job_desc (clearing with "" gives nil); others are numbers.

@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 
+from slurm_gpushare.core.hostlist import expand_hostlist
 from slurm_gpushare.sim import policies
 from slurm_gpushare.sim.cluster import parse_cluster
 from slurm_gpushare.sim.engine import DONE, Engine, EngineOptions
@@ -223,7 +224,7 @@ def test_gpushare_shares_where_decide_says_and_keeps_otherwise():
 
 
 def test_gpushare_honours_exc_nodes(monkeypatch):
-    from slurm_gpushare.daemon.protocol import Decision
+    from slurm_gpushare.core.types import Decision
 
     def fake(request, config, **kw):
         return Decision(action="share", code="history-share", reason="test",
@@ -235,7 +236,7 @@ def test_gpushare_honours_exc_nodes(monkeypatch):
 
 
 def test_hostlist_expansion():
-    assert policies.expand_hostlist("n[1-3,05],gpu7") == ["n1", "n2", "n3", "n05", "gpu7"]
+    assert expand_hostlist("n[1-3,05],gpu7") == ["n1", "n2", "n3", "n05", "gpu7"]
 
 
 # --- invariants -------------------------------------------------------------------------------

@@ -6,7 +6,8 @@ import pytest
 
 from slurm_gpushare.core.config import ConfigError, parse_config
 from slurm_gpushare.core.policy import JobEstimate, decide
-from slurm_gpushare.daemon.protocol import Decision, JobRequest, parse_comment, parse_request
+from slurm_gpushare.core.types import Decision, JobRequest
+from slurm_gpushare.daemon.protocol import parse_comment, parse_request
 
 CONFIG = parse_config({
     "policy": {"sharing_partitions": ["gpu"], "default_share_gib": 8, "first_run": "default-share"},

@@ -16,7 +16,7 @@ from slurm_gpushare.reports.savings import (build_report, groups_from_placements
                                    record_groups)
 from slurm_gpushare.daemon.store import Store
 
-DATA = Path(__file__).parent / "data" / "sacct"
+DATA = Path(__file__).resolve().parents[1] / "data" / "sacct"
 T0 = 1_800_000_000.0
 FP = Fingerprinter(b"k" * 32)
 

@@ -16,92 +16,14 @@ import pytest
 
 from slurm_gpushare.cli import main
 from slurm_gpushare.core.config import parse_config
-from slurm_gpushare.user.explain import request
-from slurm_gpushare.admin.genconfig import GpuNode, generate_fragments
-from slurm_gpushare.admin.configcheck import (Checker, SlurmConf, compress_hostlist,
-                                        expand_hostlist, gres_conf_shards,
-                                        gres_tokens)
+from slurm_gpushare.daemon.protocol import request
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 CONFIG = parse_config({"gpu_types": {"v100": {"memory_gib": 16}, "a100": {"memory_gib": 80}},
                        "policy": {"sharing_partitions": ["gpu"]}})
 
 
 # ---- reading Slurm's files -------------------------------------------------------------------------
-
-def test_hostlists_expand_and_compress():
-    assert expand_hostlist("gpu-[01-03,07],login1") == ["gpu-01", "gpu-02", "gpu-03", "gpu-07",
-                                                        "login1"]
-    assert compress_hostlist(["gpu-01", "gpu-02", "gpu-03", "gpu-07", "login1", "head"]) == \
-        "head,gpu-[01-03,07],login1"
-    assert expand_hostlist(compress_hostlist(["n9", "n10", "n11"])) == ["n9", "n10", "n11"]
-
-
-def test_slurm_conf_reading_follows_slurms_rules(tmp_path):
-    (tmp_path / "nodes.conf").write_text("NodeName=DEFAULT Features=fast\n"
-                                         "NodeName=g[1-2] Gres=gpu:a100:4,shard:320 \\\n"
-                                         "   CPUs=64  # trailing comment\n")
-    (tmp_path / "slurm.conf").write_text("# header\ngrestypes=gpu,shard\nInclude nodes.conf\n"
-                                         "PartitionName=gpu Nodes=g[1-2]\n")
-    conf = SlurmConf.read(tmp_path / "slurm.conf")
-    assert conf.get("GresTypes") == "gpu,shard"
-    assert set(conf.nodes) == {"g1", "g2"} and conf.nodes["g2"]["cpus"] == "64"
-    assert conf.nodes["g1"]["features"] == "fast" and "gpu" in conf.partitions
-
-
-def test_gres_strings_and_gres_conf_counts(tmp_path):
-    assert gres_tokens("gpu:v100:2(S:0-1),shard:v100:32") == [("gpu", "v100", 2),
-                                                              ("shard", "v100", 32)]
-    assert gres_tokens("(null)") == [] and gres_tokens("gpu:4") == [("gpu", None, 4)]
-    (tmp_path / "gres.conf").write_text("NodeName=g[1-2] Name=shard Count=160\n"
-                                        "NodeName=g1 Name=shard Count=2\nName=shard Count=1\n")
-    assert gres_conf_shards(tmp_path / "gres.conf", ["g1", "g2", "g3"]) == {"g1": 163, "g2": 161,
-                                                                            "g3": 1}
-
-
-def test_missing_lua_modules_are_an_error_with_the_package_fix(tmp_path):
-    checker = Checker(tmp_path / "slurm.conf", None, live=None, lua_binary="",
-                      lua_dirs=[str(tmp_path)])
-    checker.check_lua()
-    finding = checker.findings[-1]
-    assert finding.level == "error" and "socket/unix.so, cjson.so" in finding.message
-    assert finding.fix.startswith("apt-get install lua-socket lua-cjson")
-    (tmp_path / "socket").mkdir()
-    (tmp_path / "socket" / "unix.so").touch()
-    (tmp_path / "cjson.so").touch()
-    checker.check_lua()
-    assert checker.findings[-1].level == "ok"
-
-
-def test_generated_fragments_pass_the_checks(tmp_path):
-    nodes = [GpuNode(f"gpu{i:02d}", "a100", 4, ("ib",)) for i in range(1, 5)]
-    nodes.append(GpuNode("old1", "v100", 2))
-    slurm, gres = generate_fragments(nodes, CONFIG)
-    assert "NodeName=gpu[01-04] Gres=gpu:a100:4,shard:320 Features=ib,a100" in slurm
-    assert "NodeName=old1 Name=shard Count=32" in gres
-    (tmp_path / "slurm.conf").write_text(slurm + "PartitionName=gpu Nodes=ALL\n")
-    (tmp_path / "gres.conf").write_text(gres)
-    checker = Checker(tmp_path / "slurm.conf", None, live=None)
-    checker.config = CONFIG
-    checker.conf = SlurmConf.read(tmp_path / "slurm.conf")
-    checker.check_slurm_params()
-    checker.check_nodes()
-    assert [f for f in checker.findings if f.level != "ok"] == []
-
-
-def test_gen_config_for_given_nodes_and_its_errors(tmp_path, capsys):
-    toml = tmp_path / "gpushare.toml"
-    toml.write_text("[gpu_types.a100]\nmemory_gib = 80\n")
-    assert main(["gen-config", "--config", str(toml), "--node", "gpu[01-04]:a100:4"]) == 0
-    out = capsys.readouterr().out
-    assert "NodeName=gpu[01-04] Gres=gpu:a100:4,shard:320 Features=a100" in out
-    assert "NodeName=gpu[01-04] Name=gpu Type=a100 File=/dev/nvidia[0-3]" in out
-    assert main(["gen-config", "--config", str(toml), "--node", "n1:h100:8"]) == 1
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "[gpu_types.h100]" in err
-    assert main(["gen-config", "--config", str(toml), "--node", "n1-a100-8"]) == 1
-    assert "NAME:TYPE:COUNT" in capsys.readouterr().err
-
 
 # ---- on the real test cluster -----------------------------------------------------------------------
 
@@ -209,7 +131,7 @@ def test_a_broken_copy_gets_the_right_findings_and_fixes(live_env, tmp_path, cap
             f"in {gres} set: NodeName=v100-1 Name=shard Count=32",
         ("node-features", "a100-2 lacks feature a100"): None,
         ("hook-files", f"{etc / 'gpushare_tres.lua'} is missing"):
-            f"install -m 0644 {REPO / 'lua' / 'gpushare_tres.lua'} {etc / 'gpushare_tres.lua'}",
+            f"install -m 0644 {REPO / 'slurm_gpushare' / 'lua' / 'gpushare_tres.lua'} {etc / 'gpushare_tres.lua'}",
         ("hook-settings", f"{etc / 'gpushare_hook.json'} points the hook at '/run/elsewhere.sock' "
                           "but the daemon listens on "
                           f"'{live_env.daemon_socket}'"):

@@ -8,7 +8,7 @@ from pathlib import Path
 from slurm_gpushare.cli import main
 from slurm_gpushare.core.config import load_config
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_reference_config_parses_and_lists_every_setting():

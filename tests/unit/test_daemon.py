@@ -17,7 +17,7 @@ import pytest
 
 from slurm_gpushare.daemon.protocol import request as request_once
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 JOB = {"uid": 1000, "user": "alice", "partition": "gpu", "tres_per_node": "gres:gpu:1",
        "min_nodes": 4294967294, "shared": 65534}
 

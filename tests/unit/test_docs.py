@@ -17,7 +17,7 @@ from slurm_gpushare.user import wrapper
 from slurm_gpushare.cli import cli
 from slurm_gpushare.core.config import DaemonConfig, HookConfig, PolicyConfig
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 DOCS = {name: (REPO / "docs" / name).read_text()
         for name in ("admin-guide.md", "user-guide.md", "privacy.md", "operations.md")}
 ALL = "\n".join(DOCS.values())

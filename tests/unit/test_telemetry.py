@@ -321,7 +321,7 @@ def test_pid_alive_guards_pid_zero_and_dead_pids():
     import subprocess
     import sys
 
-    from slurm_gpushare.node.agent import pid_alive
+    from slurm_gpushare.core.files import pid_alive
 
     assert pid_alive(os.getpid())
     assert not pid_alive(0)  # kill(0, 0) would "succeed" on our own process group

@@ -23,7 +23,7 @@ from slurm_gpushare.daemon.logs import event, log
 from slurm_gpushare.daemon.protocol import ProtocolError, parse_request, reply_error, reply_ok
 from slurm_gpushare.daemon.store import Store
 from slurm_gpushare.predict.history import HistoryEstimator
-from slurm_gpushare.predict.persist import load_memory_model
+from slurm_gpushare.predict.persist import load_classes_model, load_memory_model
 from slurm_gpushare.slurm.jobs import lookup_job
 
 
@@ -97,7 +97,8 @@ class Service:
             # Decisions read history through their own connection: in WAL mode a reader sees
             # the last committed state and never waits for the writer thread's transactions.
             self.estimator = HistoryEstimator(reader or store,
-                                              predictor=load_memory_model(config))
+                                              predictor=load_memory_model(config),
+                                              classes=load_classes_model(config))
             self.estimator.estimate([], config)  # warm-up: first calls pay for imports
         self.counters: Counter[str] = Counter()
         self._lock = threading.Lock()

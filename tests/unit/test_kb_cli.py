@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -134,3 +135,21 @@ def test_commands_are_registered_in_the_main_cli():
     assert {"classes", "kb"} <= set(cli.list_commands(ctx))
     assert {"fit", "show", "reproduce"} <= set(cli.get_command(ctx, "classes").commands)
     assert {"show", "predict-pairs", "evaluate"} <= set(cli.get_command(ctx, "kb").commands)
+
+
+def test_the_daemon_loads_the_classes_that_classes_fit_wrote(tmp_path):
+    from conftest import RunningDaemon, make_config
+
+    config = make_config(tmp_path)
+    data = tmp_path / "jobs.csv"
+    rows = ["mgup_max,mgmap_max_pct,mgtsamp_max"]
+    rows += [f"{90 + i % 3},{60 - i % 2},{50 + i % 4}" for i in range(10)]
+    rows += [f"{5 + i % 3},{4 + i % 2},{1 + i % 2}" for i in range(10)]
+    data.write_text("\n".join(rows) + "\n")
+    model = Path(config.daemon.state_dir) / "classes.json"
+    run("classes", "fit", "--data", str(data), "--model", str(model), "--k", "2")
+    running = RunningDaemon(config)
+    try:
+        assert running.service.estimator.classes.k_ == 2  # not the packaged k = 3
+    finally:
+        running.stop()

@@ -43,7 +43,8 @@ def hook_ready(cluster):
 
 
 def _use_cluster(cluster, monkeypatch):
-    monkeypatch.setenv("SLURM_CONF", str(cluster.slurm_conf))
+    for name, value in cluster.client_environ().items():  # SLURM_CONF (and PATH for 24.11)
+        monkeypatch.setenv(name, value)
     monkeypatch.setenv("GPUSHARE_CONFIG", str(cluster.daemon_config))
     monkeypatch.delenv("GPUSHARE_QUERY_SOCKET", raising=False)
     monkeypatch.delenv("GPUSHARE_SBATCH", raising=False)

@@ -182,6 +182,11 @@ class TestCluster:
         return self.etc / "gpushare.toml"
 
     @property
+    def gres_prefix(self) -> str:
+        """How this version's clients (and so the rewrites) spell gres in ``tres_per_*``."""
+        return "gres/" if self.slurm_version == "24.11" else "gres:"
+
+    @property
     def enter(self) -> Path:
         """The script that runs a command inside the Slurm root (24.11 only)."""
         return self.root / "enter"

@@ -30,9 +30,10 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from slurm_gpushare.core.files import replace_atomically
-from slurm_gpushare.core.hostlist import expand_hostlist, expand_ranges
+from slurm_gpushare.core.hostlist import expand_hostlist
 from slurm_gpushare.core.tag import TAG_PREFIX, Tag
 from slurm_gpushare.slurm import cmd
+from slurm_gpushare.slurm.jobs import gres_placements
 
 SACCT_FIELDS = ("JobID", "JobIDRaw", "Cluster", "User", "Account", "Partition", "State",
                 "ExitCode", "DerivedExitCode", "Submit", "Eligible", "Start", "End",
@@ -516,10 +517,9 @@ def placements_from_scontrol(text: str) -> dict[str, set[tuple[str, int]]]:
             job_id = f"{array.group(1)}_{array.group(2)}"
         elif het:
             job_id = f"{het.group(1)}+{het.group(2)}"
-        for node, indexes in re.findall(
-                r"Nodes=(\S+) [^\n]*?GRES=[^\n]*?(?:gpu|shard)[^(\n]*\(IDX:([\d,\-]+)\)", block):
+        for node, indexes in gres_placements(block):
             for name in expand_hostlist(node):
-                for index in expand_ranges(indexes):
+                for index in indexes:
                     out.setdefault(job_id, set()).add((name, index))
     return out
 

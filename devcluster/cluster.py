@@ -143,7 +143,7 @@ class TestCluster:
             self.root = base / "slurm-24.11"
             port_base += PORT_OFFSET_24_11
             cache = Path(os.environ.get(ROOT_CACHE_ENV) or base / "roots").resolve()
-            self.slurm_root = SlurmRoot(cache / "trixie-slurm-24.11", binds=(base, REPO))
+            self.slurm_root = SlurmRoot(cache / "trixie-slurm-24.11", binds=(Path("/tmp"), base, REPO))
             self.node_python = "/usr/bin/python3"  # the root's; the host's venv is not there
         self.etc = self.root / "etc"
         self.log = self.root / "log"

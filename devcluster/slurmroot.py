@@ -4,9 +4,9 @@ The host runs Debian bookworm (Slurm 22.05). For 24.11 the test cluster builds a
 with ``mmdebstrap`` from Debian's registry once (cached, rebuilt when missing or incomplete) and
 runs Slurm's daemons and clients inside it with ``chroot``. Each command enters through one
 generated script, ``enter``, which makes a *private mount namespace* (``unshare --mount``),
-bind-mounts /dev, /proc, /sys, the cluster's state directory and the checkout at their own paths
-(so every path in slurm.conf, the hook's socket and the fake GPU files mean the same on both
-sides), then chroots. The mounts exist only for that command and the processes it leaves
+bind-mounts /dev, /proc, /sys, /tmp, the cluster's state directory and the checkout at their
+own paths (so every path in slurm.conf, the hook's socket, the fake GPU files and a batch script
+under /tmp mean the same on both sides), then chroots. The mounts exist only for that command and the processes it leaves
 running: they vanish with them, are never visible on the host, and a ``rm -rf`` of the state
 directory cannot reach through them into the host's /dev or the checkout.
 
@@ -40,7 +40,9 @@ class RootError(RuntimeError):
 class SlurmRoot:
     def __init__(self, path: Path, binds: tuple[Path, ...]):
         self.path = path
-        self.binds = tuple(sorted({b.resolve() for b in binds}))
+        paths = sorted({b.resolve() for b in binds})
+        # A path inside another bound path is already there.
+        self.binds = tuple(p for p in paths if not any(o != p and o in p.parents for o in paths))
 
     @property
     def complete(self) -> bool:

@@ -403,14 +403,17 @@ def _json_exit(value: Any) -> tuple[int | None, int | None]:
     # v0.0.38: {"signal_id": 9}; v0.0.39+: {"id": {"set": true, "number": 9}}
     sig = (_plain(signal.get("signal_id", signal.get("id")))
            if isinstance(signal, Mapping) else None)
-    return _int(_plain(value.get("return_code"))), _int(sig) or 0
+    code = _int(_plain(value.get("return_code")))
+    if code is None and isinstance(value.get("return_code"), Mapping):
+        code = 0  # v0.0.39+ leaves it unset for a job killed by a signal; sacct -P shows 0
+    return code, _int(sig) or 0
 
 
 def _json_tres(items: Any) -> dict[str, float]:
     out: dict[str, float] = {}
     for item in items or []:
-        if not isinstance(item, Mapping) or item.get("count") is None:
-            continue
+        if not isinstance(item, Mapping) or item.get("count") is None or item["count"] < 0:
+            continue  # 24.11 lists TRES it has no figure for with a negative sentinel count
         name = item.get("type") or ""
         if item.get("name"):
             name = f"{name}/{item['name']}"

@@ -43,3 +43,21 @@ def test_recorded_24_11_gres_lines():
     # A first run on a whole GPU (any node), a 6-shard share on v100-1, an MPS share on t4-1.
     assert len(places) == 3 and [node for node, _ in places[1:]] == ["v100-1", "t4-1"]
     assert all(len(indices) == 1 for _, indices in places)
+
+
+def _summary(records):
+    return sorted((r.job_id, r.state, r.exit_code, r.signal, tuple(sorted(r.alloc_tres.items())),
+                   r.tag, len(r.steps)) for r in records)
+
+
+def test_sacct_psv_and_json_agree_on_24_11():
+    # (22.05's v0.0.38 JSON reports exit codes differently from its -P output; see
+    # test_accounting.py for what is read from it.)
+    from slurm_gpushare.slurm.accounting import parse_sacct
+
+    folder = DATA / "24.11"
+    psv = parse_sacct((folder / "awkward.psv").read_text())
+    as_json = parse_sacct((folder / "awkward.json").read_text())
+    assert len(psv) >= 15 and _summary(psv) == _summary(as_json)
+    killed = [r for r in psv if r.signal == 9]
+    assert killed and all(r.state == "FAILED" for r in killed)

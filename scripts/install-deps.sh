@@ -7,7 +7,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PACKAGES=(slurmctld slurmd slurm-client slurmdbd munge mariadb-server
-          lua5.1 lua-socket lua-cjson python3 python3-venv python3-pip sqlite3)
+          lua5.1 lua-socket lua-cjson python3 python3-venv python3-pip sqlite3
+          mmdebstrap)  # mmdebstrap: the Debian trixie root of the Slurm 24.11 test cluster
 # Do NOT add slurm-wlm-emulator: it switches slurmctld/slurmd to a front-end build.
 
 missing=()

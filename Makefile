@@ -18,6 +18,7 @@ demo: deps
 test: deps
 	$(PY) -m devcluster cluster start
 	$(PY) -m pytest -q -ra
+	$(PY) -m devcluster cluster stop  # one cluster at a time on a small machine
 	GPUSHARE_SLURM=24.11 $(PY) -m devcluster cluster start
 	GPUSHARE_SLURM=24.11 $(PY) -m pytest -q -ra tests/cluster
 

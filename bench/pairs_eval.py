@@ -151,10 +151,10 @@ def ryu_chun() -> dict:
     return {
         "Data2Vec+MobileNetV2": {"predicted": [round(s, 3) for s in first],
                                  "paper": "about no slowdown",
-                                 "agrees": min(first) >= 0.8},
+                                 "agrees": bool(min(first) >= 0.8)},
         "DLRM+DeepFM": {"predicted": [round(s, 3) for s in second],
                         "paper": "DLRM more than 3x slower (speed < 0.33)",
-                        "agrees": second[0] < 0.33},
+                        "agrees": bool(second[0] < 0.33)},
     }
 
 

@@ -278,8 +278,9 @@ def _number(path: str, line: int, name: str, text: str, *, optional: bool = Fals
     except ValueError:
         raise click.ClickException(f"{path} line {line}: {name} is not a number") from None
     if not math.isfinite(value) or value < 0 or (upper is not None and value > upper):
-        limit = f" between 0 and {upper:g}" if upper is not None else " non-negative"
-        raise click.ClickException(f"{path} line {line}: {name} must be a{limit} number")
+        what = (f"a number between 0 and {upper:g}" if upper is not None
+                else "a non-negative number")
+        raise click.ClickException(f"{path} line {line}: {name} must be {what}")
     return value
 
 

@@ -244,7 +244,7 @@ class PairSpeedModel(BaseEstimator):
         pessimistic speed is at least the threshold."""
         if fits_memory(profiles) is False:
             return False
-        return min(self.safe_speeds(profiles, keys)) >= self.threshold
+        return bool(min(self.safe_speeds(profiles, keys)) >= self.threshold)
 
     def predict_pairs(self, profiles: Sequence[Mapping[str, Any]],
                       keys: Sequence[str]) -> list[dict[str, Any]]:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import sys
 import time
 from pathlib import Path
@@ -31,12 +30,10 @@ from scipy.stats import spearmanr
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from slurm_gpushare.predict.pairs import (DEFAULT_THRESHOLD, PairSpeedModel, data_sets,  # noqa: E402
-                                          default_model, demand_of, training_sides)
+from slurm_gpushare.predict.pairs import (DEFAULT_THRESHOLD, HISTORY_PER_JOB,  # noqa: E402
+                                          PairSpeedModel, data_sets, default_model, demand_of,
+                                          history_split, training_sides)
 from slurm_gpushare.sim.run import default_data_dir  # noqa: E402
-
-HISTORY_PER_JOB = 3
-
 
 def figures(rows: pd.DataFrame, threshold: float = DEFAULT_THRESHOLD) -> dict:
     """rows: one per pair with pred_a, pred_b, speed_a, speed_b, recommended, self_pair."""
@@ -77,22 +74,6 @@ def baseline_rows(pairs, profiles) -> pd.DataFrame:
     return frame
 
 
-def history_split(pairs, seed: int):
-    """For each job, up to HISTORY_PER_JOB of its co-runs (with others or itself) as history."""
-    rng = random.Random(seed)
-    jobs = sorted({j for a, b, *_ in pairs for j in (a, b)})
-    chosen: set[int] = set()
-    for job in jobs:
-        mine = [i for i, (a, b, *_) in enumerate(pairs) if job in (a, b)]
-        have = [i for i in mine if i in chosen]
-        rest = [i for i in mine if i not in chosen]
-        rng.shuffle(rest)
-        chosen.update(rest[:max(0, HISTORY_PER_JOB - len(have))])
-    history = [pairs[i] for i in sorted(chosen)]
-    test = [p for i, p in enumerate(pairs) if i not in chosen]
-    return history, test
-
-
 def spread(values: list[float | None]) -> dict:
     values = [v for v in values if v is not None]
     if not values:
@@ -110,7 +91,7 @@ def leave_one_data_set_out(seeds: list[int]) -> dict:
             "fitted_on": sorted(set(sides["group"]) - {name}),
             "parameters": dict(zip(("alpha", "alpha_own", "beta", "gamma"),
                                    np.round(model.coef_, 4).tolist())),
-            "margin": model.margin_,
+            "margin": model.margin_, "margin_learned": model.margin_learned_,
             "cold": figures(predict_rows(model, pairs, profiles)),
             "baseline_sum_of_utilisations": figures(baseline_rows(pairs, profiles)),
         }
@@ -119,7 +100,8 @@ def leave_one_data_set_out(seeds: list[int]) -> dict:
             history, test = history_split(pairs, seed)
             cold = figures(predict_rows(model, test, profiles))
             learned = PairSpeedModel(**model.get_params())
-            learned.coef_, learned.margin_ = model.coef_, model.margin_
+            for attr in ("coef_", "margin_", "margin_learned_", "n_train_"):
+                setattr(learned, attr, getattr(model, attr))
             learned.learn(history, profiles)
             warm = figures(predict_rows(learned, test, profiles))
             per_seed.append({"seed": seed, "history_pairs": len(history),
@@ -170,7 +152,8 @@ def main(argv=None) -> int:
         "threshold": DEFAULT_THRESHOLD,
         "prior_all_data": {"parameters": dict(zip(("alpha", "alpha_own", "beta", "gamma"),
                                                   np.round(model.coef_, 4).tolist())),
-                           "margin": model.margin_, "sides": model.n_train_},
+                           "margin": model.margin_, "margin_learned": model.margin_learned_,
+                           "sides": model.n_train_},
         "leave_one_data_set_out": leave_one_data_set_out(args.seeds),
         "ryu_chun": ryu_chun(),
     }

@@ -124,3 +124,16 @@ def test_recommend_needs_memory_and_speed(model):
     assert fits_memory([light, profile(2, 1)]) is None
     assert math.isclose(model.safe_speeds([light, light])[0],
                         1 / (1 + model.margin_ * model.predict_isd([light, light])[0]))
+
+
+def test_the_packaged_prior_is_the_fit_of_the_packaged_data():
+    from slurm_gpushare.predict.pairs import fitted_prior, prior_path
+    import json
+
+    stored = json.loads(prior_path().read_text())
+    fresh = fitted_prior()
+    assert stored["data"] == fresh["data"] and stored["sides"] == fresh["sides"]
+    assert stored["margin"] == fresh["margin"]
+    assert stored["margin_learned"] == fresh["margin_learned"]
+    for name, value in fresh["parameters"].items():
+        assert stored["parameters"][name] == pytest.approx(value, abs=1e-9)

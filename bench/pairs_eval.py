@@ -25,97 +25,13 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from scipy.stats import spearmanr
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from slurm_gpushare.predict.pairs import (DEFAULT_THRESHOLD, HISTORY_PER_JOB,  # noqa: E402
-                                          PairSpeedModel, data_sets, default_model, demand_of,
-                                          history_split, training_sides)
+from slurm_gpushare.predict.pairs import (DEFAULT_THRESHOLD, default_model,  # noqa: E402
+                                          leave_one_data_set_out)
 from slurm_gpushare.sim.run import default_data_dir  # noqa: E402
-
-def figures(rows: pd.DataFrame, threshold: float = DEFAULT_THRESHOLD) -> dict:
-    """rows: one per pair with pred_a, pred_b, speed_a, speed_b, recommended, self_pair."""
-    sides_pred = np.concatenate([rows["pred_a"], rows.loc[~rows["self_pair"], "pred_b"]])
-    sides_true = np.concatenate([rows["speed_a"], rows.loc[~rows["self_pair"], "speed_b"]])
-    worst = np.minimum(rows["speed_a"], rows["speed_b"])
-    rec = rows["recommended"].astype(bool)
-    missing = int(rows[["pred_a", "pred_b"]].isna().any(axis=1).sum())
-    return {
-        "pairs": int(len(rows)), "missing": missing,
-        "spearman": round(float(spearmanr(sides_pred, sides_true).statistic), 4),
-        "mae": round(float(np.abs(sides_pred - sides_true).mean()), 4),
-        "recommended_share": round(float(rec.mean()), 4),
-        "recommended_bad_share": round(float((worst[rec] < threshold).mean()), 4) if rec.any()
-        else None,
-        "all_pairs_bad_share": round(float((worst < threshold).mean()), 4),
-    }
-
-
-def predict_rows(model: PairSpeedModel, pairs, profiles) -> pd.DataFrame:
-    out = []
-    for a, b, speed_a, speed_b in pairs:
-        group, keys = [profiles[a], profiles[b]], [a, b]
-        pred_a, pred_b = model.predict_group(group, keys)
-        out.append({"a": a, "b": b, "pred_a": pred_a, "pred_b": pred_b, "speed_a": speed_a,
-                    "speed_b": speed_b, "self_pair": a == b,
-                    "recommended": model.recommend(group, keys)})
-    return pd.DataFrame(out)
-
-
-def baseline_rows(pairs, profiles) -> pd.DataFrame:
-    out = []
-    for a, b, speed_a, speed_b in pairs:
-        total = demand_of(profiles[a]).sm + demand_of(profiles[b]).sm
-        out.append({"pred_a": -total, "pred_b": -total, "speed_a": speed_a, "speed_b": speed_b,
-                    "self_pair": a == b, "recommended": total <= 1.0})
-    frame = pd.DataFrame(out)
-    return frame
-
-
-def spread(values: list[float | None]) -> dict:
-    values = [v for v in values if v is not None]
-    if not values:
-        return {"mean": None, "min": None, "max": None}
-    return {"mean": round(float(np.mean(values)), 4), "min": round(float(min(values)), 4),
-            "max": round(float(max(values)), 4)}
-
-
-def leave_one_data_set_out(seeds: list[int]) -> dict:
-    sides = training_sides()
-    out = {}
-    for name, pairs, profiles in data_sets():
-        model = PairSpeedModel().fit(sides[sides["group"] != name])
-        entry = {
-            "fitted_on": sorted(set(sides["group"]) - {name}),
-            "parameters": dict(zip(("alpha", "alpha_own", "beta", "gamma"),
-                                   np.round(model.coef_, 4).tolist())),
-            "margin": model.margin_, "margin_learned": model.margin_learned_,
-            "cold": figures(predict_rows(model, pairs, profiles)),
-            "baseline_sum_of_utilisations": figures(baseline_rows(pairs, profiles)),
-        }
-        per_seed = []
-        for seed in seeds:
-            history, test = history_split(pairs, seed)
-            cold = figures(predict_rows(model, test, profiles))
-            learned = PairSpeedModel(**model.get_params())
-            for attr in ("coef_", "margin_", "margin_learned_", "n_train_"):
-                setattr(learned, attr, getattr(model, attr))
-            learned.learn(history, profiles)
-            warm = figures(predict_rows(learned, test, profiles))
-            per_seed.append({"seed": seed, "history_pairs": len(history),
-                             "test_pairs": len(test), "cold": cold, "history": warm})
-        entry["with_history"] = {
-            "co_runs_per_job": HISTORY_PER_JOB,
-            "per_seed": per_seed,
-            **{f"{kind}_{metric}": spread([s[kind][metric] for s in per_seed])
-               for kind in ("cold", "history")
-               for metric in ("spearman", "recommended_share", "recommended_bad_share")},
-        }
-        out[name] = entry
-    return out
-
 
 def ryu_chun() -> dict:
     """Their two statements, against the prior fitted on every packaged set. Profiles: SM % as

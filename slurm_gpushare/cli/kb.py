@@ -366,14 +366,18 @@ def kb_predict_pairs(profiles_csv, coruns_csv, as_json) -> None:
 @kb_group.command("evaluate")
 @json_option
 def kb_evaluate(as_json) -> None:
-    """Held-out figures: the pair model on Gavel (leave one job type / family out) and on the
+    """Held-out figures: the pair predictor (leave one data set out, cold and with co-runs as
+    history), the earlier pair model on Gavel (leave one job type / family out) and on the
     alnair pairs, and the class lookup on the alnair pairs (leave one pair out)."""
     from slurm_gpushare.predict.classes import default_classes
     from slurm_gpushare.predict.knowledge import (evaluate_kb_on_alnair, evaluate_on_alnair,
                             evaluate_pair_model)
 
+    from slurm_gpushare.predict.pairs import leave_one_data_set_out
+
     classes = default_classes()
     result = {
+        "pair_predictor_leave_one_data_set_out": leave_one_data_set_out(),
         "pair_model_leave_one_job_type_out": evaluate_pair_model("job"),
         "pair_model_leave_one_family_out": evaluate_pair_model("family"),
         "pair_model_on_alnair": evaluate_on_alnair(),
@@ -383,6 +387,16 @@ def kb_evaluate(as_json) -> None:
     if as_json:
         _echo_json(result)
         return
+    for name, entry in result.pop("pair_predictor_leave_one_data_set_out").items():
+        cold, history = entry["cold"], entry["with_history"]
+        base = entry["baseline_sum_of_utilisations"]
+        click.echo(f"pair predictor, {name} held out: Spearman {cold['spearman']} (adding "
+                   f"utilisations: {base['spearman']}), recommended "
+                   f"{cold['recommended_share']:.0%}, of them below 0.7x: "
+                   f"{_share(cold['recommended_bad_share'])}; with {history['co_runs_per_job']} "
+                   f"co-runs per job as history: Spearman {history['history_spearman']['mean']}, "
+                   f"recommended {history['history_recommended_share']['mean']:.0%}, below "
+                   f"0.7x: {_share(history['history_recommended_bad_share']['mean'])}")
     for name, figures in result.items():
         line = (f"{name}: Spearman {figures['spearman']}, MAE {figures['mae']}, "
                 f"recommended {figures['recommended_pairs']}/{figures['pairs']} pairs, "
@@ -395,6 +409,10 @@ def kb_evaluate(as_json) -> None:
             click.echo(f"  pessimistic (q={safe['quantile']}) model: Spearman {safe['spearman']}, "
                        f"recommended {safe['recommended_pairs']}, "
                        f"{safe['recommended_below_threshold']} below")
+
+
+def _share(value) -> str:
+    return "-" if value is None else f"{value:.0%}"
 
 
 commands = [classes_group, kb_group]

@@ -54,6 +54,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 from scipy.optimize import nnls
+from scipy.stats import spearmanr
 from sklearn.base import BaseEstimator
 from sklearn.utils.validation import check_is_fitted
 
@@ -378,6 +379,94 @@ def data_sets() -> list[tuple[str, list[tuple[str, str, float, float]], dict[str
     speed_b)``, profiles by job name."""
     return [(name, list(pairs), {k: dict(v) for k, v in profiles.items()})
             for name, pairs, profiles in _data_sets()]
+
+
+# -- evaluation (bench/pairs_eval.py, kb evaluate) ------------------------------------------
+def _figures(rows: pd.DataFrame, threshold: float = DEFAULT_THRESHOLD) -> dict:
+    """rows: one per pair with pred_a, pred_b, speed_a, speed_b, recommended, self_pair."""
+    sides_pred = np.concatenate([rows["pred_a"], rows.loc[~rows["self_pair"], "pred_b"]])
+    sides_true = np.concatenate([rows["speed_a"], rows.loc[~rows["self_pair"], "speed_b"]])
+    worst = np.minimum(rows["speed_a"], rows["speed_b"])
+    rec = rows["recommended"].astype(bool)
+    missing = int(rows[["pred_a", "pred_b"]].isna().any(axis=1).sum())
+    return {
+        "pairs": int(len(rows)), "missing": missing,
+        "spearman": round(float(spearmanr(sides_pred, sides_true).statistic), 4),
+        "mae": round(float(np.abs(sides_pred - sides_true).mean()), 4),
+        "recommended_share": round(float(rec.mean()), 4),
+        "recommended_bad_share": round(float((worst[rec] < threshold).mean()), 4) if rec.any()
+        else None,
+        "all_pairs_bad_share": round(float((worst < threshold).mean()), 4),
+    }
+
+
+def _predict_rows(model: PairSpeedModel, pairs, profiles) -> pd.DataFrame:
+    out = []
+    for a, b, speed_a, speed_b in pairs:
+        group, keys = [profiles[a], profiles[b]], [a, b]
+        pred_a, pred_b = model.predict_group(group, keys)
+        out.append({"a": a, "b": b, "pred_a": pred_a, "pred_b": pred_b, "speed_a": speed_a,
+                    "speed_b": speed_b, "self_pair": a == b,
+                    "recommended": model.recommend(group, keys)})
+    return pd.DataFrame(out)
+
+
+def _baseline_rows(pairs, profiles) -> pd.DataFrame:
+    out = []
+    for a, b, speed_a, speed_b in pairs:
+        total = demand_of(profiles[a]).sm + demand_of(profiles[b]).sm
+        out.append({"pred_a": -total, "pred_b": -total, "speed_a": speed_a, "speed_b": speed_b,
+                    "self_pair": a == b, "recommended": total <= 1.0})
+    frame = pd.DataFrame(out)
+    return frame
+
+
+def _spread(values: list[float | None]) -> dict:
+    values = [v for v in values if v is not None]
+    if not values:
+        return {"mean": None, "min": None, "max": None}
+    return {"mean": round(float(np.mean(values)), 4), "min": round(float(min(values)), 4),
+            "max": round(float(max(values)), 4)}
+
+
+def leave_one_data_set_out(seeds: Sequence[int] = (0, 1, 2, 3, 4)) -> dict:
+    """Each packaged data set held out in turn, the prior fitted on the others: figures cold,
+    with ``HISTORY_PER_JOB`` co-runs per job given as history (per seed; mean, min, max), and
+    for the baseline "add the two jobs' GPU utilisations" (a side's score is -(u_a + u_b); a
+    pair is recommended when the sum is at most 100%)."""
+    sides = training_sides()
+    out = {}
+    for name, pairs, profiles in data_sets():
+        model = PairSpeedModel().fit(sides[sides["group"] != name])
+        entry = {
+            "fitted_on": sorted(set(sides["group"]) - {name}),
+            "parameters": dict(zip(("alpha", "alpha_own", "beta", "gamma"),
+                                   np.round(model.coef_, 4).tolist())),
+            "margin": model.margin_, "margin_learned": model.margin_learned_,
+            "cold": _figures(_predict_rows(model, pairs, profiles)),
+            "baseline_sum_of_utilisations": _figures(_baseline_rows(pairs, profiles)),
+        }
+        per_seed = []
+        for seed in seeds:
+            history, test = history_split(pairs, seed)
+            cold = _figures(_predict_rows(model, test, profiles))
+            learned = PairSpeedModel(**model.get_params())
+            for attr in ("coef_", "margin_", "margin_learned_", "n_train_"):
+                setattr(learned, attr, getattr(model, attr))
+            learned.learn(history, profiles)
+            warm = _figures(_predict_rows(learned, test, profiles))
+            per_seed.append({"seed": seed, "history_pairs": len(history),
+                             "test_pairs": len(test), "cold": cold, "history": warm})
+        entry["with_history"] = {
+            "co_runs_per_job": HISTORY_PER_JOB,
+            "per_seed": per_seed,
+            **{f"{kind}_{metric}": _spread([s[kind][metric] for s in per_seed])
+               for kind in ("cold", "history")
+               for metric in ("spearman", "recommended_share", "recommended_bad_share")},
+        }
+        out[name] = entry
+    return out
+
 
 
 PRIOR_FORMAT = "slurm-gpushare/pair-prior/1"

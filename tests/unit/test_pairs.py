@@ -137,3 +137,17 @@ def test_the_packaged_prior_is_the_fit_of_the_packaged_data():
     assert stored["margin_learned"] == fresh["margin_learned"]
     for name, value in fresh["parameters"].items():
         assert stored["parameters"][name] == pytest.approx(value, abs=1e-9)
+
+
+def test_leave_one_data_set_out_learns_from_co_runs():
+    from slurm_gpushare.predict.pairs import leave_one_data_set_out
+
+    result = leave_one_data_set_out(seeds=[0])
+    assert set(result) == {"gavel-k80", "gavel-p100", "gavel-v100", "alnair-p100"}
+    for name, entry in result.items():
+        assert name not in entry["fitted_on"]
+        assert entry["cold"]["missing"] == 0
+        run = entry["with_history"]["per_seed"][0]
+        assert run["test_pairs"] + run["history_pairs"] == entry["cold"]["pairs"]
+        # Three co-runs per job as history rank the other pairs better than the prior alone.
+        assert run["history"]["spearman"] > run["cold"]["spearman"] + 0.1, name

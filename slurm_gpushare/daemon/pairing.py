@@ -75,6 +75,7 @@ class Pairing:
         self._observations: dict[tuple, tuple[str, str, float | None, float | None]] = {}
         self._profiles: dict[str, dict[str, Any]] = {}  # fingerprint key -> profile (learning)
         self._by_keys: OrderedDict[tuple[str, ...], tuple[dict[str, Any], str] | None] = OrderedDict()
+        self._decision_keys: OrderedDict[str, tuple[str, ...]] = OrderedDict()
         self._lock = threading.Lock()
 
     # -- profiles ---------------------------------------------------------------------------
@@ -96,10 +97,22 @@ class Pairing:
         return found
 
     def resident(self, decision_id: str) -> tuple[dict[str, Any], str] | None:
-        """A running share's profile, through its decision record's keys."""
-        record = self.store.decision(decision_id) if decision_id else None
-        keys = (record or {}).get("keys") or []
-        return self.profile(keys[:2])  # the sizing keys: exact script, then job name
+        """A running share's profile, through its decision record's keys (a record never
+        changes its keys, so they are read once per decision)."""
+        if not decision_id:
+            return None
+        with self._lock:
+            keys = self._decision_keys.get(decision_id)
+        if keys is None:
+            record = self.store.decision(decision_id)
+            if record is None:
+                return None  # not written yet (records are written off the request path)
+            keys = tuple((record.get("keys") or [])[:2])  # exact script, job name
+            with self._lock:
+                self._decision_keys[decision_id] = keys
+                while len(self._decision_keys) > CACHE_SIZE:
+                    self._decision_keys.popitem(last=False)
+        return self.profile(keys)
 
     def invalidate(self) -> None:
         """New telemetry arrived: profiles are read again."""

@@ -113,6 +113,25 @@ def test_predict_pairs_errors_are_one_line(tmp_path, content, message):
     assert message in err.getvalue() and len(err.getvalue().strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("content, message", [
+    ("job_a,job_b,speed_a\nheavy,light,0.5\n", "missing column(s) speed_b"),
+    ("job_a,job_b,speed_a,speed_b\nheavy,nobody,0.5,0.5\n",
+     "line 2: job_b 'nobody' is not in the profiles"),
+    ("job_a,job_b,speed_a,speed_b\nheavy,light,fast,0.5\n", "line 2: speed_a is not a number"),
+    ("job_a,job_b,speed_a,speed_b\nheavy,light,0,0.5\n", "line 2: speed_a must be in (0, 1.5]"),
+])
+def test_predict_pairs_co_run_errors_are_one_line(profiles, tmp_path, content, message):
+    path = tmp_path / "coruns.csv"
+    path.write_text(content)
+    from slurm_gpushare.cli import main
+    import contextlib
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        assert main(["kb", "predict-pairs", str(profiles), "--co-runs", str(path)]) == 1
+    assert message in err.getvalue() and len(err.getvalue().strip().splitlines()) == 1
+
+
 def test_classes_fit_show_and_missing_model(tmp_path):
     result = CliRunner().invoke(kb_cli.classes_group, ["show"])
     assert result.exit_code == 1 and "no class model" in result.output
@@ -168,21 +187,3 @@ def test_commands_are_registered_in_the_main_cli():
     assert {"fit", "show", "reproduce"} <= set(cli.get_command(ctx, "classes").commands)
     assert {"show", "predict-pairs", "evaluate"} <= set(cli.get_command(ctx, "kb").commands)
 
-
-@pytest.mark.parametrize("content, message", [
-    ("job_a,job_b,speed_a\nheavy,light,0.5\n", "missing column(s) speed_b"),
-    ("job_a,job_b,speed_a,speed_b\nheavy,nobody,0.5,0.5\n",
-     "line 2: job_b 'nobody' is not in the profiles"),
-    ("job_a,job_b,speed_a,speed_b\nheavy,light,fast,0.5\n", "line 2: speed_a is not a number"),
-    ("job_a,job_b,speed_a,speed_b\nheavy,light,0,0.5\n", "line 2: speed_a must be in (0, 1.5]"),
-])
-def test_predict_pairs_co_run_errors_are_one_line(profiles, tmp_path, content, message):
-    path = tmp_path / "coruns.csv"
-    path.write_text(content)
-    from slurm_gpushare.cli import main
-    import contextlib
-
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err):
-        assert main(["kb", "predict-pairs", str(profiles), "--co-runs", str(path)]) == 1
-    assert message in err.getvalue() and len(err.getvalue().strip().splitlines()) == 1

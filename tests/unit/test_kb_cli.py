@@ -186,4 +186,3 @@ def test_commands_are_registered_in_the_main_cli():
     assert {"classes", "kb"} <= set(cli.list_commands(ctx))
     assert {"fit", "show", "reproduce"} <= set(cli.get_command(ctx, "classes").commands)
     assert {"show", "predict-pairs", "evaluate"} <= set(cli.get_command(ctx, "kb").commands)
-

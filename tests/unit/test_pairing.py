@@ -94,3 +94,31 @@ def test_co_runs_in_the_store_become_corrections(store):
     before.observe(store.corun_observations())
     assert held.model is not before.model
     assert before.compatibility([LIGHT]).compatible_with("dlight") is False
+
+
+def test_ingest_learns_corrections_from_a_measured_co_run(store, monkeypatch):
+    from slurm_gpushare.core.tag import Tag
+    from slurm_gpushare.daemon import learning
+    from slurm_gpushare.predict.knowledge import KnowledgeBase
+    from slurm_gpushare.slurm.jobs import SlurmJob
+
+    # Jobs 20 and 21 (the scripts of 10 and 12, which ran alone in 60 s) shared a GPU:
+    # job 20 took 150 s (ISD 1.5, far above what two light jobs predict), job 21 61 s.
+    for job_id, key in (("20", LIGHT), ("21", OTHER_LIGHT)):
+        store.record_decision({"decision_id": f"d{job_id}", "action": "share", "code": "x",
+                               "keys": [key], "job_class": 0})
+    jobs = {job_id: SlurmJob(job_id, 1000, Tag("share", "history-share", f"d{job_id}",
+                                                types=("v100",), job_class=0, shard=4).encode())
+            for job_id in ("20", "21")}
+    monkeypatch.setattr(learning, "lookup_job", jobs.get)
+    pairing = Pairing(store).load()
+    learner = learning.Learner(store, None, KnowledgeBase.seeded(), count=lambda _: None,
+                               pairing=pairing)
+    config = Config(gpu_types=(GpuType("v100", 16),))
+    learner.ingest(summary("20", LIGHT, 5.0, 2.0, duration_s=150.0, keys=[],
+                           coruns=[{"job_id": "21", "overlap_s": 150.0}]), config)
+    assert pairing.model.suffers_ == {}  # job 21 has not reported yet: nothing to pair with
+    learner.ingest(summary("21", OTHER_LIGHT, 6.0, 3.0, duration_s=61.0, keys=[],
+                           coruns=[{"job_id": "20", "overlap_s": 61.0}]), config)
+    assert pairing.model.suffers_[LIGHT] > 0.3
+    assert pairing.compatibility([LIGHT]).compatible_with("dlight") is False

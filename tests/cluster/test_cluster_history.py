@@ -173,3 +173,43 @@ def test_a_job_above_its_share_is_requeued_when_admins_choose_so(cluster):
             cluster.slurm("scancel", job_id, check=False)
         config.write_text(original)
         os.kill(cluster.daemon_pid(), signal.SIGHUP)
+
+
+def test_a_light_job_keeps_off_nodes_full_of_heavy_shares(cluster):
+    from slurm_gpushare.core.hostlist import expand_hostlist
+
+    # The pair predictor, from both jobs' own telemetry: a light job next to a GPU-bound one
+    # would run below 0.7x. Once every GPU of both v100 nodes holds a heavy share, the light
+    # job's share is kept off those nodes (Slurm excludes by node, not by GPU).
+    heavy = unique_script(cluster, work_s=1, util=95, mem_util=60,
+                          mem_mib={"v100": 3000, "a100": 3000})
+    heavy = heavy.replace("--work 1 ", "--work ${WORK:-1} ")
+    light = unique_script(cluster, work_s=1, util=8, mem_util=3,
+                          mem_mib={"v100": 2000, "a100": 2000})
+    profile(cluster, heavy, "--gres=gpu:v100:1")
+    profile(cluster, light, "--gres=gpu:v100:1")
+    heavy_jobs: list[str] = []
+    try:
+        for _ in range(4):
+            heavy_jobs.append(cluster.sbatch("--gres=gpu:v100:1", script=heavy,
+                                             env={"WORK": "120"}))
+        for job_id in heavy_jobs:
+            assert cluster.job(job_id)["TresPerNode"].startswith("gres:shard:")
+            assert cluster.wait_state(job_id, {"RUNNING"}, timeout=60) == "RUNNING"
+        assert {cluster.job(j)["NodeList"] for j in heavy_jobs} == {"v100-1", "v100-2"}
+        # The daemon's view of running shares refreshes in the background: poll.
+        deadline = time.monotonic() + 30
+        while True:
+            job = cluster.job(cluster.sbatch("--gres=gpu:1", "--hold", script=light))
+            cluster.slurm("scancel", job["JobId"])
+            decision = decision_of(cluster, job)
+            if decision["writes"].get("exc_nodes") or time.monotonic() > deadline:
+                break
+            time.sleep(1)
+        assert decision["action"] == "share", decision
+        assert decision["writes"]["exc_nodes"] == "v100-1,v100-2", decision
+        assert sorted(expand_hostlist(job["ExcNodeList"])) == ["v100-1", "v100-2"]
+        assert "pair predictor" in decision["reason"]
+    finally:
+        for job_id in heavy_jobs:
+            cluster.slurm("scancel", job_id, check=False)

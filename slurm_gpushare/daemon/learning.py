@@ -36,11 +36,9 @@ class Learner:
         event(logging.WARNING if ok else logging.ERROR, "requeued" if ok else "requeue-failed",
                job_id=job_id, detail=detail)
 
-    def ingest(self, summary: dict[str, Any], config: Config) -> None:
-        """On the writer thread: keep the summary and tie the job to its decision, so the
-        summary becomes history under the job's fingerprint keys."""
-        if not self.store.ingest_summary(summary):
-            return
+    def learn(self, summary: dict[str, Any], config: Config) -> None:
+        """On the writer thread, for a summary already stored: tie the job to its decision,
+        so the summary becomes history under the job's fingerprint keys."""
         job_id = str(summary.get("job_id", ""))
         job = lookup_job(job_id) if job_id else None
         linked = bool(job and job.decision_id and self.store.link_decision(

@@ -14,14 +14,16 @@ from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
-from slurm_gpushare import __version__
+from slurm_gpushare import PROTOCOL_VERSION, __version__
 from slurm_gpushare.core.config import Config
 from slurm_gpushare.core.policy import decide
+from slurm_gpushare.core.types import Decision
 from slurm_gpushare.daemon.fingerprint import Fingerprinter
 from slurm_gpushare.daemon.learning import Learner
 from slurm_gpushare.daemon.logs import event, log
-from slurm_gpushare.daemon.protocol import ProtocolError, parse_request, reply_error, reply_ok
-from slurm_gpushare.daemon.store import Store
+from slurm_gpushare.daemon.protocol import (ProtocolError, check_rid, parse_request, reply_error,
+                                            reply_ok)
+from slurm_gpushare.daemon.store import Store, StoreError, clean_summary
 from slurm_gpushare.predict.history import HistoryEstimator
 from slurm_gpushare.predict.persist import load_memory_model
 from slurm_gpushare.slurm.jobs import lookup_job
@@ -70,6 +72,38 @@ class RecordWriter:
         self.thread.join(5)
 
 
+class LogBudget:
+    """At most ``per_second`` log lines a second; counts what it suppressed."""
+
+    def __init__(self, per_second: int):
+        self.per_second = per_second
+        self._second = 0
+        self._used = 0
+        self._suppressed = 0
+        self._lock = threading.Lock()
+
+    def allow(self) -> bool:
+        with self._lock:
+            now = int(time.monotonic())
+            if now != self._second:
+                self._second, self._used = now, 0
+            if self._used < self.per_second:
+                self._used += 1
+                return True
+            self._suppressed += 1
+            return False
+
+    def take_suppressed(self) -> int:
+        with self._lock:
+            taken, self._suppressed = self._suppressed, 0
+            return taken
+
+
+def refused_keep(reason: str, code: str = "bad-request") -> Decision:
+    """The answer to a decide that cannot be decided: the job stays exactly as submitted."""
+    return Decision(action="keep", code=code, reason=reason)
+
+
 @dataclass(frozen=True)
 class Peer:
     uid: int
@@ -101,6 +135,7 @@ class Service:
             self.estimator.estimate([], config)  # warm-up: first calls pay for imports
         self.counters: Counter[str] = Counter()
         self._lock = threading.Lock()
+        self._error_log = LogBudget(per_second=5)
         if store is not None:
             self.learner = Learner(store, self.estimator,
                                    KnowledgeBase.from_store(store, self.estimator.classes),
@@ -111,12 +146,39 @@ class Service:
         return self.fingerprinter.digest
 
     def handle(self, message: Any, peer: Peer | None = None) -> dict[str, Any]:
+        """One reply for one decoded request; every reply carries the request's ``rid``.
+
+        A ``decide`` that cannot be decided because of the request itself (malformed, out of
+        range) is answered as a ``keep`` with the reason: it is that job's problem, not the
+        daemon's, so the hook must not count it against the daemon's health."""
         peer = peer or Peer(uid=os.getuid(), admin=True)
-        rid = message.get("rid") if isinstance(message, dict) else None
-        reply = self._handle(message, peer)
-        if rid is not None:
-            reply["rid"] = rid
+        rid = check_rid(message.get("rid")) if isinstance(message, dict) else None
+        op = message.get("op") if isinstance(message, dict) else None
+        try:
+            reply = self._handle(message, peer)
+        except ProtocolError as exc:
+            versioned = isinstance(message, dict) and message.get("v") == PROTOCOL_VERSION
+            reply = self.refusal(op if versioned else None, str(exc), peer)
+        except Exception as exc:  # noqa: BLE001 -- a bug must cost one reply, not the daemon
+            self._count("internal-errors")
+            log.exception("internal-error", extra={"fields": {"uid": peer.uid, "op": str(op)[:16]}})
+            reply = (reply_ok(refused_keep(f"daemon error: {type(exc).__name__}",
+                                           code="daemon-error"))
+                     if op == "decide" else reply_error(f"internal error: {type(exc).__name__}"))
+        reply["rid"] = rid
         return reply
+
+    def refusal(self, op: Any, error: str, peer: Peer) -> dict[str, Any]:
+        """The reply to a request that is the client's mistake: for ``decide`` a keep (the job
+        stays as submitted), else an error. Logged at most a few lines a second (a flood must
+        not fill the disk), never with a traceback."""
+        self._count("errors")
+        if self._error_log.allow():
+            event(logging.WARNING, "bad-request", error=error[:200], uid=peer.uid,
+                  suppressed=self._error_log.take_suppressed())
+        if op == "decide":
+            return reply_ok(refused_keep(f"request refused: {error[:200]}"))
+        return reply_error(error[:200])
 
     def _count(self, key: str) -> None:
         with self._lock:
@@ -124,28 +186,38 @@ class Service:
 
     def _handle(self, message: Any, peer: Peer) -> dict[str, Any]:
         config = self.config  # one consistent config for the whole request, even across reload
-        op = message.get("op") if isinstance(message, dict) else None
+        if not isinstance(message, dict):
+            raise ProtocolError("request must be a JSON object")
+        if message.get("v") != PROTOCOL_VERSION:
+            raise ProtocolError(f"unsupported protocol version {str(message.get('v'))[:16]!r} "
+                                f"(daemon speaks {PROTOCOL_VERSION})")
+        op = message.get("op")
+        if not isinstance(op, str):
+            raise ProtocolError("op must be a string")
         if not peer.admin and op not in self.USER_OPS:
             self._count("refused")
-            return reply_error(f"op {op!r} is not available on this socket")
-        try:
-            if op == "ingest":
-                return self._ingest(message)
-            if op == "overrun":
-                return self._overrun(message)
-            if op == "job":
-                return self._job(message, peer)
-            op, request = parse_request(message, opt_out_token=config.policy.opt_out_token,
-                                        mem_hint_token=config.policy.mem_hint_token,
-                                        digest=self.digest)
-        except ProtocolError as exc:
-            self._count("errors")
-            event(logging.WARNING, "bad-request", error=str(exc))
-            return reply_error(str(exc))
+            return reply_error(f"op {op[:16]!r} is not available on this socket")
+        if op == "ingest":
+            return self._ingest(message)
+        if op == "overrun":
+            return self._overrun(message)
+        if op == "job":
+            return self._job(message, peer)
+        op, request = parse_request(message, opt_out_token=config.policy.opt_out_token,
+                                    mem_hint_token=config.policy.mem_hint_token,
+                                    digest=self.digest)
         if op == "ping":
             with self._lock:
                 counters = dict(self.counters)
             return reply_ok(version=__version__, counters=counters)
+        deadline = message.get("deadline")
+        if op == "decide" and isinstance(deadline, (int, float)) and time.time() > deadline:
+            # The hook gave up on this request long ago (it sat in the socket's backlog while
+            # the daemon was stopped) and let the job through as submitted: decide nothing and
+            # record nothing, or a decision row would describe a job that ran unchanged.
+            self._count("expired")
+            return reply_ok(refused_keep("request arrived after the hook's deadline",
+                                         code="expired"))
         if not peer.admin:
             # A user may ask what would happen to a job of theirs, never of someone else's.
             request = replace(request, uid=peer.uid, user=_user_name(peer.uid))
@@ -177,12 +249,17 @@ class Service:
         return reply_ok(decision)
 
     def _ingest(self, message: dict[str, Any]) -> dict[str, Any]:
-        """A job's telemetry summary from the prolog/epilog agent."""
-        summary = message.get("summary")
-        if not isinstance(summary, dict):
-            raise ProtocolError("summary must be an object")
+        """A job's telemetry summary from the prolog/epilog agent. It is checked and committed
+        before the reply: an acknowledged summary survives a crash (the agent spools what is
+        not acknowledged). Learning from it happens later, on the writer thread."""
+        try:
+            summary = clean_summary(message.get("summary"))
+        except StoreError as exc:
+            raise ProtocolError(f"summary refused: {exc}") from None
         if self.learner is not None:
-            self.records.put(self.learner.ingest, summary, self.config)
+            new = self.store.ingest_summary(summary)
+            if new:
+                self.records.put(self.learner.learn, summary, self.config)
         self._count("ingest")
         return reply_ok()
 

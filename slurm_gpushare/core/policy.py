@@ -47,6 +47,7 @@ class NodeView:
     # Classes per GPU where the view knows them (the simulator); () where it does not (the
     # daemon: squeue shows a share's node, not its GPU index).
     gpu_classes: tuple[tuple[int, ...], ...] = ()
+    features: tuple[str, ...] = ()  # the node's features where the view knows them (daemon)
 
 
 class ClusterView(Protocol):

@@ -30,6 +30,7 @@ from slurm_gpushare.daemon.protocol import (ProtocolError, decode_line, peek_op,
                                             reply_error)
 from slurm_gpushare.daemon.service import Peer, Service
 from slurm_gpushare.daemon.store import Store
+from slurm_gpushare.daemon.validity import config_problem
 from slurm_gpushare.predict.persist import load_memory_model
 
 
@@ -295,6 +296,11 @@ def serve(config_path: str | None) -> None:
             new = load_config(config.path)
         except ConfigError as exc:
             event(logging.ERROR, "reload-failed", error=str(exc))
+            return
+        problem = config_problem(new, view.all_features, view.all_partitions)
+        if problem is not None:
+            event(logging.ERROR, "reload-refused", config=new.path, problem=problem,
+                   detail="the running configuration stays")
             return
         if (new.daemon.socket, new.daemon.query_socket, new.daemon.state_dir) != (
                 service.config.daemon.socket, service.config.daemon.query_socket,

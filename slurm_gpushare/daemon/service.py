@@ -24,6 +24,7 @@ from slurm_gpushare.daemon.logs import event, log
 from slurm_gpushare.daemon.protocol import (ProtocolError, check_rid, parse_request, reply_error,
                                             reply_ok)
 from slurm_gpushare.daemon.store import Store, StoreError, clean_summary
+from slurm_gpushare.daemon.validity import decision_problem
 from slurm_gpushare.predict.history import HistoryEstimator
 from slurm_gpushare.predict.persist import load_memory_model
 from slurm_gpushare.slurm.jobs import lookup_job
@@ -231,6 +232,15 @@ class Service:
                                                         request.mem_hint_mib)
         decision = decide(request, config, estimate=estimate, view=self.view,
                           knowledge=self.learner.knowledge if self.learner else None, decision_id=decision_id)
+        problem = decision_problem(decision, request, config,
+                                   self.view.nodes() if self.view is not None else ())
+        if problem is not None:
+            # The configuration does not match the cluster: Slurm would reject this share.
+            self._count("invalid-decisions")
+            if self._error_log.allow():
+                event(logging.ERROR, "invalid-decision", id=decision_id, problem=problem)
+            decision = refused_keep(f"no valid share for this cluster: {problem}",
+                                    code="invalid-decision")
         elapsed_us = int((time.perf_counter() - started) * 1e6)
         self._count(f"{op}:{decision.action}")
         event(logging.INFO, "decision" if op == "decide" else "explain",
@@ -240,7 +250,7 @@ class Service:
                gpu_types=list(decision.gpu_types), writes=dict(decision.writes),
                job_class=estimate.job_class if estimate else None, history=history,
                decide_us=elapsed_us)
-        if op == "decide":
+        if op == "decide" and problem is None:
             self.records.put(self.store.record_decision, {
                 **decision.to_dict(), "ts": time.time(), "uid": request.uid,
                 "account": request.account, "partition": request.partition,

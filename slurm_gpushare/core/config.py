@@ -94,6 +94,9 @@ class PolicyConfig:
     # A running share seen above its memory (shards set no hardware limit): "log" it, or also
     # "requeue" the job (scontrol requeue), so its co-runners keep their memory.
     on_share_exceeded: str = "log"
+    # Requeues of one job for going above its share (each re-sized to its peak + hint_margin,
+    # or a whole GPU); after that it is left to run.
+    max_requeues: int = 2
 
 
 @dataclass(frozen=True)
@@ -216,6 +219,7 @@ RANGES = (
     ("policy", "default_share_gib", 1, 4096),
     ("policy", "hint_margin", 0, 10),
     ("policy", "gpu_time_budget_pct", 0, 100),
+    ("policy", "max_requeues", 0, 100),
     # slurmctld holds its locks while the hook waits: a second is already far too long.
     ("hook", "timeout_ms", 1, 1000),
     ("hook", "breaker_failures", 1, 1000),

@@ -24,13 +24,16 @@ class Learner:
         self.knowledge = knowledge
         self.count = count
 
-    def requeue(self, job_id: str) -> None:
-        """On the writer thread: requeue a job that outgrew its share (its next run is sized
-        from the new peak)."""
+    def requeue(self, job_id: str, peak_mib: float, config: Config) -> None:
+        """On the writer thread: requeue a job that outgrew its share, re-sized from its peak
+        (``requeue.requeue_resized``)."""
+        from slurm_gpushare.daemon.requeue import requeue_resized
+
         try:
-            result = cmd.run(["scontrol", "requeue", job_id])
-            ok, detail = result.ok, (result.stderr or result.stdout).strip()
-        except cmd.SlurmError as exc:
+            job = lookup_job(job_id)
+            ok, detail = (requeue_resized(job, peak_mib, config) if job is not None
+                          else (False, "job not found"))
+        except (cmd.SlurmError, ValueError) as exc:
             ok, detail = False, str(exc)
         self.count("requeued" if ok else "requeue-failed")
         event(logging.WARNING if ok else logging.ERROR, "requeued" if ok else "requeue-failed",

@@ -275,16 +275,19 @@ class Service:
 
     def _overrun(self, message: dict[str, Any]) -> dict[str, Any]:
         """A running share above its memory, reported live by its collector."""
-        job_id = str(message.get("job_id", ""))
-        if not job_id.replace("_", "").isdigit():
+        job_id = message.get("job_id")
+        if not isinstance(job_id, str) or not job_id.replace("_", "").isdigit():
             raise ProtocolError("overrun needs a job_id")
+        peak = message.get("peak_mib")
+        if isinstance(peak, bool) or not isinstance(peak, (int, float)) or not 0 < peak < 2**40:
+            raise ProtocolError("overrun needs peak_mib")
         action = self.config.policy.on_share_exceeded
         self._count("share-overrun")
         event(logging.WARNING, "share-overrun", job_id=job_id, peak_mib=message.get("peak_mib"),
                limit_mib=message.get("limit_mib"), action=action)
         if action == "requeue":
             if self.learner is not None:
-                self.records.put(self.learner.requeue, job_id)
+                self.records.put(self.learner.requeue, job_id, float(peak), self.config)
         return reply_ok(action=action)
 
     def _job(self, message: dict[str, Any], peer: Peer) -> dict[str, Any]:

@@ -266,13 +266,13 @@ def test_overrun_is_logged_and_requeued_when_configured(tmp_path, action):
 
     running = RunningDaemon(make_config(tmp_path, on_share_exceeded=action))
     requeued = []
-    running.service.learner.requeue = requeued.append  # scontrol is not there to call
+    running.service.learner.requeue = lambda job_id, peak, config: requeued.append((job_id, peak))
     try:
         reply = request_once(running.socket, {"v": 1, "op": "overrun", "job_id": "77",
                                               "peak_mib": 9000, "limit_mib": 8192})
         running.service.records.flush()
         assert reply == {"v": 1, "ok": True, "action": action, "rid": None}
-        assert requeued == (["77"] if action == "requeue" else [])
+        assert requeued == ([("77", 9000.0)] if action == "requeue" else [])
         bad = request_once(running.socket, {"v": 1, "op": "overrun", "job_id": "x; rm"})
         assert bad["ok"] is False and "job_id" in bad["error"]
     finally:

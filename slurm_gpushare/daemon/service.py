@@ -17,7 +17,7 @@ from typing import Any, Callable
 from slurm_gpushare import PROTOCOL_VERSION, __version__
 from slurm_gpushare.core.config import Config
 from slurm_gpushare.core.policy import decide
-from slurm_gpushare.core.types import Decision
+from slurm_gpushare.core.types import Decision, JobRequest
 from slurm_gpushare.daemon.fingerprint import Fingerprinter
 from slurm_gpushare.daemon.learning import Learner
 from slurm_gpushare.daemon.logs import event, log
@@ -210,6 +210,10 @@ class Service:
         if op == "ping":
             with self._lock:
                 counters = dict(self.counters)
+            problem = self._self_test(config)
+            if problem:
+                return reply_error(f"daemon cannot decide: {problem}") | {
+                    "version": __version__, "counters": counters}
             return reply_ok(version=__version__, counters=counters)
         deadline = message.get("deadline")
         if op == "decide" and isinstance(deadline, (int, float)) and time.time() > deadline:
@@ -257,6 +261,26 @@ class Service:
                 "keys": keys.as_list(),
                 "job_class": estimate.job_class if estimate else None})
         return reply_ok(decision)
+
+    def _self_test(self, config: Config) -> str | None:
+        """Decide a plain one-GPU job end to end (history lookup, policy, validity) without
+        recording it; the reason it fails, or None. ``ping`` answers with it, so a daemon
+        that answers pings but cannot decide is reported as broken."""
+        try:
+            request = JobRequest(uid=os.getuid(), user="gpushare-self-test",
+                                 partition=next(iter(config.policy.sharing_partitions), ""),
+                                 tres_per_node="gres:gpu:1")
+            estimate = (self.estimator.estimate([], config)[0]
+                        if self.estimator is not None else None)
+            decision = decide(request, config, estimate=estimate, view=self.view,
+                              knowledge=self.learner.knowledge if self.learner else None)
+            decision_problem(decision, request, config,
+                             self.view.nodes() if self.view is not None else ())
+        except Exception as exc:  # noqa: BLE001 -- any failure here is the answer
+            return f"{type(exc).__name__}: {str(exc)[:200]}"
+        if not self.records.thread.is_alive():
+            return "the record writer has stopped"
+        return None
 
     def _ingest(self, message: dict[str, Any]) -> dict[str, Any]:
         """A job's telemetry summary from the prolog/epilog agent. It is checked and committed

@@ -69,3 +69,13 @@ def test_exit_codes_of_commands_reach_the_caller(tmp_path, capsys):
     conf.write_text("ClusterName=c\nSelectType=select/linear\n")
     assert main(["check-config", "--no-live", "--slurm-conf", str(conf)]) == 1
     assert "error" in capsys.readouterr().out.lower()
+
+
+def test_ping_fails_when_the_daemon_cannot_decide(daemon, capsys):
+    def broken(*args, **kwargs):
+        raise RuntimeError("model file unreadable")
+
+    daemon.service.estimator.estimate = broken
+    assert main(["ping", "--socket", daemon.socket]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot decide: RuntimeError: model file unreadable" in err

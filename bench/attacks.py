@@ -155,28 +155,25 @@ def in_background(target, *args) -> threading.Thread:
 
 
 # -- the attacks ----------------------------------------------------------------------------
-def provoke_errors(cluster: TestCluster, jobs: int) -> dict:
-    """A user provokes refusals at will (impossible constraints, a 400-digit memory hint)."""
-    stop = threading.Event()
-    attacker = {"submitted": 0}
-
-    def attack():
-        while not stop.is_set():
-            for extra in (["-C", "a100=x"], ["--comment=gpushare:mem=" + "9" * 400 + "G"]):
-                subprocess.run([*ATTACKER, "sbatch", "--hold", "--gres=gpu:1", "-p", "gpu",
-                                "-o", "/dev/null", *extra], input="#!/bin/sh\ntrue\n",
-                               env=cluster.env(), capture_output=True, text=True, cwd="/tmp")
-                attacker["submitted"] += 1
-
+def provoke_errors(cluster: TestCluster, jobs: int, burst: int = 3) -> dict:
+    """A user provokes refusals at will: bursts of ``burst`` submissions with an impossible
+    constraint (Slurm rejects them anyway) or a 400-digit memory hint, each burst followed by
+    ``burst`` ordinary jobs of another user."""
+    bad = (["-C", "a100=x"], ["--comment=gpushare:mem=" + "9" * 400 + "G"])
+    attacker_submissions = 0
+    victims: list[dict] = []
     with DaemonWatch(cluster) as watch:
-        thread = in_background(attack)
-        victims = submit_victims(cluster, jobs, pause_s=0.05)
-        stop.set()
-        thread.join()
-    # The attacker's own accepted jobs are cancelled too.
-    cluster.slurm("scancel", "-u", "nobody", check=False)
+        while len(victims) < jobs:
+            for i in range(burst):
+                subprocess.run([*ATTACKER, "sbatch", "--hold", "--gres=gpu:1", "-p", "gpu",
+                                "-o", "/dev/null", *bad[(len(victims) // burst) % 2]],
+                               input="#!/bin/sh\ntrue\n", env=cluster.env(),
+                               capture_output=True, text=True, cwd="/tmp")
+                attacker_submissions += 1
+            victims += submit_victims(cluster, min(burst, jobs - len(victims)))
+    cluster.slurm("scancel", "-u", "nobody", check=False)  # the attacker's accepted jobs
     return {**classify(cluster, victims), **watch.summary(),
-            "attacker_submissions": attacker["submitted"]}
+            "attacker_submissions": attacker_submissions}
 
 
 FLOOD_CODE = r"""
@@ -491,7 +488,7 @@ ATTACKS = {
 }
 
 COLUMNS = ("submitted", "accepted", "rewritten", "rejected", "half_applied", "share_rate",
-           "sbatch_max_ms", "rss_mib_max", "threads_max", "lost_summaries", "tracebacks",
+           "sbatch_p50_ms", "sbatch_max_ms", "rss_mib_max", "threads_max", "lost_summaries", "tracebacks",
            "rss_change_pct")
 
 

@@ -8,8 +8,8 @@ row: jobs submitted / accepted / rewritten / rejected / half-applied, the share 
 *other* users' jobs submitted during the attack, the daemon's peak RSS and threads, and
 lost summaries; the JSON goes to ``--out``.
 
-    GPUSHARE_CLUSTER_DIR=... .venv/bin/python bench/attacks.py [--jobs 30] [--only NAME ...]
-        [--out bench/results/attacks.json]
+    GPUSHARE_CLUSTER_DIR=... .venv/bin/python bench/attacks.py [--rounds 3] [--jobs 30]
+        [--only NAME ...] [--out bench/results/attacks.json]
 
 A "victim" job is an ordinary ``sbatch --hold --gres=gpu:1 --comment=gpushare:mem=4G`` of
 root: with the daemon healthy it is always turned into a share, so its share rate during an
@@ -492,12 +492,35 @@ COLUMNS = ("submitted", "accepted", "rewritten", "rejected", "half_applied", "sh
            "rss_change_pct")
 
 
-def table(results: dict[str, dict]) -> str:
+def table(rounds: list[dict[str, dict]]) -> str:
+    """One row per attack; a cell is the value, or min-max over the rounds where they differ."""
+    def cell(values):
+        values = [v for v in values if v is not None]
+        if not values:
+            return "-"
+        low, high = min(values), max(values)
+        return str(low) if low == high else f"{low}-{high}"
+
     rows = [("attack",) + COLUMNS]
-    for name, result in results.items():
-        rows.append((name,) + tuple(str(result.get(c, "-")) for c in COLUMNS))
+    for name in rounds[0]:
+        rows.append((name,) + tuple(cell([r[name].get(c) for r in rounds]) for c in COLUMNS))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) for row in rows)
+
+
+def run_round(cluster: TestCluster, args, seed: int) -> dict[str, dict]:
+    results = {}
+    baseline = DaemonWatch(cluster).sample()
+    results["baseline"] = {**classify(cluster, submit_victims(cluster, args.jobs)),
+                           "rss_mib_max": round(baseline[0] / 1024, 1),
+                           "threads_max": baseline[1]}
+    for name in args.only or ATTACKS:
+        started = time.monotonic()
+        results[name] = (protocol_fuzz(cluster, args.fuzz, seed) if name == "protocol-fuzz"
+                         else ATTACKS[name](cluster, args))
+        results[name]["seconds"] = round(time.monotonic() - started, 1)
+        print(f"round seed={seed} {name}: {json.dumps(results[name])}", flush=True)
+    return results
 
 
 def main(argv=None) -> int:
@@ -506,27 +529,19 @@ def main(argv=None) -> int:
     parser.add_argument("--fuzz", type=int, default=10_000, help="fuzzed requests")
     parser.add_argument("--summaries", type=int, default=200)
     parser.add_argument("--reply-mib", type=int, default=256)
+    parser.add_argument("--rounds", type=int, default=1, help="repeat everything (fuzz seeds 13, 14, ...)")
     parser.add_argument("--only", nargs="*", choices=sorted(ATTACKS))
     parser.add_argument("--out", default=str(REPO / "bench" / "results" / "attacks.json"))
     args = parser.parse_args(argv)
     cluster = TestCluster()
     cluster.start()
-    results = {}
-    baseline = DaemonWatch(cluster).sample()
-    results["baseline"] = {**classify(cluster, submit_victims(cluster, args.jobs)),
-                           "rss_mib_max": round(baseline[0] / 1024, 1),
-                           "threads_max": baseline[1]}
-    for name in args.only or ATTACKS:
-        started = time.monotonic()
-        results[name] = ATTACKS[name](cluster, args)
-        results[name]["seconds"] = round(time.monotonic() - started, 1)
-        print(f"{name}: {json.dumps(results[name])}", flush=True)
+    rounds = [run_round(cluster, args, 13 + i) for i in range(args.rounds)]
     print()
-    print(table(results))
+    print(table(rounds))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"recorded": time.strftime("%Y-%m-%dT%H:%M:%SZ",
                                                                     time.gmtime()),
-                                          "args": vars(args), "results": results}, indent=2)
+                                          "args": vars(args), "rounds": rounds}, indent=2)
                               + "\n")
     return 0
 

@@ -1,5 +1,7 @@
 """A small, fast subset of the fault and attack suite (``bench/attacks.py``) on the real
-cluster: a user provoking refusals, protocol fuzz, a bad reload, kill -9 during ingest."""
+cluster: a user provoking refusals, protocol fuzz, a bad reload. (kill -9 during ingest
+restarts the daemon, which takes tens of seconds on a loaded 2-core runner: it runs in the
+bench, not here; its parts are covered by tests/unit/test_durable.py and test_hardening.py.)"""
 
 from __future__ import annotations
 
@@ -29,9 +31,3 @@ def test_a_reload_with_a_misspelt_feature_is_refused_and_jobs_still_share(cluste
     result = attacks.bad_reload(cluster, jobs=4)
     assert result["reload_refused"]
     assert (result["rejected"], result["half_applied"], result["rewritten"]) == (0, 0, 4)
-
-
-def test_kill_9_of_the_daemon_during_ingest_loses_no_summary(cluster):
-    result = attacks.daemon_kill_during_ingest(cluster, summaries=40)
-    assert result["lost_summaries"] == 0 and result["stored"] == 40
-    cluster.wait_hook()

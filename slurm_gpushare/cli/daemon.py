@@ -40,9 +40,14 @@ def ping_command(config_path: str | None, socket_path: str | None, as_json: bool
         elapsed = (time.perf_counter() - started) * 1000
     except OSError as exc:
         raise click.ClickException(f"daemon not reachable on {socket_path}: {exc.strerror or exc}")
+    except ValueError:
+        raise click.ClickException(f"daemon on {socket_path} sent an unreadable reply") from None
     if as_json:
         click.echo(json.dumps({**reply, "round_trip_ms": round(elapsed, 3)}))
-    else:
+    if not isinstance(reply, dict) or reply.get("ok") is not True:
+        error = reply.get("error") if isinstance(reply, dict) else "no reply"
+        raise click.ClickException(f"daemon on {socket_path} answers but fails: {error}")
+    if not as_json:
         click.echo(f"daemon {reply.get('version')} on {socket_path}: {elapsed:.2f} ms; "
                    f"counters {reply.get('counters')}")
 

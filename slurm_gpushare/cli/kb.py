@@ -29,7 +29,6 @@ import io
 import json
 import math
 import os
-from itertools import combinations
 from pathlib import Path
 from typing import Any
 

@@ -52,6 +52,16 @@ class DaemonConfig:
     max_request_bytes: int = 1 << 20
     # A client that sends nothing for this long is disconnected (the hook keeps its connection).
     idle_timeout_s: float = 300.0
+    # Once a request line has begun, all of it must arrive within this (slow senders dropped).
+    request_timeout_s: float = 2.0
+    # Open connections on the main socket (slurmctld, agents, admins); one more is refused.
+    max_connections: int = 256
+    # The query socket (any local user): open connections in all, per user, request size and
+    # requests per second per user.
+    query_max_connections: int = 64
+    query_connections_per_uid: int = 4
+    query_max_request_bytes: int = 65536
+    query_rate_per_s: float = 20.0
     log_file: str = ""  # empty: stderr
     log_level: str = "info"
     state_dir: str = "/var/lib/slurm-gpushare"
@@ -84,6 +94,9 @@ class PolicyConfig:
     # A running share seen above its memory (shards set no hardware limit): "log" it, or also
     # "requeue" the job (scontrol requeue), so its co-runners keep their memory.
     on_share_exceeded: str = "log"
+    # Requeues of one job for going above its share (each re-sized to its peak + hint_margin,
+    # or a whole GPU); after that it is left to run.
+    max_requeues: int = 2
 
 
 @dataclass(frozen=True)
@@ -93,7 +106,15 @@ class HookConfig:
     timeout_ms: int = 50
     breaker_failures: int = 3  # consecutive failures that open the circuit breaker
     breaker_cooldown_s: float = 30.0  # how long jobs pass untouched before probing again
+    # The breaker also opens when, over the last breaker_window answers, at least
+    # breaker_failure_rate of them failed or their mean latency exceeded breaker_slow_ms.
+    # Only the daemon's health counts (timeouts, connection errors, unreadable replies),
+    # never a job's own refusal.
+    breaker_window: int = 20
+    breaker_failure_rate: float = 0.5
+    breaker_slow_ms: float = 20.0
     max_script_bytes: int = 65536  # script bytes sent for the keyed digest (never stored)
+    max_reply_bytes: int = 65536  # a longer reply line is unreadable (bounded Lua memory)
 
 
 @dataclass(frozen=True)
@@ -111,7 +132,11 @@ class Config:
         return None
 
     def hook_settings(self) -> dict[str, Any]:
-        return {"socket": self.daemon.socket, **_asdict(self.hook)}
+        # max_share_count: the most shards (or MPS percent) one GPU has; a larger count in a
+        # decision cannot be valid here and the hook refuses it.
+        counts = [100 if g.sharing == "mps" else g.memory_gib for g in self.gpu_types]
+        return {"socket": self.daemon.socket, **_asdict(self.hook),
+                "max_share_count": max(counts, default=100)}
 
 
 def _asdict(obj) -> dict[str, Any]:
@@ -176,11 +201,50 @@ def parse_config(raw: dict[str, Any], path: str = "") -> Config:
         raise ConfigError('[policy] on_share_exceeded must be "log" or "requeue"')
     if config.policy.first_run not in FIRST_RUN_POLICIES:
         raise ConfigError(f"[policy] first_run must be one of {', '.join(FIRST_RUN_POLICIES)}")
-    if config.policy.default_share_gib <= 0:
-        raise ConfigError("[policy] default_share_gib must be positive")
-    if config.hook.timeout_ms <= 0:
-        raise ConfigError("[hook] timeout_ms must be positive")
+    _check_ranges(config)
     return config
+
+
+# (section, key, lowest, highest): values outside are configuration errors, not surprises.
+RANGES = (
+    ("daemon", "max_request_bytes", 4096, 64 << 20),
+    ("daemon", "idle_timeout_s", 1, 86400),
+    ("daemon", "request_timeout_s", 0.05, 60),
+    ("daemon", "max_connections", 4, 65536),
+    ("daemon", "query_max_connections", 1, 65536),
+    ("daemon", "query_connections_per_uid", 1, 1024),
+    ("daemon", "query_max_request_bytes", 4096, 64 << 20),
+    ("daemon", "query_rate_per_s", 0.1, 100000),
+    ("daemon", "view_refresh_s", 0.5, 3600),
+    ("policy", "default_share_gib", 1, 4096),
+    ("policy", "hint_margin", 0, 10),
+    ("policy", "gpu_time_budget_pct", 0, 100),
+    ("policy", "max_requeues", 0, 100),
+    # slurmctld holds its locks while the hook waits: a second is already far too long.
+    ("hook", "timeout_ms", 1, 1000),
+    ("hook", "breaker_failures", 1, 1000),
+    ("hook", "breaker_cooldown_s", 0.1, 86400),
+    ("hook", "breaker_window", 2, 1000),
+    ("hook", "breaker_failure_rate", 0.01, 1),
+    ("hook", "breaker_slow_ms", 1, 1000),
+    ("hook", "max_script_bytes", 0, 64 << 20),
+    ("hook", "max_reply_bytes", 1024, 16 << 20),
+)
+
+
+def _check_ranges(config: Config) -> None:
+    for section, key, low, high in RANGES:
+        value = getattr(getattr(config, section), key)
+        if not low <= value <= high:
+            raise ConfigError(f"[{section}] {key} = {value} is out of range ({low} to {high})")
+    if config.daemon.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+        raise ConfigError("[daemon] log_level must be debug, info, warning, error or critical")
+    for uid in config.daemon.allowed_uids:
+        if isinstance(uid, bool) or not isinstance(uid, int) or not 0 <= uid < 2**32:
+            raise ConfigError("[daemon] allowed_uids must be uids (non-negative integers)")
+    for name in config.policy.sharing_partitions:
+        if not isinstance(name, str) or not name:
+            raise ConfigError("[policy] sharing_partitions must be partition names")
 
 
 def load_config(path: str | os.PathLike | None = None) -> Config:

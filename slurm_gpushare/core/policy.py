@@ -49,6 +49,7 @@ class NodeView:
     gpu_classes: tuple[tuple[int, ...], ...] = ()
     # Ids of the jobs sharing its GPUs, for a PairCompatibility (the daemon: decision ids).
     resident_jobs: tuple[str, ...] = ()
+    features: tuple[str, ...] = ()  # the node's features where the view knows them (daemon)
 
 
 class ClusterView(Protocol):

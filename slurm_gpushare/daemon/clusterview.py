@@ -23,21 +23,23 @@ from slurm_gpushare.slurm.jobs import lookup_job
 log = logging.getLogger("slurm_gpushare.daemon.clusterview")
 
 
-def read_nodes(config: Config, timeout: float = 10.0) -> dict[str, tuple[str, tuple[str, ...], int]]:
-    """node -> (GPU type, partitions, GPUs), the type found among the node's features."""
+def read_nodes(config: Config, timeout: float = 10.0
+               ) -> dict[str, tuple[str, tuple[str, ...], int, tuple[str, ...]]]:
+    """node -> (GPU type, partitions, GPUs, features), the type found among the features."""
     out = cmd.output(["sinfo", "-h", "-N", "-o", "%N|%f|%P|%G"], timeout=timeout)
     if out is None:
         return {}
     by_feature = {g.feature: g.name for g in config.gpu_types}
-    nodes: dict[str, tuple[str, set[str], int]] = {}
+    nodes: dict[str, tuple[str, set[str], int, tuple[str, ...]]] = {}
     for line in out.splitlines():
         name, features, partition, gres = (line.split("|") + ["", "", ""])[:4]
-        gpu_type = next((by_feature[f] for f in features.split(",") if f in by_feature), "")
+        feature_list = tuple(f for f in features.split(",") if f and f != "(null)")
+        gpu_type = next((by_feature[f] for f in feature_list if f in by_feature), "")
         gpus = sum(int(m.group(1)) for m in re.finditer(r"(?:^|,)gpu:(?:[^:,(]+:)?(\d+)", gres))
-        entry = nodes.setdefault(name, (gpu_type, set(), gpus))
+        entry = nodes.setdefault(name, (gpu_type, set(), gpus, feature_list))
         entry[1].add(partition.rstrip("*"))
-    return {name: (gpu_type, tuple(sorted(parts)), gpus)
-            for name, (gpu_type, parts, gpus) in nodes.items()}
+    return {name: (gpu_type, tuple(sorted(parts)), gpus, features)
+            for name, (gpu_type, parts, gpus, features) in nodes.items()}
 
 
 def running_shares(squeue_out: str) -> dict[str, str]:
@@ -84,6 +86,9 @@ class SlurmClusterView:
         self.config = config
         self.interval_s = interval_s
         self._nodes: tuple[NodeView, ...] = ()
+        # Every node's features and partitions (GPU nodes or not), for config checks on reload.
+        self.all_features: frozenset[str] = frozenset()
+        self.all_partitions: frozenset[str] = frozenset()
         self._classes: dict[str, int | None] = {}  # job id -> class, read once per share
         self._decisions: dict[str, str] = {}  # job id -> decision id (the pair predictor's key)
         self._stop = threading.Event()
@@ -107,11 +112,14 @@ class SlurmClusterView:
         for job_id, node in shares.items():
             if self._decisions.get(job_id):
                 decisions.setdefault(node, []).append(self._decisions[job_id])
+        self.all_features = frozenset(f for info in node_info.values() for f in info[3])
+        self.all_partitions = frozenset(p for info in node_info.values() for p in info[1])
         self._nodes = tuple(
             NodeView(name=name, gpu_type=gpu_type, partitions=parts, gpus=gpus,
                      resident_classes=tuple(residents.get(name, ())),
-                     resident_jobs=tuple(decisions.get(name, ())))
-            for name, (gpu_type, parts, gpus) in sorted(node_info.items()) if gpu_type)
+                     resident_jobs=tuple(decisions.get(name, ())), features=features)
+            for name, (gpu_type, parts, gpus, features) in sorted(node_info.items())
+            if gpu_type)
         return True
 
     def start(self) -> None:

@@ -26,23 +26,24 @@ class Learner:
         self.count = count
         self.pairing = pairing  # daemon.pairing.Pairing: per-job corrections from co-runs
 
-    def requeue(self, job_id: str) -> None:
-        """On the writer thread: requeue a job that outgrew its share (its next run is sized
-        from the new peak)."""
+    def requeue(self, job_id: str, peak_mib: float, config: Config) -> None:
+        """On the writer thread: requeue a job that outgrew its share, re-sized from its peak
+        (``requeue.requeue_resized``)."""
+        from slurm_gpushare.daemon.requeue import requeue_resized
+
         try:
-            result = cmd.run(["scontrol", "requeue", job_id])
-            ok, detail = result.ok, (result.stderr or result.stdout).strip()
-        except cmd.SlurmError as exc:
+            job = lookup_job(job_id)
+            ok, detail = (requeue_resized(job, peak_mib, config) if job is not None
+                          else (False, "job not found"))
+        except (cmd.SlurmError, ValueError) as exc:
             ok, detail = False, str(exc)
         self.count("requeued" if ok else "requeue-failed")
         event(logging.WARNING if ok else logging.ERROR, "requeued" if ok else "requeue-failed",
                job_id=job_id, detail=detail)
 
-    def ingest(self, summary: dict[str, Any], config: Config) -> None:
-        """On the writer thread: keep the summary and tie the job to its decision, so the
-        summary becomes history under the job's fingerprint keys."""
-        if not self.store.ingest_summary(summary):
-            return
+    def learn(self, summary: dict[str, Any], config: Config) -> None:
+        """On the writer thread, for a summary already stored: tie the job to its decision,
+        so the summary becomes history under the job's fingerprint keys."""
         job_id = str(summary.get("job_id", ""))
         job = lookup_job(job_id) if job_id else None
         linked = bool(job and job.decision_id and self.store.link_decision(

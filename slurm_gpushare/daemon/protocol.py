@@ -51,6 +51,10 @@ def _unset(value: float | None, *markers: int) -> float | None:
     return value
 
 
+# Numbers the hook sends are Slurm's uint32 fields (uid, time limit, counts) or their markers.
+MAX_FIELD_NUMBER = 2**32
+
+
 def _get(job: Mapping[str, Any], name: str, kind: type):
     value = job.get(name)
     if value is None:
@@ -61,7 +65,95 @@ def _get(job: Mapping[str, Any], name: str, kind: type):
         return value
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ProtocolError(f"job.{name} must be a number")
+    if not math.isfinite(value) or not 0 <= value <= MAX_FIELD_NUMBER:
+        raise ProtocolError(f"job.{name} is out of range")
     return value
+
+
+# Limits of a request line, checked before it is decoded (a line is at most
+# max_request_bytes): how deeply objects and arrays may nest, how long a number may be.
+MAX_DEPTH = 8
+MAX_NUMBER_CHARS = 32
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+_NOT_BRACKET = bytes(b for b in range(256) if b not in b"[]{}")
+_INNERMOST = re.compile(rb"\[\]|\{\}")
+_OP = re.compile(rb'"op"\s*:\s*"([a-z_-]{1,16})"')
+_RID = re.compile(rb'"rid"\s*:\s*(\d{1,15}|"[A-Za-z0-9_.:-]{1,64}")')
+
+
+def nesting_depth_exceeds(line: bytes, limit: int = MAX_DEPTH) -> bool:
+    """True if the JSON text nests objects/arrays deeper than ``limit`` (strings ignored).
+    Runs at C speed: innermost bracket pairs are removed ``limit`` times; what is left is too
+    deep (or unbalanced, which the decoder refuses anyway)."""
+    brackets = _STRING.sub(b"", line).translate(None, _NOT_BRACKET)
+    for _ in range(limit):
+        if not brackets:
+            return False
+        brackets, removed = _INNERMOST.subn(b"", brackets)
+        if not removed:
+            return True
+    return bool(brackets)
+
+
+def peek_op(line: bytes) -> str | None:
+    """The op named in a raw request line, found without decoding it (None if absent)."""
+    match = _OP.search(line)
+    return match.group(1).decode() if match else None
+
+
+def check_rid(rid: Any) -> int | str | None:
+    """A request id worth echoing: a small non-negative integer or a short token."""
+    if isinstance(rid, int) and not isinstance(rid, bool) and 0 <= rid < 2**53:
+        return rid
+    if isinstance(rid, str) and re.fullmatch(r"[A-Za-z0-9_.:-]{1,64}", rid):
+        return rid
+    return None
+
+
+def peek_rid(line: bytes) -> int | str | None:
+    """The request id of a raw line that cannot be decoded, so its error reply can carry it."""
+    match = _RID.search(line)
+    if not match:
+        return None
+    text = match.group(1).decode()
+    return check_rid(text.strip('"') if text.startswith('"') else int(text))
+
+
+def _refuse_constant(name: str):
+    raise ProtocolError(f"{name} is not a number this protocol accepts")
+
+
+def _finite_float(text: str) -> float:
+    if len(text) > MAX_NUMBER_CHARS:
+        raise ProtocolError("number too long")
+    value = float(text)
+    if not math.isfinite(value):
+        raise ProtocolError("number out of range")
+    return value
+
+
+def _short_int(text: str) -> int:
+    if len(text) > MAX_NUMBER_CHARS:
+        raise ProtocolError("number too long")
+    return int(text)
+
+
+def decode_line(line: bytes, max_depth: int = MAX_DEPTH) -> Any:
+    """Decode one request line: nesting checked first, numbers finite and short. Raises
+    ProtocolError for anything else, never RecursionError or OverflowError."""
+    if nesting_depth_exceeds(line, max_depth):
+        raise ProtocolError(f"request nests deeper than {max_depth} levels")
+    try:
+        return json.loads(line, parse_constant=_refuse_constant, parse_float=_finite_float,
+                          parse_int=_short_int)
+    except ProtocolError:
+        raise
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        raise ProtocolError("request is not valid JSON") from None
+
+
+# A memory hint above this (1 PiB) is a typo, not a GPU job.
+MAX_HINT_MIB = 1024**3
 
 
 def parse_comment(comment: str, opt_out_token: str, mem_hint_token: str) -> tuple[bool, int | None]:
@@ -77,7 +169,10 @@ def parse_comment(comment: str, opt_out_token: str, mem_hint_token: str) -> tupl
             match = re.fullmatch(r"(\d+(?:\.\d+)?)([KMGTkmgt]?)i?[Bb]?", word[len(mem_hint_token):])
             if match:
                 scale = {"k": 1 / 1024, "m": 1, "g": 1024, "t": 1024**2, "": 1}
-                hint = int(math.ceil(float(match.group(1)) * scale[match.group(2).lower()]))
+                mib = float(match.group(1)[:MAX_NUMBER_CHARS]) * scale[match.group(2).lower()]
+                if not math.isfinite(mib) or mib > MAX_HINT_MIB or len(match.group(1)) > 16:
+                    raise ProtocolError("memory hint out of range")
+                hint = int(math.ceil(mib))
     return opt_out, hint
 
 

@@ -17,6 +17,7 @@ import socket
 import socketserver
 import struct
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +26,11 @@ from slurm_gpushare.core.config import Config, ConfigError, load_config
 from slurm_gpushare.daemon.clusterview import SlurmClusterView
 from slurm_gpushare.daemon.fingerprint import Fingerprinter
 from slurm_gpushare.daemon.logs import event, log, setup_logging
-from slurm_gpushare.daemon.protocol import reply_error
+from slurm_gpushare.daemon.protocol import (ProtocolError, decode_line, peek_op, peek_rid,
+                                            reply_error)
 from slurm_gpushare.daemon.service import Peer, Service
 from slurm_gpushare.daemon.store import Store
+from slurm_gpushare.daemon.validity import config_problem
 from slurm_gpushare.predict.persist import load_classes_model, load_memory_model
 
 
@@ -41,59 +44,132 @@ def peer_uid(sock: socket.socket) -> int:
     return uid
 
 
-class _Handler(socketserver.StreamRequestHandler):
+class _Handler(socketserver.BaseRequestHandler):
+    """One connection: request lines in, reply lines out, within the server's bounds."""
+
     server: "DaemonServer"
+
+    def __init__(self, request, client_address, server, uid: int):
+        self.uid = uid
+        super().__init__(request, client_address, server)
 
     def handle(self) -> None:
         server = self.server
-        uid = peer_uid(self.request)
+        uid = self.uid
         admin = uid in server.admin_uids()
         if not admin and not server.public:
             event(logging.WARNING, "peer-refused", uid=uid)
-            self._send(reply_error("permission denied"))
+            self._send(reply_error("permission denied") | {"rid": None})
             return
         peer = Peer(uid=uid, admin=admin)
-        limit = server.service.config.daemon.max_request_bytes
-        self.request.settimeout(server.service.config.daemon.idle_timeout_s)
+        self.buffer = b""
         while not server.stopping.is_set():
+            daemon_config = server.service.config.daemon
+            limit = server.request_limit()
             try:
-                line = self.rfile.readline(limit + 1)
-            except (socket.timeout, OSError):
-                return
-            if not line:
-                return
-            if len(line) > limit and not line.endswith(b"\n"):
-                self._send(reply_error(f"request larger than {limit} bytes"))
-                event(logging.WARNING, "oversized-request", uid=uid)
+                line = self._read_line(limit, daemon_config.idle_timeout_s,
+                                       daemon_config.request_timeout_s)
+            except _Oversized:
+                self._send(reply_error(f"request larger than {limit} bytes")
+                           | {"rid": peek_rid(self.buffer[:4096])})
+                server.service._count("errors")
                 return  # the rest of the line is unread: the stream cannot be resynchronised
+            except (socket.timeout, OSError):
+                return  # idle, too slow (whole-request deadline) or gone
+            if line is None:
+                return
             if not line.strip():
                 continue
-            try:
-                message = json.loads(line)
-            except (ValueError, UnicodeDecodeError):
-                server.service._count("errors")
-                self._send(reply_error("request is not valid JSON"))
-                continue
-            try:
-                reply = server.service.handle(message, peer)
-            except Exception as exc:  # noqa: BLE001 -- a bug must cost one reply, not the daemon
-                log.exception("internal-error", extra={"fields": {"uid": uid}})
-                reply = reply_error(f"internal error: {type(exc).__name__}")
+            reply = self._reply(line, peer)
             if not self._send(reply):
                 return
 
+    def _reply(self, line: bytes, peer: Peer) -> dict[str, Any]:
+        server = self.server
+        op = peek_op(line)
+        if server.public:
+            # The query socket serves users' read-only ops to everyone who can connect, each
+            # uid at a bounded rate; checked on the raw line, before any decoding.
+            if op not in Service.USER_OPS:
+                server.service._count("refused")
+                return reply_error(f"op {op!r} is not available on this socket"
+                                   if op else "request names no op") | {"rid": peek_rid(line)}
+            if not server.rate.allow(peer.uid):
+                server.service._count("rate-limited")
+                return reply_error("too many requests; slow down") | {"rid": peek_rid(line)}
+        try:
+            message = decode_line(line)
+        except ProtocolError as exc:
+            return server.service.refusal(op, str(exc), peer) | {"rid": peek_rid(line)}
+        return server.service.handle(message, peer)
+
+    def _read_line(self, limit: int, idle_s: float, request_s: float) -> bytes | None:
+        """The next line, or None at end of stream. Waits ``idle_s`` for a request to begin;
+        once it has begun the whole line must arrive within ``request_s`` (a client that
+        trickles bytes is dropped, whatever its pace)."""
+        sock = self.request
+        deadline = time.monotonic() + request_s if self.buffer else None
+        while b"\n" not in self.buffer:
+            if len(self.buffer) > limit:
+                raise _Oversized
+            if deadline is None:
+                sock.settimeout(idle_s)
+            else:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise socket.timeout("request deadline")
+                sock.settimeout(left)
+            chunk = sock.recv(65536)
+            if not chunk:
+                return None
+            if deadline is None:
+                deadline = time.monotonic() + request_s
+            self.buffer += chunk
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        if len(line) > limit:
+            raise _Oversized
+        return line
+
     def _send(self, reply: dict[str, Any]) -> bool:
         try:
-            self.wfile.write(json.dumps(reply, separators=(",", ":")).encode() + b"\n")
-            self.wfile.flush()
+            self.request.settimeout(self.server.service.config.daemon.request_timeout_s)
+            self.request.sendall(json.dumps(reply, separators=(",", ":")).encode() + b"\n")
             return True
         except OSError:
             return False
 
 
+class _Oversized(Exception):
+    pass
+
+
+class RateLimit:
+    """A token bucket per uid: ``rate`` requests a second on average, bursts of ``burst``."""
+
+    def __init__(self, rate: float, burst: float):
+        self.rate, self.burst = rate, burst
+        self.buckets: dict[int, tuple[float, float]] = {}
+        self.lock = threading.Lock()
+
+    def allow(self, uid: int) -> bool:
+        now = time.monotonic()
+        with self.lock:
+            tokens, last = self.buckets.get(uid, (self.burst, now))
+            tokens = min(self.burst, tokens + (now - last) * self.rate)
+            allowed = tokens >= 1
+            self.buckets[uid] = (tokens - 1 if allowed else tokens, now)
+            if len(self.buckets) > 10_000:  # forget idle users
+                self.buckets = {u: b for u, b in self.buckets.items() if now - b[1] < 60}
+            return allowed
+
+
 class DaemonServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     """One listening socket. The main one is 0600 (slurmctld, prolog/epilog, admins); the
-    public query socket is 0666 and serves only Service.USER_OPS, for the caller's uid."""
+    public query socket is 0666 and serves only Service.USER_OPS, for the caller's uid.
+
+    Bounded: at most ``max_connections`` open connections (the query socket also at most
+    ``query_connections_per_uid`` per user, and ``query_rate_per_s`` requests a second per
+    user); one more is answered with an error and closed, without a thread."""
 
     daemon_threads = True
     allow_reuse_address = True
@@ -105,7 +181,11 @@ class DaemonServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
         self.service = service
         self.public = public
         self.stopping = stopping or threading.Event()
-        path = service.config.daemon.query_socket if public else service.config.daemon.socket
+        daemon_config = service.config.daemon
+        self.rate = RateLimit(daemon_config.query_rate_per_s, 2 * daemon_config.query_rate_per_s)
+        self.open: dict[int, int] = {}  # uid -> open connections
+        self.open_lock = threading.Lock()
+        path = daemon_config.query_socket if public else daemon_config.socket
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         _remove_stale_socket(path)
         old_umask = os.umask(0o177)  # the socket is born 0600: no window where others can connect
@@ -117,6 +197,60 @@ class DaemonServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
 
     def admin_uids(self) -> set[int]:
         return {0, os.getuid(), *self.service.config.daemon.allowed_uids}
+
+    def request_limit(self) -> int:
+        daemon_config = self.service.config.daemon
+        if self.public:
+            return min(daemon_config.max_request_bytes, daemon_config.query_max_request_bytes)
+        return daemon_config.max_request_bytes
+
+    def process_request(self, request, client_address) -> None:
+        """Admit the connection within the caps (else one error line, closed), then serve it
+        on its own thread."""
+        try:
+            uid = peer_uid(request)
+        except OSError:
+            self.shutdown_request(request)
+            return
+        daemon_config = self.service.config.daemon
+        cap = daemon_config.query_max_connections if self.public else daemon_config.max_connections
+        with self.open_lock:
+            total = sum(self.open.values())
+            refused = total >= cap or (self.public and self.open.get(uid, 0)
+                                       >= daemon_config.query_connections_per_uid)
+            if not refused:
+                self.open[uid] = self.open.get(uid, 0) + 1
+        if refused:
+            self.service._count("connections-refused")
+            try:
+                request.setblocking(False)
+                request.send(json.dumps(reply_error("too many connections") | {"rid": None})
+                             .encode() + b"\n")
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            return
+        try:
+            threading.Thread(target=self._serve_connection, args=(request, client_address, uid),
+                             daemon=True).start()
+        except RuntimeError:  # no thread to be had: refuse, do not crash the accept loop
+            self._release(uid)
+            self.shutdown_request(request)
+
+    def _serve_connection(self, request, client_address, uid: int) -> None:
+        try:
+            _Handler(request, client_address, self, uid)
+        except Exception:  # noqa: BLE001
+            log.exception("connection-error", extra={"fields": {"uid": uid}})
+        finally:
+            self.shutdown_request(request)
+            self._release(uid)
+
+    def _release(self, uid: int) -> None:
+        with self.open_lock:
+            self.open[uid] -= 1
+            if not self.open[uid]:
+                del self.open[uid]
 
     def server_close(self) -> None:
         super().server_close()
@@ -162,6 +296,11 @@ def serve(config_path: str | None) -> None:
             new = load_config(config.path)
         except ConfigError as exc:
             event(logging.ERROR, "reload-failed", error=str(exc))
+            return
+        problem = config_problem(new, view.all_features, view.all_partitions)
+        if problem is not None:
+            event(logging.ERROR, "reload-refused", config=new.path, problem=problem,
+                   detail="the running configuration stays")
             return
         if (new.daemon.socket, new.daemon.query_socket, new.daemon.state_dir) != (
                 service.config.daemon.socket, service.config.daemon.query_socket,

@@ -14,14 +14,17 @@ from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
-from slurm_gpushare import __version__
+from slurm_gpushare import PROTOCOL_VERSION, __version__
 from slurm_gpushare.core.config import Config
 from slurm_gpushare.core.policy import decide
+from slurm_gpushare.core.types import Decision, JobRequest
 from slurm_gpushare.daemon.fingerprint import Fingerprinter
 from slurm_gpushare.daemon.learning import Learner
 from slurm_gpushare.daemon.logs import event, log
-from slurm_gpushare.daemon.protocol import ProtocolError, parse_request, reply_error, reply_ok
-from slurm_gpushare.daemon.store import Store
+from slurm_gpushare.daemon.protocol import (ProtocolError, check_rid, parse_request, reply_error,
+                                            reply_ok)
+from slurm_gpushare.daemon.store import Store, StoreError, clean_summary
+from slurm_gpushare.daemon.validity import decision_problem
 from slurm_gpushare.predict.history import HistoryEstimator
 from slurm_gpushare.predict.persist import load_classes_model, load_memory_model
 from slurm_gpushare.slurm.jobs import lookup_job
@@ -70,6 +73,38 @@ class RecordWriter:
         self.thread.join(5)
 
 
+class LogBudget:
+    """At most ``per_second`` log lines a second; counts what it suppressed."""
+
+    def __init__(self, per_second: int):
+        self.per_second = per_second
+        self._second = 0
+        self._used = 0
+        self._suppressed = 0
+        self._lock = threading.Lock()
+
+    def allow(self) -> bool:
+        with self._lock:
+            now = int(time.monotonic())
+            if now != self._second:
+                self._second, self._used = now, 0
+            if self._used < self.per_second:
+                self._used += 1
+                return True
+            self._suppressed += 1
+            return False
+
+    def take_suppressed(self) -> int:
+        with self._lock:
+            taken, self._suppressed = self._suppressed, 0
+            return taken
+
+
+def refused_keep(reason: str, code: str = "bad-request") -> Decision:
+    """The answer to a decide that cannot be decided: the job stays exactly as submitted."""
+    return Decision(action="keep", code=code, reason=reason)
+
+
 @dataclass(frozen=True)
 class Peer:
     uid: int
@@ -103,6 +138,7 @@ class Service:
             self.estimator.estimate([], config)  # warm-up: first calls pay for imports
         self.counters: Counter[str] = Counter()
         self._lock = threading.Lock()
+        self._error_log = LogBudget(per_second=5)
         if store is not None:
             from slurm_gpushare.daemon.pairing import Pairing
 
@@ -116,12 +152,39 @@ class Service:
         return self.fingerprinter.digest
 
     def handle(self, message: Any, peer: Peer | None = None) -> dict[str, Any]:
+        """One reply for one decoded request; every reply carries the request's ``rid``.
+
+        A ``decide`` that cannot be decided because of the request itself (malformed, out of
+        range) is answered as a ``keep`` with the reason: it is that job's problem, not the
+        daemon's, so the hook must not count it against the daemon's health."""
         peer = peer or Peer(uid=os.getuid(), admin=True)
-        rid = message.get("rid") if isinstance(message, dict) else None
-        reply = self._handle(message, peer)
-        if rid is not None:
-            reply["rid"] = rid
+        rid = check_rid(message.get("rid")) if isinstance(message, dict) else None
+        op = message.get("op") if isinstance(message, dict) else None
+        try:
+            reply = self._handle(message, peer)
+        except ProtocolError as exc:
+            versioned = isinstance(message, dict) and message.get("v") == PROTOCOL_VERSION
+            reply = self.refusal(op if versioned else None, str(exc), peer)
+        except Exception as exc:  # noqa: BLE001 -- a bug must cost one reply, not the daemon
+            self._count("internal-errors")
+            log.exception("internal-error", extra={"fields": {"uid": peer.uid, "op": str(op)[:16]}})
+            reply = (reply_ok(refused_keep(f"daemon error: {type(exc).__name__}",
+                                           code="daemon-error"))
+                     if op == "decide" else reply_error(f"internal error: {type(exc).__name__}"))
+        reply["rid"] = rid
         return reply
+
+    def refusal(self, op: Any, error: str, peer: Peer) -> dict[str, Any]:
+        """The reply to a request that is the client's mistake: for ``decide`` a keep (the job
+        stays as submitted), else an error. Logged at most a few lines a second (a flood must
+        not fill the disk), never with a traceback."""
+        self._count("errors")
+        if self._error_log.allow():
+            event(logging.WARNING, "bad-request", error=error[:200], uid=peer.uid,
+                  suppressed=self._error_log.take_suppressed())
+        if op == "decide":
+            return reply_ok(refused_keep(f"request refused: {error[:200]}"))
+        return reply_error(error[:200])
 
     def _count(self, key: str) -> None:
         with self._lock:
@@ -129,28 +192,42 @@ class Service:
 
     def _handle(self, message: Any, peer: Peer) -> dict[str, Any]:
         config = self.config  # one consistent config for the whole request, even across reload
-        op = message.get("op") if isinstance(message, dict) else None
+        if not isinstance(message, dict):
+            raise ProtocolError("request must be a JSON object")
+        if message.get("v") != PROTOCOL_VERSION:
+            raise ProtocolError(f"unsupported protocol version {str(message.get('v'))[:16]!r} "
+                                f"(daemon speaks {PROTOCOL_VERSION})")
+        op = message.get("op")
+        if not isinstance(op, str):
+            raise ProtocolError("op must be a string")
         if not peer.admin and op not in self.USER_OPS:
             self._count("refused")
-            return reply_error(f"op {op!r} is not available on this socket")
-        try:
-            if op == "ingest":
-                return self._ingest(message)
-            if op == "overrun":
-                return self._overrun(message)
-            if op == "job":
-                return self._job(message, peer)
-            op, request = parse_request(message, opt_out_token=config.policy.opt_out_token,
-                                        mem_hint_token=config.policy.mem_hint_token,
-                                        digest=self.digest)
-        except ProtocolError as exc:
-            self._count("errors")
-            event(logging.WARNING, "bad-request", error=str(exc))
-            return reply_error(str(exc))
+            return reply_error(f"op {op[:16]!r} is not available on this socket")
+        if op == "ingest":
+            return self._ingest(message)
+        if op == "overrun":
+            return self._overrun(message)
+        if op == "job":
+            return self._job(message, peer)
+        op, request = parse_request(message, opt_out_token=config.policy.opt_out_token,
+                                    mem_hint_token=config.policy.mem_hint_token,
+                                    digest=self.digest)
         if op == "ping":
             with self._lock:
                 counters = dict(self.counters)
+            problem = self._self_test(config)
+            if problem:
+                return reply_error(f"daemon cannot decide: {problem}") | {
+                    "version": __version__, "counters": counters}
             return reply_ok(version=__version__, counters=counters)
+        deadline = message.get("deadline")
+        if op == "decide" and isinstance(deadline, (int, float)) and time.time() > deadline:
+            # The hook gave up on this request long ago (it sat in the socket's backlog while
+            # the daemon was stopped) and let the job through as submitted: decide nothing and
+            # record nothing, or a decision row would describe a job that ran unchanged.
+            self._count("expired")
+            return reply_ok(refused_keep("request arrived after the hook's deadline",
+                                         code="expired"))
         if not peer.admin:
             # A user may ask what would happen to a job of theirs, never of someone else's.
             request = replace(request, uid=peer.uid, user=_user_name(peer.uid))
@@ -169,6 +246,15 @@ class Service:
             knowledge = self.pairing.compatibility(keys.sizing_keys()) or knowledge
         decision = decide(request, config, estimate=estimate, view=self.view,
                           knowledge=knowledge, decision_id=decision_id)
+        problem = decision_problem(decision, request, config,
+                                   self.view.nodes() if self.view is not None else ())
+        if problem is not None:
+            # The configuration does not match the cluster: Slurm would reject this share.
+            self._count("invalid-decisions")
+            if self._error_log.allow():
+                event(logging.ERROR, "invalid-decision", id=decision_id, problem=problem)
+            decision = refused_keep(f"no valid share for this cluster: {problem}",
+                                    code="invalid-decision")
         elapsed_us = int((time.perf_counter() - started) * 1e6)
         self._count(f"{op}:{decision.action}")
         event(logging.INFO, "decision" if op == "decide" else "explain",
@@ -178,7 +264,7 @@ class Service:
                gpu_types=list(decision.gpu_types), writes=dict(decision.writes),
                job_class=estimate.job_class if estimate else None, history=history,
                decide_us=elapsed_us)
-        if op == "decide":
+        if op == "decide" and problem is None:
             self.records.put(self.store.record_decision, {
                 **decision.to_dict(), "ts": time.time(), "uid": request.uid,
                 "account": request.account, "partition": request.partition,
@@ -186,28 +272,56 @@ class Service:
                 "job_class": estimate.job_class if estimate else None})
         return reply_ok(decision)
 
+    def _self_test(self, config: Config) -> str | None:
+        """Decide a plain one-GPU job end to end (history lookup, policy, validity) without
+        recording it; the reason it fails, or None. ``ping`` answers with it, so a daemon
+        that answers pings but cannot decide is reported as broken."""
+        try:
+            request = JobRequest(uid=os.getuid(), user="gpushare-self-test",
+                                 partition=next(iter(config.policy.sharing_partitions), ""),
+                                 tres_per_node="gres:gpu:1")
+            estimate = (self.estimator.estimate([], config)[0]
+                        if self.estimator is not None else None)
+            decision = decide(request, config, estimate=estimate, view=self.view,
+                              knowledge=self.learner.knowledge if self.learner else None)
+            decision_problem(decision, request, config,
+                             self.view.nodes() if self.view is not None else ())
+        except Exception as exc:  # noqa: BLE001 -- any failure here is the answer
+            return f"{type(exc).__name__}: {str(exc)[:200]}"
+        if not self.records.thread.is_alive():
+            return "the record writer has stopped"
+        return None
+
     def _ingest(self, message: dict[str, Any]) -> dict[str, Any]:
-        """A job's telemetry summary from the prolog/epilog agent."""
-        summary = message.get("summary")
-        if not isinstance(summary, dict):
-            raise ProtocolError("summary must be an object")
+        """A job's telemetry summary from the prolog/epilog agent. It is checked and committed
+        before the reply: an acknowledged summary survives a crash (the agent spools what is
+        not acknowledged). Learning from it happens later, on the writer thread."""
+        try:
+            summary = clean_summary(message.get("summary"))
+        except StoreError as exc:
+            raise ProtocolError(f"summary refused: {exc}") from None
         if self.learner is not None:
-            self.records.put(self.learner.ingest, summary, self.config)
+            new = self.store.ingest_summary(summary)
+            if new:
+                self.records.put(self.learner.learn, summary, self.config)
         self._count("ingest")
         return reply_ok()
 
     def _overrun(self, message: dict[str, Any]) -> dict[str, Any]:
         """A running share above its memory, reported live by its collector."""
-        job_id = str(message.get("job_id", ""))
-        if not job_id.replace("_", "").isdigit():
+        job_id = message.get("job_id")
+        if not isinstance(job_id, str) or not job_id.replace("_", "").isdigit():
             raise ProtocolError("overrun needs a job_id")
+        peak = message.get("peak_mib")
+        if isinstance(peak, bool) or not isinstance(peak, (int, float)) or not 0 < peak < 2**40:
+            raise ProtocolError("overrun needs peak_mib")
         action = self.config.policy.on_share_exceeded
         self._count("share-overrun")
         event(logging.WARNING, "share-overrun", job_id=job_id, peak_mib=message.get("peak_mib"),
                limit_mib=message.get("limit_mib"), action=action)
         if action == "requeue":
             if self.learner is not None:
-                self.records.put(self.learner.requeue, job_id)
+                self.records.put(self.learner.requeue, job_id, float(peak), self.config)
         return reply_ok(action=action)
 
     def _job(self, message: dict[str, Any], peer: Peer) -> dict[str, Any]:

@@ -20,6 +20,7 @@ Usage::
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import sqlite3
@@ -361,13 +362,30 @@ def _number(value, what: str):
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise StoreError(f"{what} must be a number")
+    # Telemetry is counts, sizes, percentages and times: finite and never negative.
+    if not math.isfinite(value) or not 0 <= value < 2**53:
+        raise StoreError(f"{what} is out of range")
     return value
+
+
+# GPU indices a node may have (NVML's device index).
+MAX_GPU_INDEX = 1023
 
 
 def clean_summary(summary: dict[str, Any]) -> dict[str, Any]:
     """The summary reduced to ``SUMMARY_FIELDS`` with every field checked; raises StoreError."""
     if not isinstance(summary, dict):
         raise StoreError("a summary must be an object")
+    try:
+        out = _clean_summary(summary)
+    except (TypeError, KeyError, AttributeError):
+        raise StoreError("a summary field has the wrong shape") from None
+    if not 0 <= out["gpu_index"] <= MAX_GPU_INDEX:
+        raise StoreError("gpu_index is out of range")
+    return out
+
+
+def _clean_summary(summary: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name in SUMMARY_FIELDS:
         if name not in summary:
@@ -378,10 +396,14 @@ def clean_summary(summary: dict[str, Any]) -> dict[str, Any]:
         elif name in ("cluster", "gpu_uuid", "gpu_model", "attribution"):
             value = _check_name(value, name) if value is not None else None
         elif name == "keys":
+            if not isinstance(value or [], list):
+                raise StoreError("keys must be a list")
             value = [_check_key(k) for k in value or []]
         elif name == "conditions":
             value = [c for c in value or [] if isinstance(c, str) and _CONDITION.match(c)]
         elif name == "coruns":
+            if not isinstance(value or [], list):
+                raise StoreError("coruns must be a list")
             value = [{"job_id": c["job_id"] if c["job_id"] == UNATTRIBUTED
                       else _check_job(c["job_id"]),
                       "overlap_s": _number(c.get("overlap_s"), "overlap_s")}

@@ -35,7 +35,12 @@ local settings = {
   timeout_ms = 50,
   breaker_failures = 3,
   breaker_cooldown_s = 30,
+  breaker_window = 20,
+  breaker_failure_rate = 0.5,
+  breaker_slow_ms = 20,
   max_script_bytes = 65536,
+  max_reply_bytes = 65536,
+  max_share_count = 100,
 }
 
 local function load_settings()
@@ -61,16 +66,53 @@ local conn = nil
 local failures = 0
 local open_until = 0
 local request_id = 0
-local counters = { asked = 0, shared = 0, kept = 0, failed = 0, skipped = 0 }
+local counters = { asked = 0, shared = 0, kept = 0, failed = 0, skipped = 0, refused = 0 }
+-- The last breaker_window round trips: { failed = bool, latency = seconds } (a ring).
+local window = {}
+local window_next = 1
 
 local function drop_connection()
   if conn then pcall(conn.close, conn) end
   conn = nil
 end
 
+-- Read one reply line of at most max_reply_bytes before the deadline. Reads what is there
+-- (non-blocking) and waits with select, so neither a huge nor a trickled reply can hold
+-- slurmctld past the deadline or grow the Lua heap past the cap. Returns line or nil, err.
+local function receive_line(remaining)
+  local parts, size = {}, 0
+  conn:settimeout(0)
+  while true do
+    local data, err, partial = conn:receive(8192)
+    local got = data or partial
+    if got and #got > 0 then
+      local newline = string.find(got, "\n", 1, true)
+      if newline then
+        parts[#parts + 1] = string.sub(got, 1, newline - 1)
+        -- One reply per request: bytes after it belong to no request we made.
+        if newline < #got then drop_connection() end
+        return table.concat(parts)
+      end
+      size = size + #got
+      if size > settings.max_reply_bytes then return nil, "reply too large" end
+      parts[#parts + 1] = got
+    end
+    if err and err ~= "timeout" then return nil, tostring(err) end
+    if not data then
+      local left = remaining()
+      if not left then return nil, "timeout" end
+      local readable, _, select_err = socket.select({ conn }, nil, left)
+      if select_err == "timeout" or not readable or #readable == 0 then return nil, "timeout" end
+    end
+  end
+end
+
 -- One round trip with a deadline over connect + send + receive. Returns reply table or nil, err.
 local function ask_daemon(message)
   local deadline = socket.gettime() + settings.timeout_ms / 1000
+  -- The daemon decides nothing for a request it reads after this (it sat in the backlog of
+  -- a stopped daemon): the job went through as submitted.
+  message.deadline = deadline
   local function remaining()
     local left = deadline - socket.gettime()
     if left <= 0 then return nil end
@@ -94,17 +136,14 @@ local function ask_daemon(message)
     conn:settimeout(left)
     local sent, err = conn:send(line)
     if sent then
-      left = remaining()
-      if not left then drop_connection(); return nil, "timeout" end
-      conn:settimeout(left)
       local reply
-      reply, err = conn:receive("*l")
+      reply, err = receive_line(remaining)
       if reply then return reply end
     end
     drop_connection()
     -- A kept connection may have been closed by the daemon (restart, idle timeout): retry
-    -- once on a fresh one. A timeout is never retried: the deadline is spent.
-    if fresh or err == "timeout" then return nil, tostring(err) end
+    -- once on a fresh one. Nothing else is retried (a timeout has spent the deadline).
+    if fresh or err ~= "closed" then return nil, tostring(err) end
   end
   return nil, "closed"
 end
@@ -192,6 +231,17 @@ local function validate(reply, request)
   if not node_tokens or not tres.mentions(SHARED, writes.tres_per_node) then
     return nil, "share without shard/mps in tres_per_node"
   end
+  -- A count of 0 would silently drop the job's GPU; one above a GPU's capacity never runs.
+  for _, token in ipairs(node_tokens) do
+    if SHARED[token.name] and (token.count < 1 or token.count > settings.max_share_count) then
+      return nil, "share count out of range"
+    end
+  end
+  -- A share always carries its tag: without it its telemetry, reports and requeue are blind.
+  if type(writes.admin_comment) ~= "string"
+      or not string.match(writes.admin_comment, "^gpushare:v%d+:share:") then
+    return nil, "share without its tag"
+  end
   if tres.mentions(GPU, writes.tres_per_node, writes.tres_per_job or request.job.tres_per_job) then
     return nil, "share that still asks for a whole GPU"
   end
@@ -205,14 +255,51 @@ local function validate(reply, request)
   return decision
 end
 
-local function record_failure(uid, why)
+local function open_breaker(why)
+  open_until = socket.gettime() + settings.breaker_cooldown_s
+  window, window_next = {}, 1
+  return string.format("; %s: not asking for %ds", why, settings.breaker_cooldown_s)
+end
+
+-- Record one round trip in the sliding window; returns a note if the breaker opened.
+-- Only the daemon's health is recorded here, never a job refused for its own request.
+local function observe(failed, latency)
+  window[window_next] = { failed = failed, latency = latency }
+  window_next = window_next % settings.breaker_window + 1
+  if #window < settings.breaker_window then return "" end
+  local failed_count, total_latency = 0, 0
+  for _, entry in ipairs(window) do
+    if entry.failed then failed_count = failed_count + 1 end
+    total_latency = total_latency + entry.latency
+  end
+  if failed_count >= settings.breaker_failure_rate * #window then
+    return open_breaker(string.format("%d of the last %d asks failed", failed_count, #window))
+  end
+  local mean_ms = total_latency / #window * 1000
+  if mean_ms > settings.breaker_slow_ms then
+    return open_breaker(string.format("daemon slow (%.1f ms on average)", mean_ms))
+  end
+  return ""
+end
+
+-- The daemon is unhealthy this time: timeout, connection error, unreadable reply.
+local function record_failure(uid, why, latency)
   failures = failures + 1
   counters.failed = counters.failed + 1
-  local note = ""
-  if failures >= settings.breaker_failures then
-    open_until = socket.gettime() + settings.breaker_cooldown_s
-    note = string.format("; not asking for %ds", settings.breaker_cooldown_s)
+  local note = observe(true, latency)
+  if note == "" and failures >= settings.breaker_failures then
+    note = open_breaker(string.format("%d failures in a row", failures))
   end
+  slurm.log_info("gpushare: job left as submitted (uid %s): %s%s", tostring(uid), why, note)
+end
+
+-- The daemon answered, but this job's decision is refused: the job stays as submitted and the
+-- daemon's health is not in question (users can provoke refusals; they must not be able to
+-- switch sharing off for everyone).
+local function record_refusal(uid, why, latency)
+  failures = 0
+  counters.refused = counters.refused + 1
+  local note = observe(false, latency)
   slurm.log_info("gpushare: job left as submitted (uid %s): %s%s", tostring(uid), why, note)
 end
 
@@ -241,15 +328,23 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
     local request = { v = PROTOCOL_VERSION, op = "decide", rid = request_id,
                       job = read_request(job_desc, part_list, submit_uid) }
     counters.asked = counters.asked + 1
+    local started = socket.gettime()
     local line, why = ask_daemon(request)
+    local latency = socket.gettime() - started
     local uid = job_desc.user_id
-    if not line then return record_failure(uid, why) end
+    if not line then return record_failure(uid, why, latency) end
     local parsed_ok, reply = pcall(cjson.decode, line)
-    if not parsed_ok then drop_connection(); return record_failure(uid, "unreadable reply") end
+    if not parsed_ok or type(reply) ~= "table" or reply.v ~= PROTOCOL_VERSION
+        or reply.rid ~= request.rid then
+      drop_connection()
+      return record_failure(uid, "unreadable reply", latency)
+    end
     local decision
     decision, why = validate(reply, request)
-    if not decision then drop_connection(); return record_failure(uid, why) end
+    if not decision then return record_refusal(uid, why, latency) end
     failures = 0
+    local note = observe(false, latency)
+    if note ~= "" then slurm.log_info("gpushare: breaker open%s", note) end
 
     -- All checks passed: write every field now, in one go.
     for _, entry in ipairs(WRITABLE) do
@@ -280,5 +375,5 @@ end
 -- For tests and `slurm-gpushare check-config`: the hook's own view of itself.
 function gpushare_hook_state()
   return { settings = settings, failures = failures, open_until = open_until,
-           counters = counters, connected = conn ~= nil }
+           counters = counters, connected = conn ~= nil, window = #window }
 end

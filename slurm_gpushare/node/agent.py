@@ -54,6 +54,16 @@ def spool_dir(state_dir: str | os.PathLike) -> Path:
     return Path(state_dir) / "spool"
 
 
+def checkpoint_path(state_dir: str | os.PathLike, job_id: str) -> Path:
+    """The running collector's last summaries, for the epilog if the collector dies."""
+    return Path(state_dir) / "agent" / f"job-{job_id}.checkpoint.json"
+
+
+# How often a running collector saves its summaries so far (what a kill -9 can lose).
+CHECKPOINT_S = 30.0
+FIRST_CHECKPOINT_S = 2.0
+
+
 def _log(state_dir: str | os.PathLike, message: str) -> None:
     try:
         path = Path(state_dir) / "agent.log"
@@ -153,10 +163,12 @@ def default_deliver(socket_path: str, spool_path: str | os.PathLike,
     def deliver(summary: dict[str, Any]) -> str:
         try:
             send_to_daemon(summary, socket_path, timeout_s)
-            return "sent"
         except DeliveryError:
             spool(summary, spool_path)
             return "spooled"
+        # The daemon is back: hand it what was spooled while it was not (once per contact).
+        sent, _ = drain_spool(spool_path, lambda s: send_to_daemon(s, socket_path, timeout_s))
+        return f"sent (+{sent} from the spool)" if sent else "sent"
 
     return deliver
 
@@ -204,7 +216,9 @@ def collect(job_id: str, gpus: str | None, *, provider=None, deliver: Deliver,
             max_duration_s: float | None = DEFAULT_MAX_DURATION_S, keys: Iterable[str] = (),
             scenario: str | None = None, log: Callable[[str], None] = lambda m: None,
             notify: Callable[[dict[str, Any]], Any] | None = None,
-            limit_mib: float | None = None) -> int:
+            limit_mib: float | None = None,
+            checkpoint: Callable[[list[dict[str, Any]]], Any] | None = None,
+            checkpoint_s: float = CHECKPOINT_S) -> int:
     """Sample until ``stop`` is set, then deliver one summary per GPU. Returns the number of
     summaries delivered; never raises."""
     from slurm_gpushare.node.telemetry import open_provider
@@ -228,8 +242,21 @@ def collect(job_id: str, gpus: str | None, *, provider=None, deliver: Deliver,
             return 0
         sampler = JobSampler(provider, job_id, indices, cluster=cluster,
                              interval_s=interval_s, keys=keys)
-        watch = (overrun_watch(job_id, limit_mib, notify, log)
-                 if notify is not None and limit_mib else None)
+        overrun = (overrun_watch(job_id, limit_mib, notify, log)
+                   if notify is not None and limit_mib else None)
+        # The first checkpoint a little after the start (short jobs need none), then regularly.
+        saved = [time.monotonic() - checkpoint_s + min(checkpoint_s, FIRST_CHECKPOINT_S)]
+
+        def watch(sampler) -> None:
+            if overrun is not None:
+                overrun(sampler)
+            if checkpoint is not None and time.monotonic() - saved[0] >= checkpoint_s:
+                saved[0] = time.monotonic()
+                try:
+                    checkpoint(sampler.summaries())
+                except Exception as exc:  # noqa: BLE001 -- a full disk must not stop sampling
+                    log(f"job {job_id}: checkpoint failed: {type(exc).__name__}")
+
         sampler.run(stop, max_duration_s=max_duration_s, watch=watch)
         delivered = 0
         for summary in sampler.summaries():
@@ -260,19 +287,59 @@ def run(args: argparse.Namespace, deliver: Deliver | None = None) -> int:
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, lambda *_: stop.set())
+    saved = checkpoint_path(state_dir, args.job_id)
     try:
         deliver = deliver or default_deliver(args.socket, spool_dir(state_dir))
+        _drain_quietly(args)
         # Under slurmd (the prolog started us): the job's share, to report it going above.
         limit = share_limit_mib(args.job_id) if os.environ.get("SLURMD_NODENAME") else None
         collect(args.job_id, args.gpus, deliver=deliver, stop=stop, cluster=args.cluster,
                 interval_s=args.interval, max_duration_s=args.max_duration,
                 keys=[k for k in (args.keys or "").split(",") if k],
                 scenario=args.scenario, log=lambda m: _log(state_dir, m),
-                notify=lambda message: send_message(message, args.socket), limit_mib=limit)
+                notify=lambda message: send_message(message, args.socket), limit_mib=limit,
+                checkpoint=lambda summaries: replace_atomically(
+                    saved, json.dumps(summaries).encode(), mode=0o600))
     finally:
+        saved.unlink(missing_ok=True)
         if _read_pid(pidfile) == os.getpid():
             pidfile.unlink(missing_ok=True)
     return 0
+
+
+def recover(args: argparse.Namespace, why: str) -> None:
+    """The epilog found the job's collector dead (killed, OOM): deliver its last checkpoint,
+    marked, and say so in the log. Samples after the checkpoint are lost."""
+    state_dir, job_id = args.state_dir, args.job_id
+    saved = checkpoint_path(state_dir, job_id)
+    try:
+        summaries = json.loads(saved.read_text())
+    except (OSError, ValueError):
+        _log(state_dir, f"job {job_id}: collector {why}; no checkpoint, its samples are lost")
+        return
+    deliver = default_deliver(args.socket, spool_dir(state_dir))
+    outcomes = []
+    for summary in summaries if isinstance(summaries, list) else []:
+        if isinstance(summary, dict):
+            summary["conditions"] = [*summary.get("conditions", []), "collector-died"]
+            try:
+                outcomes.append(deliver(summary))
+            except Exception as exc:  # noqa: BLE001
+                outcomes.append(f"failed ({type(exc).__name__})")
+    saved.unlink(missing_ok=True)
+    _log(state_dir, f"job {job_id}: collector {why}; delivered its last checkpoint "
+                    f"({len(outcomes)} summaries: {', '.join(outcomes) or 'none'})")
+
+
+def _drain_quietly(args: argparse.Namespace) -> None:
+    """Send what this node spooled while the daemon was away (a new job is a contact)."""
+    try:
+        sent, kept = drain_spool(spool_dir(args.state_dir),
+                                 lambda s: send_to_daemon(s, args.socket))
+        if sent or kept:
+            _log(args.state_dir, f"spool drained: {sent} sent, {kept} kept")
+    except Exception as exc:  # noqa: BLE001
+        _log(args.state_dir, f"spool drain failed: {type(exc).__name__}")
 
 
 def start(args: argparse.Namespace) -> int:
@@ -317,12 +384,16 @@ def stop(args: argparse.Namespace) -> int:
             time.sleep(0.2)
             pid = _read_pid(pidfile)
         if pid is None:
-            _log(state_dir, f"job {job_id}: no collector to stop")
+            if checkpoint_path(state_dir, job_id).exists():
+                recover(args, "gone without its pid file")
+            else:
+                _log(state_dir, f"job {job_id}: no collector to stop")
             return 0
         try:
             os.kill(pid, signal.SIGTERM)
         except ProcessLookupError:
             pidfile.unlink(missing_ok=True)
+            recover(args, f"(pid {pid}) died before the epilog")
             return 0
         deadline = time.monotonic() + max(0.0, args.wait)
         while time.monotonic() < deadline and pidfile.exists() and pid_alive(pid):

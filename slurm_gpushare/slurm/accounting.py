@@ -285,7 +285,22 @@ def parse_psv(text: str, *, progress: bool | None = None) -> list[JobRecord]:
         raise AccountingError(f"sacct field {early[0]} is free text and may contain '|': "
                               "request it last, or not at all")
     rows = _with_progress(reader, len(lines) - 1, progress, "reading sacct")
-    return _fold(_row_to_parts(row) for row in rows)
+    return _fold(_row_to_parts(_checked_row(row, reader.line_num, header)) for row in rows)
+
+
+_ROW_JOB_ID = re.compile(r"^\d+([_+][0-9\[\]\-,%]+)?(\.[\w\-]+)?$")
+
+
+def _checked_row(row: dict[str, Any], line: int, header: list[str]) -> dict[str, Any]:
+    """Refuse a row that was cut short or is not sacct's: a report from it would be wrong."""
+    missing = [name for name in header if row.get(name) is None]
+    if missing:
+        raise AccountingError(f"sacct line {line} is truncated: {len(header) - len(missing)} "
+                              f"of {len(header)} fields (first missing: {missing[0]})")
+    job_id = (row.get("JobID") or "").strip()
+    if job_id and not _ROW_JOB_ID.match(job_id):
+        raise AccountingError(f"sacct line {line} is corrupt: JobID {job_id[:40]!r}")
+    return row
 
 
 def _row_to_parts(row: dict[str, Any]) -> tuple[str, dict[str, Any]]:

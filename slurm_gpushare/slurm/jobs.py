@@ -21,6 +21,7 @@ class SlurmJob:
     admin_comment: str = ""
     state: str = ""
     nodes: str = ""
+    restarts: int = 0  # times Slurm requeued it (scontrol's Restarts=)
 
     @property
     def tag(self) -> Tag | None:
@@ -41,12 +42,14 @@ def lookup_job(job_id: str, timeout: float = 5.0) -> SlurmJob | None:
         uid = re.search(r"\bUserId=\S*?\((\d+)\)", line)
         state = re.search(r"\bJobState=(\S+)", line)
         nodes = re.search(r"\bNodeList=(\S+)", line)
+        restarts = re.search(r"\bRestarts=(\d+)", line)
         # AdminComment is free text; in -o output it runs to the next " Key=" field.
         comment = re.search(r"\bAdminComment=(.*?)(?= \w+=|$)", line)
         return SlurmJob(job_id, int(uid.group(1)) if uid else None,
                         comment.group(1).strip() if comment else "",
                         state.group(1) if state else "",
-                        nodes.group(1) if nodes and nodes.group(1) != "(null)" else "")
+                        nodes.group(1) if nodes and nodes.group(1) != "(null)" else "",
+                        int(restarts.group(1)) if restarts else 0)
     out = cmd.output(["sacct", "-n", "-P", "-X", "-j", job_id, "-o",
                       "JobID,UID,State,NodeList,AdminComment"], timeout=timeout, epoch_times=True)
     if out and out.strip():

@@ -59,6 +59,8 @@ class FakeSocket:
         return len(data)
 
     def receive(self, pattern="*l"):
+        if isinstance(pattern, (int, float)):
+            return self._receive_bytes(int(pattern))
         while b"\n" not in self.buffer:
             try:
                 chunk = self.sock.recv(65536)
@@ -71,6 +73,32 @@ class FakeSocket:
             self.buffer += chunk
         line, self.buffer = self.buffer.split(b"\n", 1)
         return line.decode()
+
+    def _receive_bytes(self, count):
+        """LuaSocket's receive(n): n bytes, or nil, err, partial when fewer came in time."""
+        while len(self.buffer) < count:
+            try:
+                chunk = self.sock.recv(count - len(self.buffer))
+            except (pysocket.timeout, BlockingIOError):
+                partial, self.buffer = self.buffer, b""
+                return None, "timeout", partial.decode("latin-1")
+            except OSError:
+                chunk = b""
+            if not chunk:
+                partial, self.buffer = self.buffer, b""
+                return None, "closed", partial.decode("latin-1")
+            self.buffer += chunk
+        data, self.buffer = self.buffer[:count], self.buffer[count:]
+        return data.decode("latin-1")
+
+    def wait_readable(self, timeout):
+        """socket.select({self}, nil, timeout): True when data (or end of stream) is there."""
+        import select
+
+        if self.buffer:
+            return True
+        ready, _, _ = select.select([self.sock], [], [], max(float(timeout), 0))
+        return bool(ready)
 
     def close(self):
         self.closed = True
@@ -87,9 +115,15 @@ local function wrap(s)
   function obj:send(d) return s.send(d) end
   function obj:receive(p) return s.receive(p) end
   function obj:close() return s.close() end
+  obj._s = s
   return obj
 end
-package.preload["socket"] = function() return { gettime = py_gettime } end
+local function select(recvt, sendt, timeout)
+  -- Only what the hook uses: one socket to read from.
+  if recvt[1]._s.wait_readable(timeout) then return { recvt[1] }, {}, nil end
+  return {}, {}, "timeout"
+end
+package.preload["socket"] = function() return { gettime = py_gettime, select = select } end
 package.preload["socket.unix"] = function()
   return { stream = function() return wrap(py_new_socket()) end }
 end

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -200,9 +201,13 @@ def test_breaker_probes_again_after_cooldown(tmp_path, misbehaving):
 
     config = make_config(tmp_path)
     hook = hook_for(config.daemon.socket, tmp_path, breaker_failures=2, breaker_cooldown_s=0.3)
-    for _ in range(2):
-        hook.submit(job_fields())  # nobody listens yet: two failures open the breaker
+    # Started first (its start may take longer than the cooldown on a loaded machine); its
+    # socket is moved away so that nobody listens at the hook's path for two submissions.
     running = RunningDaemon(config)
+    os.rename(config.daemon.socket, config.daemon.socket + ".away")
+    for _ in range(2):
+        hook.submit(job_fields())  # nobody listens: two failures open the breaker
+    os.rename(config.daemon.socket + ".away", config.daemon.socket)
     try:
         assert hook.submit(job_fields())[1]["tres_per_node"] == "gres:gpu:1"  # still open
         time.sleep(0.35)

@@ -217,3 +217,13 @@ def test_progress_bar_does_not_change_results():
     text = (DATA / "awkward.psv").read_text()
     assert [j.to_dict() for j in parse_psv(text, progress=True)] == [
         j.to_dict() for j in parse_psv(text, progress=False)]
+
+
+@pytest.mark.parametrize("cut,error", [
+    (lambda rows: rows[:-1] + [rows[-1].rsplit("|", 3)[0]], "truncated"),
+    (lambda rows: rows + ["\x00garbage" + rows[-1][rows[-1].index("|"):]], "corrupt"),
+])
+def test_truncated_or_corrupt_rows_are_refused(cut, error):
+    rows = (DATA / "awkward.psv").read_text().splitlines()
+    with pytest.raises(AccountingError, match=error):
+        parse_psv("\n".join(cut(rows)) + "\n")

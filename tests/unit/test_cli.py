@@ -27,7 +27,9 @@ def test_hook_config_writes_the_hooks_settings(tmp_path, capsys):
     settings = json.loads(out.read_text())
     assert settings == {"socket": "/run/slurm-gpushare/daemon.sock", "timeout_ms": 50,
                         "breaker_failures": 3, "breaker_cooldown_s": 30.0,
-                        "max_script_bytes": 65536}
+                        "breaker_window": 20, "breaker_failure_rate": 0.5,
+                        "breaker_slow_ms": 20.0, "max_script_bytes": 65536,
+                        "max_reply_bytes": 65536, "max_share_count": 80}
 
 
 def test_errors_are_one_line_with_nonzero_exit(tmp_path, capsys):
@@ -67,3 +69,13 @@ def test_exit_codes_of_commands_reach_the_caller(tmp_path, capsys):
     conf.write_text("ClusterName=c\nSelectType=select/linear\n")
     assert main(["check-config", "--no-live", "--slurm-conf", str(conf)]) == 1
     assert "error" in capsys.readouterr().out.lower()
+
+
+def test_ping_fails_when_the_daemon_cannot_decide(daemon, capsys):
+    def broken(*args, **kwargs):
+        raise RuntimeError("model file unreadable")
+
+    daemon.service.estimator.estimate = broken
+    assert main(["ping", "--socket", daemon.socket]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot decide: RuntimeError: model file unreadable" in err

@@ -66,7 +66,12 @@ def test_decide_replies_with_a_share_and_echoes_request_id(daemon):
 def test_malformed_requests_get_an_error_and_the_connection_survives(daemon, payload, error):
     with connect(daemon.socket) as sock:
         reply = exchange(sock, payload)
-        assert reply["ok"] is False and error in reply["error"]
+        if b'"decide", "job"' in payload:
+            # The job's own mistake: kept as submitted, with the reason; not a daemon failure.
+            assert reply["ok"] is True and reply["decision"]["action"] == "keep"
+            assert reply["decision"]["writes"] == {} and error in reply["decision"]["reason"]
+        else:
+            assert reply["ok"] is False and error in reply["error"]
         # Same connection still serves a good request afterwards.
         good = exchange(sock, json.dumps({"v": 1, "op": "ping"}).encode() + b"\n")
         assert good["ok"] is True
@@ -106,7 +111,7 @@ def test_peer_credentials_are_checked(tmp_path):
     os.waitpid(pid, 0)
     reply = json.loads(os.read(read_end, 65536) or b"null")
     daemon.stop()
-    assert reply == {"v": 1, "ok": False, "error": "permission denied"}
+    assert reply == {"v": 1, "ok": False, "error": "permission denied", "rid": None}
 
 
 def test_concurrent_clients(daemon):
@@ -266,13 +271,13 @@ def test_overrun_is_logged_and_requeued_when_configured(tmp_path, action):
 
     running = RunningDaemon(make_config(tmp_path, on_share_exceeded=action))
     requeued = []
-    running.service.learner.requeue = requeued.append  # scontrol is not there to call
+    running.service.learner.requeue = lambda job_id, peak, config: requeued.append((job_id, peak))
     try:
         reply = request_once(running.socket, {"v": 1, "op": "overrun", "job_id": "77",
                                               "peak_mib": 9000, "limit_mib": 8192})
         running.service.records.flush()
-        assert reply == {"v": 1, "ok": True, "action": action}
-        assert requeued == (["77"] if action == "requeue" else [])
+        assert reply == {"v": 1, "ok": True, "action": action, "rid": None}
+        assert requeued == ([("77", 9000.0)] if action == "requeue" else [])
         bad = request_once(running.socket, {"v": 1, "op": "overrun", "job_id": "x; rm"})
         assert bad["ok"] is False and "job_id" in bad["error"]
     finally:

@@ -1,0 +1,176 @@
+"""The hook against a daemon that is slow, flaky, verbose or wrong, and against users who
+provoke refusals: jobs always left as submitted, and only the daemon's health trips the
+breaker."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+
+import pytest
+
+from lua_harness import Hook, job_fields
+
+SHARE = {"action": "share", "writes": {"tres_per_node": "gres:shard:4", "features": "a100",
+                                       "admin_comment": "gpushare:v1:share:id=ab12:shard=4"}}
+
+
+class ScriptedDaemon:
+    """A real Unix-socket server that answers each request line per ``answer(n, request)``:
+    a reply dict, bytes to send raw, or None to hang."""
+
+    def __init__(self, path, answer, delay_s=0.0):
+        self.path, self.answer, self.delay_s = path, answer, delay_s
+        self.count = 0
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(path)
+        self.sock.listen(64)
+        self.stopped = False
+        self.conns = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while not self.stopped:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.conns.append(conn)
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn):
+        reader = conn.makefile("rb")
+        try:
+            for line in reader:
+                self.count += 1
+                request = json.loads(line)
+                out = self.answer(self.count, request)
+                if out is None:
+                    time.sleep(5)
+                    return
+                time.sleep(self.delay_s)
+                if isinstance(out, dict):
+                    out = json.dumps({"v": 1, "ok": True, "rid": request["rid"], **out}).encode()
+                conn.sendall(out + b"\n")
+        except (OSError, ValueError):
+            pass
+
+    def stop(self):
+        self.stopped = True
+        self.sock.close()
+        for conn in self.conns:
+            try:
+                conn.close()
+            except OSError:
+                pass
+        os.unlink(self.path)
+
+
+@pytest.fixture
+def scripted(tmp_path):
+    servers = []
+
+    def start(answer, delay_s=0.0):
+        server = ScriptedDaemon(str(tmp_path / f"s{len(servers)}.sock"), answer, delay_s)
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+def hook_for(path, tmp_path, **settings):
+    return Hook({"socket": path, "timeout_ms": 50, "breaker_failures": 3,
+                 "breaker_cooldown_s": 60, "breaker_window": 10, "breaker_slow_ms": 20,
+                 "max_share_count": 80, **settings}, tmp_path)
+
+
+@pytest.mark.parametrize("decision,why", [
+    ({"action": "share", "writes": {**SHARE["writes"], "tres_per_node": "gres:shard:0"}},
+     "share count out of range"),
+    ({"action": "share", "writes": {**SHARE["writes"], "tres_per_node": "gres:shard:81"}},
+     "share count out of range"),
+    ({"action": "share", "writes": {"tres_per_node": "gres:shard:4", "features": "a100"}},
+     "share without its tag"),
+    ({"action": "share", "writes": {**SHARE["writes"], "admin_comment": "gpushare:v1:keep:x"}},
+     "share without its tag"),
+])
+def test_invalid_decisions_are_refused_and_the_job_left_as_submitted(scripted, tmp_path,
+                                                                    decision, why):
+    server = scripted(lambda n, r: {"decision": decision})
+    hook = hook_for(server.path, tmp_path)
+    before = job_fields()
+    assert hook.submit(before) == (0, before)
+    assert why in hook.logs[-1][1]
+
+
+def test_refusals_never_open_the_breaker(scripted, tmp_path):
+    # Every other job is one the daemon refuses (a user provoking errors on purpose); the
+    # rest of the users' jobs must still be shared.
+    refused = {"decision": {"action": "keep", "code": "bad-request", "writes": {},
+                            "reason": "request refused"}}
+    server = scripted(lambda n, r: refused if n % 2 else {"decision": SHARE})
+    hook = hook_for(server.path, tmp_path)
+    shared = 0
+    for _ in range(40):
+        _, after = hook.submit(job_fields())
+        shared += after["tres_per_node"] == "gres:shard:4"
+    assert shared == 20 and hook.state()["open_until"] == 0
+    # Even decisions the hook itself refuses (invalid writes) are the job's, not the daemon's.
+    bad = scripted(lambda n, r: {"decision": {"action": "share", "writes": {"partition": "x"}}})
+    hook = hook_for(bad.path, tmp_path)
+    for _ in range(10):
+        hook.submit(job_fields())
+    assert hook.state()["open_until"] == 0 and hook.state()["counters"]["refused"] == 10
+
+
+def test_a_slow_daemon_opens_the_breaker(scripted, tmp_path):
+    # 40 ms a reply is within the 50 ms deadline, but slurmctld's locks are held throughout.
+    server = scripted(lambda n, r: {"decision": SHARE}, delay_s=0.04)
+    hook = hook_for(server.path, tmp_path)
+    for _ in range(15):
+        hook.submit(job_fields())
+    state = hook.state()
+    assert state["open_until"] > 0 and server.count == 10  # the window of 10, then no more
+    assert any("daemon slow" in message for _, message in hook.logs)
+
+
+def test_a_flaky_daemon_opens_the_breaker(scripted, tmp_path):
+    # Every other request hangs: never three failures in a row, but half of them fail.
+    server = scripted(lambda n, r: None if n % 2 else {"decision": SHARE})
+    hook = hook_for(server.path, tmp_path)
+    for _ in range(15):
+        hook.submit(job_fields())
+    assert hook.state()["open_until"] > 0 and server.count == 10
+
+
+def test_a_healthy_daemon_keeps_the_breaker_closed(scripted, tmp_path):
+    server = scripted(lambda n, r: {"decision": SHARE})
+    hook = hook_for(server.path, tmp_path)
+    for _ in range(30):
+        assert hook.submit(job_fields())[1]["tres_per_node"] == "gres:shard:4"
+    assert hook.state()["open_until"] == 0
+
+
+def test_a_huge_reply_is_cut_at_the_cap_within_the_deadline(scripted, tmp_path):
+    huge = b'{"v":1,"ok":true,"pad":"' + b"x" * (16 << 20) + b'"}'
+    server = scripted(lambda n, r: huge)
+    hook = hook_for(server.path, tmp_path, max_reply_bytes=65536)
+    before = job_fields()
+    started = time.perf_counter()
+    assert hook.submit(before) == (0, before)
+    assert time.perf_counter() - started < 0.2
+    assert "reply too large" in hook.logs[-1][1]
+
+
+def test_requests_carry_the_hooks_deadline(scripted, tmp_path):
+    seen = []
+    server = scripted(lambda n, r: seen.append(r) or {"decision": SHARE})
+    hook = hook_for(server.path, tmp_path)
+    before = time.time()
+    hook.submit(job_fields())
+    assert before < seen[0]["deadline"] <= time.time() + 0.06

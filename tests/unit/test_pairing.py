@@ -115,10 +115,15 @@ def test_ingest_learns_corrections_from_a_measured_co_run(store, monkeypatch):
     learner = learning.Learner(store, None, KnowledgeBase.seeded(), count=lambda _: None,
                                pairing=pairing)
     config = Config(gpu_types=(GpuType("v100", 16),))
-    learner.ingest(summary("20", LIGHT, 5.0, 2.0, duration_s=150.0, keys=[],
+
+    def ingest(done, config):  # as the daemon does: commit, then learn on the writer thread
+        assert store.ingest_summary(done)
+        learner.learn(done, config)
+
+    ingest(summary("20", LIGHT, 5.0, 2.0, duration_s=150.0, keys=[],
                            coruns=[{"job_id": "21", "overlap_s": 150.0}]), config)
     assert pairing.model.suffers_ == {}  # job 21 has not reported yet: nothing to pair with
-    learner.ingest(summary("21", OTHER_LIGHT, 6.0, 3.0, duration_s=61.0, keys=[],
+    ingest(summary("21", OTHER_LIGHT, 6.0, 3.0, duration_s=61.0, keys=[],
                            coruns=[{"job_id": "20", "overlap_s": 61.0}]), config)
     assert pairing.model.suffers_[LIGHT] > 0.3
     assert pairing.compatibility([LIGHT]).compatible_with("dlight") is False

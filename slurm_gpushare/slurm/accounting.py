@@ -92,6 +92,8 @@ class JobRecord:
     tag: str = ""  # the product's AdminComment tag, or ""
     steps: list[StepRecord] = field(default_factory=list)
     gpu_type: str = ""  # filled by ``resolve_gpu_types``
+    # Runs of a requeued job before its final one (``sacct -D`` lists each run, same JobID).
+    earlier_runs: list["JobRecord"] = field(default_factory=list)
 
     # -- what the tag says -----------------------------------------------------------------
     def __post_init__(self):
@@ -190,6 +192,7 @@ class JobRecord:
     def from_dict(cls, data: Mapping[str, Any]) -> "JobRecord":
         data = dict(data)
         data["steps"] = [StepRecord(**s) for s in data.get("steps", [])]
+        data["earlier_runs"] = [cls.from_dict(r) for r in data.get("earlier_runs", [])]
         known = set(cls.__dataclass_fields__)
         return cls(**{k: v for k, v in data.items() if k in known})
 
@@ -312,7 +315,9 @@ def _row_to_parts(row: dict[str, Any]) -> tuple[str, dict[str, Any]]:
 
 
 def _fold(parts: Iterable[tuple[str, dict[str, Any]]]) -> list[JobRecord]:
-    """Job lines become records; step lines join their job's ``steps`` (in any order)."""
+    """Job lines become records; step lines join their job's ``steps`` (in any order). A job
+    id seen more than once (a requeued job under ``sacct -D``) is one job: its latest run,
+    holding the earlier ones in ``earlier_runs``."""
     jobs: dict[str, JobRecord] = {}
     steps: list[tuple[str, StepRecord]] = []
     for job_id, values in parts:
@@ -326,11 +331,29 @@ def _fold(parts: Iterable[tuple[str, dict[str, Any]]]) -> list[JobRecord]:
         elif "[" in job_id:
             continue  # array tasks not yet started ("123_[4-9]"): not jobs until they run
         else:
-            jobs[job_id] = JobRecord(job_id=job_id, **values)
+            _add_run(jobs, JobRecord(job_id=job_id, **values))
     for parent, step in steps:
         if parent in jobs:  # a step without its job line (cut-off output) is dropped
             jobs[parent].steps.append(step)
     return list(jobs.values())
+
+
+def _run_order(job: JobRecord) -> tuple[float, float]:
+    return (job.start if job.start is not None else float("inf"),
+            job.submit if job.submit is not None else float("inf"))
+
+
+def _add_run(jobs: dict[str, JobRecord], record: JobRecord) -> None:
+    held = jobs.get(record.job_id)
+    if held is None:
+        jobs[record.job_id] = record
+        return
+    runs = sorted(held.earlier_runs + [held, record], key=_run_order)
+    latest = runs[-1]
+    for run in runs:
+        run.earlier_runs = []
+    latest.earlier_runs = runs[:-1]
+    jobs[record.job_id] = latest
 
 
 # -- sacct --json (22.05: openapi dbv0.0.38) --------------------------------------------------
@@ -341,10 +364,10 @@ def parse_json(text: str, *, progress: bool | None = None) -> list[JobRecord]:
         raise AccountingError(f"sacct --json output is not JSON: {exc}") from None
     if not isinstance(data, dict) or not isinstance(data.get("jobs"), list):
         raise AccountingError("sacct --json output has no 'jobs' list")
-    jobs = []
+    jobs: dict[str, JobRecord] = {}
     for job in _with_progress(data["jobs"], len(data["jobs"]), progress, "reading sacct"):
-        jobs.append(_json_job(job))
-    return jobs
+        _add_run(jobs, _json_job(job))
+    return list(jobs.values())
 
 
 def _json_job(job: Mapping[str, Any]) -> JobRecord:
@@ -443,7 +466,8 @@ def _with_progress(items: Iterable, total: int, progress: bool | None, what: str
 
 # -- running sacct ---------------------------------------------------------------------------
 def sacct_argv(since: float, until: float, *, as_json: bool = False) -> list[str]:
-    window = ["-a", "-S", _slurm_time(since), "-E", _slurm_time(until)]
+    # -D: every run of a requeued job, each of which held GPUs.
+    window = ["-a", "-D", "-S", _slurm_time(since), "-E", _slurm_time(until)]
     if as_json:
         return ["sacct", *window, "--json"]
     return ["sacct", *window, "-P", "-o", ",".join(SACCT_FIELDS)]

@@ -219,7 +219,10 @@ def test_cli_formats_on_recorded_sacct(tmp_path, capsys):
     assert report["totals"]["failed_shared"] == 3 and report["totals"]["oom_shared"] == 1
     assert main(["report", "--sacct-file", psv, *WINDOW, "--format", "csv", "--by", "user"]) == 0
     rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
-    assert [r["user"] for r in rows] == ["nobody", "root", "all"]
+    assert [r["user"] for r in rows if r["row"] == "summary"] == ["nobody", "root", "all"]
+    job_rows = [r for r in rows if r["row"] == "job"]
+    assert len(job_rows) == report["totals"]["gpu_jobs"]
+    assert {r["job_id"] for r in job_rows} == {j["job_id"] for j in report["jobs"]}
     assert main(["report", "--sacct-file", psv, *WINDOW]) == 0
     out = capsys.readouterr().out
     assert "By account" in out and "physics" in out
@@ -228,6 +231,32 @@ def test_cli_formats_on_recorded_sacct(tmp_path, capsys):
                  "--format", "html", "-o", str(target), "--anonymise", "--by", "user"]) == 0
     page = target.read_text()
     assert page.startswith("<!DOCTYPE html>") and "root" not in page.replace("root:", "")
+
+
+def test_cli_takes_the_store_from_the_config(tmp_path, capsys, store, pair_workload,
+                                             monkeypatch):
+    """Without --store the report reads daemon.state_dir/store.sqlite of the config."""
+    from slurm_gpushare.reports import savings
+
+    state = tmp_path / "state"
+    state.mkdir()
+    config = tmp_path / "gpushare.toml"
+    config.write_text(f'[daemon]\nstate_dir = "{state}"\n')
+    psv = str(DATA / "awkward.psv")
+    monkeypatch.delenv("GPUSHARE_CONFIG", raising=False)
+    assert main(["report", "--sacct-file", psv, *WINDOW, "--format", "json",
+                 "--config", str(config)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["notes"][0].startswith(f"no store at {state / 'store.sqlite'}")
+    seen = []
+    real = savings.build_report
+    monkeypatch.setattr("slurm_gpushare.cli.report.build_report",
+                        lambda *a, **k: seen.append(k["store"]) or real(*a, **k))
+    Store(state / "store.sqlite").close()
+    assert main(["report", "--sacct-file", psv, *WINDOW, "--format", "json",
+                 "--config", str(config)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert seen[0] is not None and not report["notes"][0].startswith("no store")
 
 
 def test_cli_errors_are_one_line(tmp_path, capsys):

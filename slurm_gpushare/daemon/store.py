@@ -432,8 +432,9 @@ def clean_decision(decision: dict[str, Any]) -> dict[str, Any]:
     details = decision.get("details") or {}
     if isinstance(details, dict) and details.get("source") in ("history", "hint", "default"):
         out["source"] = details["source"]
-    memory = details.get("memory_mib") if isinstance(details, dict) else None
-    if isinstance(memory, dict):  # the safe estimate per GPU type: the report's predictor error
-        out["memory_mib"] = {_check_name(t, "gpu type"): _number(v, "memory_mib")
-                             for t, v in list(memory.items())[:32]}
+    for name in ("memory_mib", "runtime_s"):  # per GPU type: what the report checks
+        per_type = details.get(name) if isinstance(details, dict) else None
+        if isinstance(per_type, dict):
+            out[name] = {_check_name(t, "gpu type"): _number(v, name)
+                         for t, v in list(per_type.items())[:32]}
     return out

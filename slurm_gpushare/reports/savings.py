@@ -213,8 +213,19 @@ def solo_from_history(job: JobRecord, view: StoreView | None) -> Solo | None:
     return Solo(float(statistics.median(durations)), "history", len(durations))
 
 
+def solo_from_decision(job: JobRecord, view: StoreView | None) -> float | None:
+    """The run time the daemon predicted for the job on its GPU type when it decided (kept
+    with the decision in the store)."""
+    decision = view.decision(job.decision_id) if view else None
+    return ((decision or {}).get("runtime_s") or {}).get(job.gpu_type)
+
+
 def solo_time(job: JobRecord, view: StoreView | None,
               predictor: SoloPredictor | None) -> Solo | None:
+    """From the job's own solo history, else ``predictor`` (if given), else the daemon's own
+    run-time prediction recorded with the decision; source "history" or "predictor"."""
+    if predictor is None:
+        predictor = lambda j: solo_from_decision(j, view)  # noqa: E731
     found = solo_from_history(job, view)
     if found is None and predictor is not None:
         seconds = predictor(job)
@@ -448,8 +459,7 @@ def verdict(totals: Mapping[str, Any]) -> str:
         return "No job ran on a share in this window: nothing to judge."
     saved = totals["gpu_hours_saved"]
     queue = totals["extra_queue_hours"]
-    costs = [f"{_signed_h(queue)} queueing on shares vs whole GPUs" if queue is not None
-             else "queueing not comparable (no whole-GPU jobs)",
+    costs = [_queue_phrase(queue),
              f"{totals['slowed_jobs']} of {totals['isd_n']} jobs with a known slowdown slowed "
              f"more than {SLOWED_ISD:.0%}",
              f"{totals['overrun_shared']} outgrew their share",
@@ -472,8 +482,13 @@ def verdict(totals: Mapping[str, Any]) -> str:
     return f"{line} {advice}"
 
 
-def _signed_h(hours: float) -> str:
-    return f"{hours:+.2f} h" if abs(hours) >= 0.01 else f"{hours * 3600:+.0f} s"
+def _queue_phrase(hours: float | None) -> str:
+    if hours is None:
+        return "queueing not comparable (shared or whole-GPU jobs missing)"
+    amount = f"{abs(hours):.2f} h" if abs(hours) >= 0.01 else f"{abs(hours) * 3600:.0f} s"
+    if hours >= 0:
+        return f"{amount} extra queueing on shares (vs whole-GPU jobs)"
+    return f"no extra queueing (shares waited {amount} less than whole-GPU jobs)"
 
 
 def _frac(value: float | None) -> str:

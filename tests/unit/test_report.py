@@ -309,6 +309,7 @@ def test_isd_bounds_follow_sacct_resolution_and_small_samples_are_flagged(store,
     assert any("small sample" in n for n in report["notes"])
     assert report["verdict"].startswith("Sharing saved 0.01 GPU-h (8.7%)")
     assert "2 of 2 jobs with a known slowdown slowed more than 20%" in report["verdict"]
+    assert "shares waited" in report["verdict"] or "extra queueing" in report["verdict"]
     assert "Too few shared jobs to judge" in report["verdict"]
 
 

@@ -502,7 +502,7 @@ def node_gpu_types_from_scontrol(text: str) -> dict[str, str]:
     return out
 
 
-def query_node_gpu_types(timeout: float = 30) -> dict[str, str]:
+def query_node_gpu_types(timeout: float = 10) -> dict[str, str]:
     out = cmd.output(["scontrol", "-o", "show", "nodes"], timeout=timeout)
     return node_gpu_types_from_scontrol(out) if out is not None else {}
 
@@ -649,7 +649,7 @@ def ingest(since: float, until: float, *, sacct_file: str | os.PathLike | None =
         jobs = parse_sacct(runner(since, until, as_json=as_json), progress=progress)
         new, source = len(jobs), "sacct"
     jobs = [j for j in jobs if not j.finished or (j.end is not None and since <= j.end <= until)]
-    if node_types is None:
-        node_types = query_node_gpu_types() if sacct_file is None else {}
+    if node_types is None:  # a recorded file too: its nodes are this cluster's, usually
+        node_types = query_node_gpu_types()
     resolve_gpu_types(jobs, node_types)
     return Ingested(jobs=jobs, new=new, source=source)

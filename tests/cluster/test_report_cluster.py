@@ -84,12 +84,13 @@ def test_report_figures_equal_hand_computation(cluster, tmp_path):
     gpus = {frozenset(placements[shared[m]]) for m in shared}
     assert len(gpus) == 1 and len(next(iter(gpus))) == 1, placements
     run = {i: jobs[i].end - jobs[i].start for i in ids}
-    # sacct keeps whole seconds and a loaded host adds start-up time: sleep lengths bound
-    # the run times from below; the hand computation below uses what sacct recorded.
+    # sacct keeps whole seconds and a loaded host adds start-up time (prolog and epilog on
+    # two shared cores: seen up to +6 s): sleep lengths bound the run times from below; the
+    # hand computation below uses what sacct recorded.
     for m, seconds in SOLO_S.items():
-        assert seconds <= run[solo[m]] <= seconds + 5
+        assert seconds <= run[solo[m]] <= seconds + 15
     for m, seconds in SHARED_S.items():
-        assert seconds <= run[shared[m]] <= seconds + 5
+        assert seconds <= run[shared[m]] <= seconds + 15
 
     # -- the store, as the prolog/epilog path and the daemon would fill it -------------------------
     fp = Fingerprinter(b"report-e2e-secret" * 2)

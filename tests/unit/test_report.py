@@ -330,3 +330,22 @@ def test_requeued_runs_count_as_gpu_time_used(store):
     assert t["requeued_runs_shared"] == 1 and t["requeued_gpu_hours"] == pytest.approx(20 / 3600)
     assert t["gpu_hours_used"] == pytest.approx(80 / 3600)
     assert t["gpu_hours_exclusive"] == pytest.approx(60 / 3600)
+
+
+def test_solo_time_falls_back_to_the_daemons_recorded_run_time_prediction(store):
+    """x has no solo history; its decision recorded a predicted 100 s on a100 (and 50 s on
+    v100, not its type): that is its solo time, marked as a prediction."""
+    x, y = job("10", 0, 130), job("11", 0, 60)
+    for j, name in ((x, "x"), (y, "y")):
+        store.record_decision({"decision_id": j.decision_id, "action": "share",
+                               "code": "history-share", "share_gib": 8, "keys": keys(name),
+                               "job_id": j.job_id, "details": {
+                                   "source": "history",
+                                   "runtime_s": {"a100": 100.0 if name == "x" else 40.0,
+                                                 "v100": 50.0}}})
+    groups = groups_from_placements([x, y], {"10": {("a100-1", 0)}, "11": {("a100-1", 0)}})
+    report = build_report([x, y], since=T0, until=T0 + 3600, store=store, groups=groups)
+    rows = {r["job_id"]: r for r in report["shared_jobs"]}
+    assert (rows["10"]["solo_s"], rows["10"]["solo_source"]) == (100.0, "predictor")
+    assert rows["10"]["isd"] == pytest.approx(0.3) and rows["10"]["isd_low"] is None
+    assert report["totals"]["ps"] == pytest.approx(1 - 130 / 140)

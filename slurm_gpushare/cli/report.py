@@ -96,9 +96,9 @@ def render_table(report: dict, console: Console) -> None:
         f"{t['oom_exclusive']} whole; failed {t['failed_shared']} / {t['failed_exclusive']}; "
         f"requeued runs {t['requeued_runs_shared']} / {t['requeued_runs_exclusive']}.")
     table = Table(title=f"By {report['by']}", title_justify="left")
-    for column in ("", "GPU jobs", "shared", "GPU-h used", "GPU-h exclusive", "GPU-h saved",
-                   "PS", "ISD median", "slowed >20%", "queue shared", "queue excl.",
-                   "outgrew share", "OOM sh/ex", "failed sh/ex"):
+    for column in ("", "GPU jobs", "shared", "GPU-h used", "GPU-h whole", "GPU-h saved",
+                   "PS", "ISD median", "slowed", "queue sh", "queue wh", "outgrew",
+                   "OOM sh/wh", "failed sh/wh"):
         table.add_column(column, justify="left" if not column else "right")
     for row in report["rows"] + [{"key": "all", **t}]:
         table.add_row(

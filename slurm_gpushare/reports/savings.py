@@ -469,8 +469,8 @@ def verdict(totals: Mapping[str, Any]) -> str:
     line = (f"Sharing saved {saved:.2f} GPU-h ({_frac(totals['saved_fraction'])}) at a cost of "
             + "; ".join(costs) + ".")
     if shared < SMALL_SAMPLE or totals["isd_small_sample"]:
-        advice = (f"Too few shared jobs to judge ({shared} shared, {totals['isd_n']} with a "
-                  "known slowdown): keep watching.")
+        advice = (f"Too few to judge ({shared} shared jobs, {totals['isd_n']} with a known "
+                  f"slowdown; {SMALL_SAMPLE} of each needed): keep watching.")
     elif saved <= 0:
         advice = "Sharing did not pay off: turn it off for these jobs or review the policy."
     elif totals["oom_shared"] or totals["overrun_shared"] or (

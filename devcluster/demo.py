@@ -159,6 +159,10 @@ def run_demo(console: Console) -> dict:
         f"{_h(t['gpu_hours_exclusive'])} on whole GPUs; packing saving {_p(t['ps'])}; "
         f"median slowdown {_p(t['isd_median'])} over {t['isd_n']} jobs; "
         f"OOM {t['oom_shared']}.\n[bold]Verdict:[/] {report['verdict']}")
+    console.print(
+        "\nWhat if sharing were on for all of this history (each job's own telemetry):\n"
+        f"  SLURM_CONF={cluster.slurm_conf} GPUSHARE_CONFIG={cluster.daemon_config} "
+        f"slurm-gpushare simulate --trace sacct:{cluster.root / 'demo-sacct.psv'}", soft_wrap=True)
     return summary
 
 

@@ -139,21 +139,27 @@ def plot_isd(report: dict) -> Plot | None:
     if not jobs:
         return None
     fig, ax = plt.subplots(figsize=(5.2, 3.4))
-    for source, color in (("history", USED), ("predictor", BAD)):
+    for source, color, label in (
+            ("history", USED, "against its own solo runs"),
+            ("predictor", BAD, "against a predicted solo time (not in the totals)")):
         values = [j["isd"] * 100 for j in jobs if j["solo_source"] == source]
         if values:
             ax.hist(values, bins=min(20, max(5, len(values))), color=color, alpha=.8,
-                    label=f"solo time from {source} ({len(values)})")
-    median = report["totals"]["isd_median"] * 100  # the report's median, not a second one
-    ax.axvline(median, color="#222", ls="--", lw=1)
-    # The median's label sits above the plot area, the legend below it: never over each other.
-    ax.annotate(f"median {median:.0f}%", xy=(median, 1.0), xycoords=("data", "axes fraction"),
-                xytext=(0, 3), textcoords="offset points", ha="center", va="bottom",
-                fontsize=8).set_gid("median-label")
+                    label=f"{label} ({len(values)})")
     ax.set_xlabel("slowdown of a shared job vs. alone (ISD, %)")
     ax.set_ylabel("jobs")
     ax.set_title("How much sharing slowed jobs down", pad=16)
-    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=2,
+    median = report["totals"]["isd_median"]  # the report's median, not a second one
+    if median is not None:
+        median *= 100
+        ax.axvline(median, color="#222", ls="--", lw=1)
+        # The median's label sits above the plot area, the legend below it: never over each
+        # other.
+        ax.annotate(f"median {median:.0f}%", xy=(median, 1.0),
+                    xycoords=("data", "axes fraction"), xytext=(0, 3),
+                    textcoords="offset points", ha="center", va="bottom",
+                    fontsize=8).set_gid("median-label")
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=1,
               frameon=False).set_gid("legend")
     return _svg(fig, "isd")
 

@@ -361,10 +361,11 @@ def _figures_for(jobs: Sequence[JobRecord], groups: Sequence[CorunGroup],
 
 
 def group_ps(group: CorunGroup, figures: Mapping[str, JobFigures]) -> float | None:
-    """PS of one group, or None when a member did not complete or has no solo time."""
+    """PS of one group, or None when a member did not complete or has no solo time from its
+    own history (a predicted solo time fills GPU-hours, never PS or ISD figures)."""
     members = [figures.get(j.job_id) for j in group.jobs]
-    if not group.shared or any(m is None or m.solo is None or m.job.state != "COMPLETED"
-                               for m in members):
+    if not group.shared or any(m is None or m.solo is None or m.solo.source != "history"
+                               or m.job.state != "COMPLETED" for m in members):
         return None
     return 1.0 - group.makespan_s / sum(m.solo.seconds for m in members)
 
@@ -388,7 +389,8 @@ def aggregate(figures: Sequence[JobFigures], psable: set[str],
     """Figures of a set of jobs. ``psable``: ids of jobs in groups with a PS."""
     shared = [f for f in figures if f.job.on_share]
     exclusive = [f for f in figures if not f.job.on_share]
-    with_isd = [f for f in shared if f.isd is not None]
+    # Slowdowns against the job's own solo runs; those against a prediction only per job.
+    with_isd = [f for f in shared if f.isd is not None and f.solo.source == "history"]
     isds = [f.isd for f in with_isd]
     bounded = [f for f in with_isd if f.isd_low is not None]
     ps_members = [f for f in shared if f.job.job_id in psable]
@@ -424,6 +426,8 @@ def aggregate(figures: Sequence[JobFigures], psable: set[str],
         "isd_median_high": _pct([f.isd_high for f in bounded], 0.5),
         "isd_p95": _pct(isds, 0.95),
         "isd_max": max(isds) if isds else None,
+        "isd_against_prediction": len([f for f in shared if f.isd is not None
+                                       and f.solo.source != "history"]),
         "isd_noisy": len([f for f in bounded if (f.isd_high - f.isd_low) / 2 > NOISY_ISD]),
         "isd_small_sample": len(isds) < SMALL_SAMPLE,
         "isd_solo_runs_min": min(solo_runs) if solo_runs else None,

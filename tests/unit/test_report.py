@@ -348,4 +348,7 @@ def test_solo_time_falls_back_to_the_daemons_recorded_run_time_prediction(store)
     rows = {r["job_id"]: r for r in report["shared_jobs"]}
     assert (rows["10"]["solo_s"], rows["10"]["solo_source"]) == (100.0, "predictor")
     assert rows["10"]["isd"] == pytest.approx(0.3) and rows["10"]["isd_low"] is None
-    assert report["totals"]["ps"] == pytest.approx(1 - 130 / 140)
+    # A prediction fills the GPU-hours, never PS or the slowdown totals.
+    t = report["totals"]
+    assert t["gpu_hours_exclusive"] == pytest.approx((100 + 40) / 3600)
+    assert t["ps"] is None and t["isd_n"] == 0 and t["isd_against_prediction"] == 2

@@ -13,6 +13,8 @@ import pytest
 from slurm_gpushare.slurm.accounting import JobRecord
 from slurm_gpushare.reports.savings import build_report, groups_from_placements
 from slurm_gpushare.reports.html import render_html
+from slurm_gpushare.daemon.fingerprint import Fingerprinter
+from slurm_gpushare.daemon.store import Store
 
 T0 = 1_800_000_000.0
 
@@ -39,9 +41,22 @@ def _workload():
                               state="FAILED", signal=9, submit=T0 + day * 86400,
                               start=T0 + day * 86400, end=T0 + day * 86400 + 500, nodes="a100-2",
                               alloc_tres={"gres/gpu": 1.0}, gpu_type="a100"))
+    # Each shared job's solo time from its own history (one solo run each) in a store.
+    fp = Fingerprinter(b"h" * 32)
+    store = Store(":memory:")
+    for j in jobs:
+        if j.job_id in classes:
+            keys = fp.job_keys(user=j.user, script=f"#!/bin/sh\n: {j.job_id}\n",
+                               name=j.job_id).as_list()
+            store.record_decision({"decision_id": j.decision_id, "action": "share",
+                                   "code": "history-share", "share_gib": 8, "keys": keys,
+                                   "job_id": j.job_id})
+            store.ingest_summary({"v": 1, "job_id": f"9{j.job_id}", "gpu_index": 0,
+                                  "duration_s": classes[j.job_id][0], "shared": False,
+                                  "coruns": [], "keys": keys})
     report = build_report(jobs, since=T0, until=T0 + 3 * 86400,
-                          groups=groups_from_placements(jobs, places),
-                          predictor=lambda j: classes.get(j.job_id, (None,))[0])
+                          groups=groups_from_placements(jobs, places), store=store)
+    store.close()
     # Interference classes come from decisions in the store; set them directly here.
     for cell_job in report["shared_jobs"]:
         cell_job["class_pair"] = "x"

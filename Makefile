@@ -13,10 +13,14 @@ deps:
 demo: deps
 	$(PY) -m devcluster demo
 
-## The whole suite: unit tests and the integration tests on the real local cluster.
+## The whole suite on Slurm 22.05 (the host's), then the cluster integration tests again on
+## Slurm 24.11 (Debian trixie in a root of its own, built on first use and cached).
 test: deps
 	$(PY) -m devcluster cluster start
 	$(PY) -m pytest -q -ra
+	$(PY) -m devcluster cluster stop  # one cluster at a time on a small machine
+	GPUSHARE_SLURM=24.11 $(PY) -m devcluster cluster start
+	GPUSHARE_SLURM=24.11 $(PY) -m pytest -q -ra tests/cluster
 
 ## Unit tests only (no Slurm daemons).
 test-unit: deps
@@ -30,6 +34,7 @@ cluster-start: deps
 	$(PY) -m devcluster cluster start
 cluster-stop:
 	$(PY) -m devcluster cluster stop
+	GPUSHARE_SLURM=24.11 $(PY) -m devcluster cluster stop
 cluster-status:
 	$(PY) -m devcluster cluster status
 

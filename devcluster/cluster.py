@@ -1,6 +1,8 @@
 """A real local Slurm cluster for the demo, the integration tests and the benchmarks.
 
-Debian's Slurm 22.05 daemons, all on this host, all state under one directory (nothing in
+Debian's Slurm daemons, all on this host: 22.05 (bookworm, the host's packages) by default, or
+24.11 (trixie, in a root of its own: see ``devcluster/slurmroot.py``) with
+``GPUSHARE_SLURM=24.11``. All all state under one directory (nothing in
 /etc is touched): munged, MariaDB + slurmdbd (accounting), slurmctld with the project's
 ``slurm_gpushare/lua/job_submit.lua``, four slurmd in multiple-slurmd mode with fake GPUs of two types
 (2 nodes x 2 "v100" 16 GiB, 2 nodes x 2 "a100" 80 GiB, sharing by shards, one shard = 1 GiB;
@@ -34,6 +36,7 @@ from slurm_gpushare.core.files import pid_alive, replace_atomically
 from slurm_gpushare.core.config import load_config
 from devcluster.fakegpu import ROOT_ENV as FAKEGPU_ROOT_ENV
 from devcluster.fakegpu import write_board
+from devcluster.slurmroot import RootError, SlurmRoot
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_STATE_DIR = "/tmp/slurm-gpushare-cluster"
@@ -41,6 +44,11 @@ STATE_ENV = "GPUSHARE_CLUSTER_DIR"
 CLUSTER_NAME = "gpushare"
 
 PORT_BASE_ENV = "GPUSHARE_CLUSTER_PORT_BASE"
+SLURM_ENV = "GPUSHARE_SLURM"  # which Slurm: "22.05" (the host's) or "24.11" (trixie root)
+SLURM_VERSIONS = ("22.05", "24.11")
+ROOT_CACHE_ENV = "GPUSHARE_ROOT_CACHE"  # where the trixie root is kept (default: state dir)
+# A 24.11 cluster lives beside the 22.05 one (own subdirectory, own ports), so both can be up.
+PORT_OFFSET_24_11 = 500
 
 
 def cluster_ports(base: int) -> dict[str, int]:
@@ -119,14 +127,29 @@ def _pid_alive(pid_file: Path) -> int | None:
 class TestCluster:
     __test__ = False  # not a pytest test class
 
-    def __init__(self, state_dir: str | os.PathLike | None = None, *, python: str | None = None):
-        self.root = Path(state_dir or os.environ.get(STATE_ENV) or DEFAULT_STATE_DIR).resolve()
+    def __init__(self, state_dir: str | os.PathLike | None = None, *, python: str | None = None,
+                 slurm: str | None = None):
+        base = Path(state_dir or os.environ.get(STATE_ENV) or DEFAULT_STATE_DIR).resolve()
+        self.slurm_version = slurm or os.environ.get(SLURM_ENV) or "22.05"
+        if self.slurm_version not in SLURM_VERSIONS:
+            raise ClusterError(f"{SLURM_ENV}={self.slurm_version}: the test cluster runs Slurm "
+                               f"{' or '.join(SLURM_VERSIONS)}")
+        port_base = int(os.environ.get(PORT_BASE_ENV, "16800"))
         self.python = python or sys.executable
+        self.node_python = self.python  # the Python of prolog agents and jobs
+        self.slurm_root: SlurmRoot | None = None
+        self.root = base
+        if self.slurm_version == "24.11":
+            self.root = base / "slurm-24.11"
+            port_base += PORT_OFFSET_24_11
+            cache = Path(os.environ.get(ROOT_CACHE_ENV) or base / "roots").resolve()
+            self.slurm_root = SlurmRoot(cache / "trixie-slurm-24.11", binds=(Path("/tmp"), base, REPO))
+            self.node_python = "/usr/bin/python3"  # the root's; the host's venv is not there
         self.etc = self.root / "etc"
         self.log = self.root / "log"
         self.run = self.root / "run"
         self.nodes = NODES
-        self.ports = cluster_ports(int(os.environ.get(PORT_BASE_ENV, "16800")))
+        self.ports = cluster_ports(port_base)
 
     # ---- paths and environment -------------------------------------------------------------
     @property
@@ -151,18 +174,46 @@ class TestCluster:
         mem = " ".join(f"--mem {t}:{m:g}" for t, m in (mem_mib or {"v100": 6000}).items())
         return ("#!/bin/sh\n# an ordinary training job on the test cluster's fake GPUs\n"
                 f"export {FAKEGPU_ROOT_ENV}={self.fakegpu_root} PYTHONPATH={REPO}\n"
-                f"exec {self.python} -m devcluster.fakegpu run "
+                f"exec {self.node_python} -m devcluster.fakegpu run "
                 f"--work {work_s:g} --util {util:g} --mem-util {mem_util:g} {mem}\n")
 
     @property
     def daemon_config(self) -> Path:
         return self.etc / "gpushare.toml"
 
+    @property
+    def gres_prefix(self) -> str:
+        """How this version's clients (and so the rewrites) spell gres in ``tres_per_*``."""
+        return "gres/" if self.slurm_version == "24.11" else "gres:"
+
+    @property
+    def enter(self) -> Path:
+        """The script that runs a command inside the Slurm root (24.11 only)."""
+        return self.root / "enter"
+
+    @property
+    def client_bin(self) -> Path:
+        """Wrappers named like Slurm's clients that run the root's (24.11 only)."""
+        return self.root / "bin"
+
+    def client_environ(self) -> dict[str, str]:
+        """What a process needs in its environment to use this cluster's Slurm clients."""
+        env = {"SLURM_CONF": str(self.slurm_conf)}
+        if self.slurm_root:
+            env["PATH"] = f"{self.client_bin}:{os.environ.get('PATH', '/usr/bin:/bin')}"
+        return env
+
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
-        env["SLURM_CONF"] = str(self.slurm_conf)
+        env.update(self.client_environ())
         env.pop("SLURM_JOB_ID", None)
         return env
+
+    def in_root(self, argv: list[str], user: str | None = None) -> list[str]:
+        """``argv`` as run where Slurm runs: inside the root for 24.11, as is for 22.05."""
+        if self.slurm_root:
+            return [str(self.enter), *(["--user", user] if user else []), *argv]
+        return ["runuser", "-u", user, "--", *argv] if user else list(argv)
 
     def slurm(self, *args: str, check: bool = True, timeout: float = 30, input: str | None = None,
               env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -191,7 +242,7 @@ class TestCluster:
         self._write(self.etc / "gpushare-agent.env", "\n".join([
             f"PATH=/usr/sbin:/usr/bin:/sbin:/bin",
             f"SLURM_CONF={self.slurm_conf}",
-            f"GPUSHARE_PYTHON={self.python}",
+            f"GPUSHARE_PYTHON={self.node_python}",
             f"GPUSHARE_STATE_DIR={self.root}/agent",
             f"GPUSHARE_SOCKET={self.daemon_socket}",
             f"GPUSHARE_FAKEGPU_ROOT={self.fakegpu_root}",
@@ -437,7 +488,7 @@ class TestCluster:
 
     def _start_slurmdbd(self) -> None:
         if not self._pid("slurmdbd"):
-            self._spawn("slurmdbd", ["slurmdbd"])
+            self._spawn("slurmdbd", self.in_root(["slurmdbd"]))
         _wait_until(lambda: self.slurm("sacctmgr", "-n", "list", "cluster", check=False,
                                        timeout=10).returncode == 0, 60, "slurmdbd")
         clusters = self.slurm("sacctmgr", "-n", "-P", "list", "cluster", "format=cluster").stdout
@@ -446,14 +497,14 @@ class TestCluster:
 
     def _start_slurmctld(self) -> None:
         if not self._pid("slurmctld"):
-            self._spawn("slurmctld", ["slurmctld"])
+            self._spawn("slurmctld", self.in_root(["slurmctld"]))
         _wait_until(lambda: "UP" in self.slurm("scontrol", "ping", check=False, timeout=10).stdout,
                     60, "slurmctld")
 
     def _start_slurmds(self) -> None:
         for node in self.nodes:
             if not self._pid(f"slurmd-{node.name}"):
-                self._spawn(f"slurmd-{node.name}", ["slurmd", "-N", node.name])
+                self._spawn(f"slurmd-{node.name}", self.in_root(["slurmd", "-N", node.name]))
         _wait_until(self.nodes_ready, 60, "all slurmd to register")
 
     def nodes_ready(self) -> bool:
@@ -492,8 +543,22 @@ class TestCluster:
         self.start_daemon()
         self.wait_hook()
 
+    def prepare_root(self) -> float | None:
+        """24.11: build the trixie root if missing (seconds taken, or None) and write the
+        scripts that enter it."""
+        if not self.slurm_root:
+            return None
+        self.log.mkdir(parents=True, exist_ok=True)
+        try:
+            built = self.slurm_root.ensure(self.log / "slurm-root.out")
+        except RootError as exc:
+            raise ClusterError(str(exc)) from None
+        self.slurm_root.write_entry(self.enter, self.client_bin)
+        return built
+
     def start(self) -> None:
         """Bring every component up; components already running are left as they are."""
+        self.root_build_seconds = self.prepare_root()
         self.write_config()
         self._start_munge()
         self._start_mariadb()
@@ -617,8 +682,12 @@ def cluster_start() -> None:
     cluster = TestCluster()
     started = time.monotonic()
     cluster.start()
-    click.echo(f"test cluster up in {time.monotonic() - started:.1f}s; "
-               f"export SLURM_CONF={cluster.slurm_conf}")
+    if cluster.root_build_seconds is not None:
+        click.echo(f"built the Slurm {cluster.slurm_version} root in "
+                   f"{cluster.root_build_seconds:.0f}s")
+    exports = " ".join(f"{k}={v}" for k, v in cluster.client_environ().items())
+    click.echo(f"Slurm {cluster.slurm_version} test cluster up in "
+               f"{time.monotonic() - started:.1f}s; export {exports}")
 
 
 @cluster_group.command("stop")
@@ -645,7 +714,8 @@ def cluster_status(as_json: bool) -> None:
 @cluster_group.command("env")
 def cluster_env() -> None:
     """Print the environment line to use the cluster's Slurm clients from a shell."""
-    click.echo(f"export SLURM_CONF={TestCluster().slurm_conf}")
+    environ = TestCluster().client_environ()
+    click.echo("export " + " ".join(f"{k}={v}" for k, v in environ.items()))
 
 
 

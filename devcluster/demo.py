@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from slurm_gpushare.slurm.accounting import SACCT_FIELDS
+from slurm_gpushare.slurm.jobs import gres_placements
 from devcluster.cluster import TestCluster
 
 @dataclass
@@ -110,18 +111,9 @@ def _placements(cluster: TestCluster, jobs: list[DemoJob]) -> None:
         if not match or match.group(1) not in by_id:
             continue
         job = by_id[match.group(1)]
-        for node, kind, indexes in re.findall(r"Nodes=(\S+) .*?GRES=(gpu|shard)[^(]*\(IDX:([\d,\-]+)\)",
-                                               block):
-            for index in _expand(indexes):
+        for node, indexes in gres_placements(block):
+            for index in indexes:
                 job.placements.add((node, index))
-
-
-def _expand(indexes: str) -> list[int]:
-    out = []
-    for part in indexes.split(","):
-        low, _, high = part.partition("-")
-        out += range(int(low), int(high or low) + 1)
-    return out
 
 
 def run_demo(console: Console) -> dict:

@@ -148,6 +148,10 @@ def cluster():
     yield test_cluster
 
 
+def pytest_report_header(config):
+    return f"test cluster: Slurm {os.environ.get('GPUSHARE_SLURM') or '22.05'} (GPUSHARE_SLURM)"
+
+
 def pytest_collection_modifyitems(items):
     """Everything under tests/cluster runs on the real local Slurm cluster."""
     for item in items:

@@ -30,6 +30,7 @@ from slurm_gpushare import HOOK_DIR
 from slurm_gpushare.core.errors import UserError
 from slurm_gpushare.core.hostlist import expand_hostlist
 from slurm_gpushare.slurm import cmd
+from slurm_gpushare.slurm.version import SlurmVersion, installed_version
 from slurm_gpushare.core.config import DEFAULT_CONFIG_PATH, CONFIG_ENV, Config, ConfigError, load_config
 from slurm_gpushare.user.explain import parse_scontrol_line, request
 
@@ -239,6 +240,7 @@ class Checker:
         self.read_inputs()
         if self.conf:
             self.check_slurm_params()
+            self.check_slurm_version()
             self.check_hook_files()
             self.check_nodes()
         if self.config:
@@ -338,6 +340,46 @@ class Checker:
             if token not in current:
                 current.append(token)
         return f"AccountingStorageTRES={','.join(current)}"
+
+    # -- traps of the running Slurm version (see slurm_gpushare/slurm/version.py)
+    def check_slurm_version(self) -> None:
+        live = self.live is not None and not self.live.error
+        version = (SlurmVersion.parse(self.live.get("SLURM_VERSION")) if live
+                   else installed_version())
+        where = "slurmctld" if live else "scontrol -V"
+        if version is None:
+            self.add("slurm-version", "warning", "cannot tell which Slurm this is: "
+                     "version-specific traps are not checked", "run check-config where "
+                     "`scontrol -V` works", where)
+            return
+        if not version.supported:
+            self.add("slurm-version", "error", f"Slurm {version} has no gres/shard (22.05+)",
+                     "upgrade Slurm to 22.05 or later", where)
+            return
+        self.add("slurm-version", "ok", f"Slurm {version}", where=where)
+        shards = "shard" in _tokens(self.conf.get("GresTypes"))
+        if shards and version.gpu_whole_and_shard_bug:
+            self.add("slurm-version", "warning",
+                     f"Slurm {version} can allocate a GPU whole and as shards at the same time "
+                     "(fixed in 23.11.5, NEWS: \"Fix issue where you could have a gpu allocated "
+                     "as well as a shard on that gpu allocated at the same time.\", SchedMD "
+                     "bug 19110): a whole-GPU job may land on a GPU that shares run on",
+                     "upgrade to Slurm 23.11.5 or later, or keep whole-GPU jobs off the sharing "
+                     "partitions' nodes", where)
+        gres_conf = self.conf_dir / "gres.conf"
+        try:
+            nvml = re.search(r"(?im)^\s*autodetect\s*=\s*nvml", gres_conf.read_text())
+        except OSError:
+            nvml = None
+        tres = _tokens(self.conf.get("AccountingStorageTRES"))
+        missing = [t for t in ("gres/gpumem", "gres/gpuutil") if t not in tres]
+        if version.accounts_gpu_usage and nvml and missing:
+            self.add("slurm-version", "warning",
+                     f"Slurm {version} with AutoDetect=nvml can account each job's GPU memory and "
+                     f"utilisation, but AccountingStorageTRES lacks {', '.join(missing)}: the "
+                     "reports and history miss that second telemetry source",
+                     f"in {self.slurm_conf_path} set: AccountingStorageTRES="
+                     f"{','.join(tres + missing)}", str(self.slurm_conf_path))
 
     # -- the hook's files beside slurm.conf
     def check_hook_files(self) -> None:

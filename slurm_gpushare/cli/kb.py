@@ -4,16 +4,17 @@
     slurm-gpushare classes show [--model PATH] [--json]
     slurm-gpushare classes reproduce [--json]          # Ray et al.'s clustering, re-done
     slurm-gpushare kb show [--model PATH] [--store DB] [--gpu-type T] [--json]
-    slurm-gpushare kb predict-pairs PROFILES.csv [--json]
+    slurm-gpushare kb predict-pairs PROFILES.csv [--co-runs CORUNS.csv] [--json]
     slurm-gpushare kb evaluate [--json]                # held-out figures of the pair model
 
-``kb predict-pairs`` (an interface other tools call): input CSV columns
-``job,gpu_util_pct,mem_util_pct,mem_used_mib,mem_total_mib`` and optional ``gpu_type``; output
-CSV on stdout, one row per unordered pair of input rows, in input order:
-``job_a,job_b,class_a,class_b,pred_speed_a,pred_speed_b,pred_ps_pct,fits_memory``.
-``pred_speed`` is the predicted throughput when sharing / alone; ``pred_ps_pct`` the packing
-saving for two jobs of equal solo run time, 100 * (1 - max(1/speed_a, 1/speed_b) / 2);
-``fits_memory`` whether both jobs' memory fits together in one GPU of the smaller memory.
+``kb predict-pairs`` (an interface other tools call): PROFILES.csv columns
+``job,gpu_util_pct,mem_util_pct,mem_used_mib,mem_total_mib,gpu_type`` (mean utilisations, %;
+optional ``gpu_util_max_pct,mem_util_max_pct``); ``--co-runs`` CORUNS.csv columns
+``job_a,job_b,speed_a,speed_b`` (measured throughput shared / alone, learned as per-job
+corrections). Output CSV on stdout, one row per unordered pair of input rows **including each
+job with itself**, in input order: ``job_a,job_b,pred_speed_a,pred_speed_b,fits_memory,
+recommended``. ``fits_memory``: both jobs' memory fits together in one GPU of the smaller
+memory; ``recommended``: it fits and each side's pessimistic predicted speed is at least 0.7.
 
 The class model is read from ``--model`` (default ``$GPUSHARE_CLASSES_MODEL``, else
 ``$GPUSHARE_STATE_DIR/classes.json``, else ``/var/lib/slurm-gpushare/classes.json``); where
@@ -40,9 +41,11 @@ from slurm_gpushare.core.config import DaemonConfig
 # every ``slurm-gpushare`` invocation loads this module, most never need them.
 FEATURES = ("MGUP", "MGMAP", "MGTSAMP")
 
-PROFILE_COLUMNS = ("job", "gpu_util_pct", "mem_util_pct", "mem_used_mib", "mem_total_mib")
-PAIR_COLUMNS = ("job_a", "job_b", "class_a", "class_b", "pred_speed_a", "pred_speed_b",
-                "pred_ps_pct", "fits_memory")
+PROFILE_COLUMNS = ("job", "gpu_util_pct", "mem_util_pct", "mem_used_mib", "mem_total_mib",
+                   "gpu_type")
+OPTIONAL_PROFILE_COLUMNS = ("gpu_util_max_pct", "mem_util_max_pct")
+CORUN_COLUMNS = ("job_a", "job_b", "speed_a", "speed_b")
+PAIR_COLUMNS = ("job_a", "job_b", "pred_speed_a", "pred_speed_b", "fits_memory", "recommended")
 
 
 def default_model_path() -> str:
@@ -248,71 +251,105 @@ def kb_show(model_path, store_path, gpu_type, paper_classes, as_json) -> None:
                    f"{r['source']:<10} {'yes' if r['compatible'] else 'no'}")
 
 
-def read_profiles(path: str) -> list[dict[str, Any]]:
-    """Rows of a PROFILES.csv, validated; raises ClickException naming the line."""
+def _csv_rows(path: str, required: tuple[str, ...]):
+    """``(line, row)`` of a CSV with ``required`` columns; ClickException naming the file."""
     try:
         with open(path, newline="") as handle:
             reader = csv.DictReader(handle)
             columns = [c.strip() for c in reader.fieldnames or []]
-            missing = [c for c in PROFILE_COLUMNS if c not in columns]
+            missing = [c for c in required if c not in columns]
             if missing:
                 raise click.ClickException(f"{path}: missing column(s) {', '.join(missing)}")
-            rows = []
-            for line, raw in enumerate(reader, start=2):
-                raw = {k.strip(): (v or "").strip() for k, v in raw.items() if k}
-                row: dict[str, Any] = {"job": raw["job"], "gpu_type": raw.get("gpu_type") or None}
-                if not row["job"]:
-                    raise click.ClickException(f"{path} line {line}: empty job")
-                for name in PROFILE_COLUMNS[1:]:
-                    try:
-                        row[name] = float(raw[name])
-                    except ValueError:
-                        raise click.ClickException(
-                            f"{path} line {line}: {name} is not a number") from None
-                    if not math.isfinite(row[name]) or row[name] < 0:
-                        raise click.ClickException(
-                            f"{path} line {line}: {name} must be a non-negative number")
-                if row["mem_total_mib"] <= 0:
-                    raise click.ClickException(f"{path} line {line}: mem_total_mib must be > 0")
-                rows.append(row)
+            rows = [(line, {k.strip(): (v or "").strip() for k, v in raw.items() if k})
+                    for line, raw in enumerate(reader, start=2)]
     except OSError as exc:
         raise click.ClickException(f"cannot read {path}: {exc.strerror}") from None
+    except (csv.Error, UnicodeDecodeError) as exc:
+        raise click.ClickException(f"cannot read {path}: {exc}") from None
     return rows
 
 
-def predict_pairs(profiles: list[dict[str, Any]], classes,
-                  model=None) -> list[dict[str, Any]]:
-    """One prediction per unordered pair of profiles, in input order (``classes``: a fitted
-    ``InterferenceClasses``; ``model``: a ``PairInterferenceModel``, default the Gavel fit)."""
-    from slurm_gpushare.predict.knowledge import PairInterferenceModel, fits_memory
+def _number(path: str, line: int, name: str, text: str, *, optional: bool = False,
+            upper: float | None = None) -> float | None:
+    if optional and text == "":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise click.ClickException(f"{path} line {line}: {name} is not a number") from None
+    if not math.isfinite(value) or value < 0 or (upper is not None and value > upper):
+        what = (f"a number between 0 and {upper:g}" if upper is not None
+                else "a non-negative number")
+        raise click.ClickException(f"{path} line {line}: {name} must be {what}")
+    return value
 
-    model = model or PairInterferenceModel.default()
-    if not profiles:
-        return []
-    features = [[p["gpu_util_pct"], 100.0 * p["mem_used_mib"] / p["mem_total_mib"],
-                 p["mem_util_pct"]] for p in profiles]
-    labels = classes.predict(features)
+
+def read_profiles(path: str) -> list[dict[str, Any]]:
+    """Rows of a PROFILES.csv, validated; raises ClickException naming the line."""
+    rows, seen = [], set()
+    for line, raw in _csv_rows(path, PROFILE_COLUMNS):
+        row: dict[str, Any] = {"job": raw["job"], "gpu_type": raw.get("gpu_type") or None}
+        if not row["job"]:
+            raise click.ClickException(f"{path} line {line}: empty job")
+        if row["job"] in seen:
+            raise click.ClickException(f"{path} line {line}: job {row['job']} appears twice")
+        seen.add(row["job"])
+        for name in PROFILE_COLUMNS[1:5]:
+            upper = 100.0 if name.endswith("_pct") else None
+            row[name] = _number(path, line, name, raw[name], upper=upper)
+        for name in OPTIONAL_PROFILE_COLUMNS:
+            row[name] = _number(path, line, name, raw.get(name, ""), optional=True, upper=100.0)
+        if row["mem_total_mib"] <= 0:
+            raise click.ClickException(f"{path} line {line}: mem_total_mib must be > 0")
+        rows.append(row)
+    return rows
+
+
+def read_coruns(path: str, jobs: set[str]) -> list[tuple[str, str, float | None, float | None]]:
+    """Rows of a CORUNS.csv (measured normalised speeds, 0 < speed <= 1; an empty speed is a
+    side that was not measured), validated against the profiled jobs."""
     out = []
-    for i, j in combinations(range(len(profiles)), 2):
-        a, b = profiles[i], profiles[j]
-        speed_a, speed_b = model.predict_speed(a, b)
-        saving = 100.0 * (1.0 - max(1.0 / speed_a, 1.0 / speed_b) / 2.0)
-        out.append({"job_a": a["job"], "job_b": b["job"], "class_a": int(labels[i]),
-                    "class_b": int(labels[j]), "pred_speed_a": round(speed_a, 4),
-                    "pred_speed_b": round(speed_b, 4), "pred_ps_pct": round(saving, 2),
-                    "fits_memory": bool(fits_memory(a, b))})
+    for line, raw in _csv_rows(path, CORUN_COLUMNS):
+        for name in ("job_a", "job_b"):
+            if raw[name] not in jobs:
+                raise click.ClickException(
+                    f"{path} line {line}: {name} {raw[name]!r} is not in the profiles")
+        speeds = []
+        for name in ("speed_a", "speed_b"):
+            value = _number(path, line, name, raw[name], optional=True)
+            if value is not None and not 0 < value <= 1.5:
+                raise click.ClickException(f"{path} line {line}: {name} must be in (0, 1.5] "
+                                           "(throughput shared / alone)")
+            speeds.append(value)
+        out.append((raw["job_a"], raw["job_b"], speeds[0], speeds[1]))
     return out
+
+
+def predict_pairs(profiles: list[dict[str, Any]],
+                  coruns: list[tuple[str, str, float | None, float | None]] = ()
+                  ) -> list[dict[str, Any]]:
+    """One prediction per unordered pair of profiles including self-pairs, in input order,
+    from the pair predictor (``predict/pairs.py``) with corrections learned from ``coruns``."""
+    from slurm_gpushare.predict.pairs import default_model
+
+    model = default_model()
+    keys = [p["job"] for p in profiles]
+    if coruns:
+        model.learn(coruns, dict(zip(keys, profiles)))
+    return model.predict_pairs(profiles, keys)
 
 
 @kb_group.command("predict-pairs")
 @click.argument("profiles_csv", metavar="PROFILES.csv", type=click.Path(dir_okay=False))
-@model_option
+@click.option("--co-runs", "coruns_csv", metavar="CORUNS.csv", type=click.Path(dir_okay=False),
+              help="Measured co-runs to learn per-job corrections from "
+                   "(columns job_a,job_b,speed_a,speed_b).")
 @json_option
-def kb_predict_pairs(profiles_csv, model_path, as_json) -> None:
-    """Predict each job's speed for every pair of jobs in PROFILES.csv."""
+def kb_predict_pairs(profiles_csv, coruns_csv, as_json) -> None:
+    """Predict each job's speed for every pair of jobs in PROFILES.csv (self-pairs too)."""
     profiles = read_profiles(profiles_csv)
-    classes, _ = _load_classes(model_path, required=False)
-    rows = predict_pairs(profiles, classes)
+    coruns = read_coruns(coruns_csv, {p["job"] for p in profiles}) if coruns_csv else []
+    rows = predict_pairs(profiles, coruns)
     if as_json:
         _echo_json(rows)
         return
@@ -320,21 +357,27 @@ def kb_predict_pairs(profiles_csv, model_path, as_json) -> None:
     writer = csv.DictWriter(buffer, fieldnames=PAIR_COLUMNS, lineterminator="\n")
     writer.writeheader()
     for row in rows:
-        writer.writerow(row | {"fits_memory": "true" if row["fits_memory"] else "false"})
+        fits = row["fits_memory"]
+        writer.writerow(row | {"fits_memory": "" if fits is None else str(fits).lower(),
+                               "recommended": str(row["recommended"]).lower()})
     click.echo(buffer.getvalue(), nl=False)
 
 
 @kb_group.command("evaluate")
 @json_option
 def kb_evaluate(as_json) -> None:
-    """Held-out figures: the pair model on Gavel (leave one job type / family out) and on the
+    """Held-out figures: the pair predictor (leave one data set out, cold and with co-runs as
+    history), the earlier pair model on Gavel (leave one job type / family out) and on the
     alnair pairs, and the class lookup on the alnair pairs (leave one pair out)."""
     from slurm_gpushare.predict.classes import default_classes
     from slurm_gpushare.predict.knowledge import (evaluate_kb_on_alnair, evaluate_on_alnair,
                             evaluate_pair_model)
 
+    from slurm_gpushare.predict.pairs import leave_one_data_set_out
+
     classes = default_classes()
     result = {
+        "pair_predictor_leave_one_data_set_out": leave_one_data_set_out(),
         "pair_model_leave_one_job_type_out": evaluate_pair_model("job"),
         "pair_model_leave_one_family_out": evaluate_pair_model("family"),
         "pair_model_on_alnair": evaluate_on_alnair(),
@@ -344,6 +387,16 @@ def kb_evaluate(as_json) -> None:
     if as_json:
         _echo_json(result)
         return
+    for name, entry in result.pop("pair_predictor_leave_one_data_set_out").items():
+        cold, history = entry["cold"], entry["with_history"]
+        base = entry["baseline_sum_of_utilisations"]
+        click.echo(f"pair predictor, {name} held out: Spearman {cold['spearman']} (adding "
+                   f"utilisations: {base['spearman']}), recommended "
+                   f"{cold['recommended_share']:.0%}, of them below 0.7x: "
+                   f"{_share(cold['recommended_bad_share'])}; with {history['co_runs_per_job']} "
+                   f"co-runs per job as history: Spearman {history['history_spearman']['mean']}, "
+                   f"recommended {history['history_recommended_share']['mean']:.0%}, below "
+                   f"0.7x: {_share(history['history_recommended_bad_share']['mean'])}")
     for name, figures in result.items():
         line = (f"{name}: Spearman {figures['spearman']}, MAE {figures['mae']}, "
                 f"recommended {figures['recommended_pairs']}/{figures['pairs']} pairs, "
@@ -356,6 +409,10 @@ def kb_evaluate(as_json) -> None:
             click.echo(f"  pessimistic (q={safe['quantile']}) model: Spearman {safe['spearman']}, "
                        f"recommended {safe['recommended_pairs']}, "
                        f"{safe['recommended_below_threshold']} below")
+
+
+def _share(value) -> str:
+    return "-" if value is None else f"{value:.0%}"
 
 
 commands = [classes_group, kb_group]

@@ -47,6 +47,8 @@ class NodeView:
     # Classes per GPU where the view knows them (the simulator); () where it does not (the
     # daemon: squeue shows a share's node, not its GPU index).
     gpu_classes: tuple[tuple[int, ...], ...] = ()
+    # Ids of the jobs sharing its GPUs, for a PairCompatibility (the daemon: decision ids).
+    resident_jobs: tuple[str, ...] = ()
 
 
 class ClusterView(Protocol):
@@ -61,8 +63,16 @@ class Compatibility(Protocol):
     def compatible(self, class_a: int, class_b: int, gpu_type: str | None = None) -> bool: ...
 
 
+class PairCompatibility(Protocol):
+    """Which running shares one job may join, from both jobs' telemetry (the pair predictor,
+    daemon.pairing); decisions use it where the job has a profile, else the classes."""
+
+    def compatible_with(self, resident_job: str, gpu_type: str | None = None) -> bool: ...
+
+
 def incompatible_nodes(job_class: int | None, fits: Sequence[GpuType], partitions: Sequence[str],
-                       view: ClusterView | None, knowledge: Compatibility | None
+                       view: ClusterView | None,
+                       knowledge: Compatibility | PairCompatibility | None
                        ) -> tuple[list[str], int]:
     """Nodes of the fitting types where the job could only land next to a share that
     interferes with it.
@@ -73,26 +83,31 @@ def incompatible_nodes(job_class: int | None, fits: Sequence[GpuType], partition
     GPUs (with its GPU count unknown: any). Nothing is excluded when that would leave no
     candidate node (the job would only wait longer).
     """
-    if job_class is None or view is None or knowledge is None:
+    pairwise = hasattr(knowledge, "compatible_with")
+    if view is None or knowledge is None or (job_class is None and not pairwise):
         return [], 0
     types = {g.name for g in fits}
-    answers: dict[tuple[int, str], bool] = {}
+    answers: dict[tuple[int | str, str], bool] = {}
 
-    def clashes(resident: int, gpu_type: str) -> bool:
+    def clashes(resident: int | str, gpu_type: str) -> bool:
         key = (resident, gpu_type)
         if key not in answers:
-            answers[key] = not knowledge.compatible(job_class, resident, gpu_type)
+            answers[key] = not (knowledge.compatible_with(resident, gpu_type) if pairwise
+                                else knowledge.compatible(job_class, resident, gpu_type))
         return answers[key]
 
+    def residents(node: NodeView) -> tuple:
+        return node.resident_jobs if pairwise else node.resident_classes
+
     def blocked(node: NodeView) -> bool:
-        if node.gpu_classes:
+        if node.gpu_classes and not pairwise:
             return all(any(clashes(r, node.gpu_type) for r in gpu) for gpu in node.gpu_classes)
-        bad = sum(clashes(r, node.gpu_type) for r in node.resident_classes)
+        bad = sum(clashes(r, node.gpu_type) for r in residents(node))
         return bad > 0 and bad >= max(node.gpus, 1)
 
     candidates = [n for n in view.nodes() if n.gpu_type in types
                   and (not n.partitions or any(p in n.partitions for p in partitions))]
-    excluded = [n.name for n in candidates if n.resident_classes and blocked(n)]
+    excluded = [n.name for n in candidates if residents(n) and blocked(n)]
     if len(excluded) == len(candidates):
         return [], len(candidates)
     return sorted(excluded), len(candidates)
@@ -174,7 +189,8 @@ def units_needed(gpu_type: GpuType, memory_mib: float, util_pct: float | None,
 
 
 def decide(request: JobRequest, config: Config, *, estimate: JobEstimate | None = None,
-           view: ClusterView | None = None, knowledge: Compatibility | None = None,
+           view: ClusterView | None = None,
+           knowledge: Compatibility | PairCompatibility | None = None,
            decision_id: str = "") -> Decision:
     """Keep the job as submitted, or turn its one whole GPU into a share of GPU memory.
 
@@ -300,7 +316,10 @@ def decide(request: JobRequest, config: Config, *, estimate: JobEstimate | None 
     if slower:
         reason += (f"; not offered on {', '.join(g.name for g in slower)} "
                    f"(slower, and the same request would not suit it)")
-    if away:
+    if away and hasattr(knowledge, "compatible_with"):
+        reason += (f"; away from {', '.join(away)} (resident shares the pair predictor says "
+                   "would run below the speed threshold with it)")
+    elif away:
         reason += (f"; away from {', '.join(away)} (resident shares of a class that interferes "
                    f"with class {estimate.job_class})")
     return Decision(action="share", code=code, reason=reason, decision_id=decision_id,

@@ -1,7 +1,8 @@
 """Parsing of Slurm TRES request strings (``tres_per_node``, ``tres_per_job``, ...).
 
 Mirrors ``slurm_gpushare/lua/gpushare_tres.lua`` (the hook's copy) and Slurm's own reading of these strings
-in ``src/common/gres.c`` (``_get_next_gres``): comma-separated tokens ``[gres:|gres/]name[:type][:count]``.
+in ``src/common/gres.c`` (``_get_next_gres``): comma-separated tokens ``[gres:|gres/]name[:type][:count]``, or ``...[=count]`` (23.02+
+``tres_per_task``: ``cpu=2,gres/gpu=1``).
 Slurm 22.05 clients send ``gres:gpu:1``; 23.11+ send ``gres/gpu:1``; older
 tools may send a bare ``gpu:1``. A count may carry a K/M/G suffix (``shard:2K``).
 """
@@ -25,10 +26,11 @@ class TresToken:
     name: str  # "gpu", "shard", "mps", "nic", ...
     type: str | None  # "a100" in gres:gpu:a100:1
     count: int
+    count_sep: str = ":"  # "=" in 23.02+'s tres_per_task ("cpu=2,gres/gpu=1")
 
     def render(self) -> str:
-        parts = [self.name] + ([self.type] if self.type else []) + [str(self.count)]
-        return self.prefix + ":".join(parts)
+        head = ":".join([self.name] + ([self.type] if self.type else []))
+        return f"{self.prefix}{head}{self.count_sep}{self.count}"
 
 
 def _parse_count(text: str) -> int:
@@ -52,14 +54,20 @@ def parse(tres: str | None) -> list[TresToken]:
             if raw.startswith(candidate):
                 prefix, raw = candidate, raw[len(candidate):]
                 break
+        # 23.02+ writes an explicit count after "=" ("gres/gpu:a100=1", "cpu=2"),
+        # as slurm_get_next_tres (src/common/slurm_protocol_defs.c) reads it.
+        raw, equals, explicit = raw.rpartition("=") if "=" in raw else ("", "", raw)
+        raw = raw if equals else explicit
         parts = raw.split(":")
         if not parts[0]:
             raise TresError(f"empty name in {tres!r}")
         name, rest = parts[0], parts[1:]
-        if len(rest) > 2:
+        if len(rest) > (1 if equals else 2):
             raise TresError(f"too many fields in {tres!r}")
         count, gtype = 1, None
-        if len(rest) == 2:
+        if equals:
+            gtype, count = (rest[0] if rest else None), _parse_count(explicit)
+        elif len(rest) == 2:
             gtype, count = rest[0], _parse_count(rest[1])
         elif len(rest) == 1:
             # gpu:2 (count) or gpu:a100 (type, count 1) -- as gres.c decides by digits.
@@ -67,7 +75,7 @@ def parse(tres: str | None) -> list[TresToken]:
                 count = _parse_count(rest[0])
             else:
                 gtype = rest[0]
-        tokens.append(TresToken(prefix, name, gtype or None, count))
+        tokens.append(TresToken(prefix, name, gtype or None, count, "=" if equals else ":"))
     return tokens
 
 

@@ -66,8 +66,15 @@ def resident_classes(shares: dict[str, str], classes: dict[str, int | None]) -> 
 
 def class_of_job(job_id: str) -> int | None:
     """A share's class from its AdminComment tag; None when untagged or classless."""
+    return tag_of_job(job_id)[0]
+
+
+def tag_of_job(job_id: str) -> tuple[int | None, str]:
+    """A share's class and decision id from its AdminComment tag ((None, "") when untagged)."""
     job = lookup_job(job_id)
-    return job.tag.job_class if job and job.tag else None
+    if not (job and job.tag):
+        return None, ""
+    return job.tag.job_class, job.decision_id or ""
 
 
 class SlurmClusterView:
@@ -78,6 +85,7 @@ class SlurmClusterView:
         self.interval_s = interval_s
         self._nodes: tuple[NodeView, ...] = ()
         self._classes: dict[str, int | None] = {}  # job id -> class, read once per share
+        self._decisions: dict[str, str] = {}  # job id -> decision id (the pair predictor's key)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -91,12 +99,18 @@ class SlurmClusterView:
             return False
         shares = running_shares(queue)
         self._classes = {job: self._classes[job] for job in shares if job in self._classes}
+        self._decisions = {job: self._decisions[job] for job in shares if job in self._decisions}
         for job_id in shares.keys() - self._classes.keys():
-            self._classes[job_id] = class_of_job(job_id)
+            self._classes[job_id], self._decisions[job_id] = tag_of_job(job_id)
         residents = resident_classes(shares, self._classes)
+        decisions: dict[str, list[str]] = {}
+        for job_id, node in shares.items():
+            if self._decisions.get(job_id):
+                decisions.setdefault(node, []).append(self._decisions[job_id])
         self._nodes = tuple(
             NodeView(name=name, gpu_type=gpu_type, partitions=parts, gpus=gpus,
-                     resident_classes=tuple(residents.get(name, ())))
+                     resident_classes=tuple(residents.get(name, ())),
+                     resident_jobs=tuple(decisions.get(name, ())))
             for name, (gpu_type, parts, gpus) in sorted(node_info.items()) if gpu_type)
         return True
 

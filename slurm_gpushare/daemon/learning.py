@@ -18,11 +18,13 @@ from slurm_gpushare.slurm.jobs import lookup_job
 class Learner:
     """Owns the knowledge base decisions read; swaps in an updated copy as pairs are learned."""
 
-    def __init__(self, store: Store, estimator, knowledge, *, count: Callable[[str], None]):
+    def __init__(self, store: Store, estimator, knowledge, *, count: Callable[[str], None],
+                 pairing=None):
         self.store = store
         self.estimator = estimator
         self.knowledge = knowledge
         self.count = count
+        self.pairing = pairing  # daemon.pairing.Pairing: per-job corrections from co-runs
 
     def requeue(self, job_id: str) -> None:
         """On the writer thread: requeue a job that outgrew its share (its next run is sized
@@ -47,6 +49,8 @@ class Learner:
             job.decision_id, job_id, str(summary.get("cluster", ""))))
         if self.estimator is not None:
             self.estimator.invalidate()
+        if self.pairing is not None:
+            self.pairing.invalidate()
         learned = self._learn_coruns(summary, job, config) if linked else 0
         self._check_share(summary, job)
         event(logging.INFO, "ingested", job_id=job_id, gpu_index=summary.get("gpu_index"),
@@ -79,7 +83,7 @@ class Learner:
             summary.get("gpu_model", ""))
         gpu_type = config_type_of(summary.get("gpu_model", ""), config)
         cluster = str(summary.get("cluster", ""))
-        recorded, completed = 0, []
+        recorded, completed, measured = 0, [], []
         for corun in coruns:
             other_id = str(corun["job_id"])
             was_complete = _complete(self._corun_row(job.job_id, other_id))
@@ -97,8 +101,12 @@ class Learner:
             row = self._corun_row(job.job_id, other_id)
             if _complete(row) and not was_complete:
                 completed.append(row)
+            if row is not None:
+                measured.append(row)
         if completed:
             self._learn_pairs(completed)
+        if self.pairing is not None and measured:
+            self.pairing.observe(measured)  # learns from each measured side, classes or not
         return recorded
 
     def _corun_row(self, job_id: str, other_id: str) -> dict[str, Any] | None:

@@ -28,7 +28,7 @@ from slurm_gpushare.daemon.logs import event, log, setup_logging
 from slurm_gpushare.daemon.protocol import reply_error
 from slurm_gpushare.daemon.service import Peer, Service
 from slurm_gpushare.daemon.store import Store
-from slurm_gpushare.predict.persist import load_memory_model
+from slurm_gpushare.predict.persist import load_classes_model, load_memory_model
 
 
 class DaemonError(Exception):
@@ -174,8 +174,9 @@ def serve(config_path: str | None) -> None:
         setup_logging(new)
         service.config = new
         service.fingerprinter = Fingerprinter.from_file(new.daemon.secret_file)
-        if service.estimator is not None:  # a model refit by `models fit`
+        if service.estimator is not None:  # models refit by `models fit` / `classes fit`
             service.estimator.set_predictor(load_memory_model(new))
+            service.estimator.set_classes(load_classes_model(new))
         event(logging.INFO, "reloaded", config=new.path)
 
     def stop(signum, _frame):

@@ -23,7 +23,7 @@ from slurm_gpushare.daemon.logs import event, log
 from slurm_gpushare.daemon.protocol import ProtocolError, parse_request, reply_error, reply_ok
 from slurm_gpushare.daemon.store import Store
 from slurm_gpushare.predict.history import HistoryEstimator
-from slurm_gpushare.predict.persist import load_memory_model
+from slurm_gpushare.predict.persist import load_classes_model, load_memory_model
 from slurm_gpushare.slurm.jobs import lookup_job
 
 
@@ -90,6 +90,7 @@ class Service:
         self.records = RecordWriter(store)
         self.estimator = None
         self.learner: Learner | None = None
+        self.pairing = None  # the pair predictor for node exclusion (daemon.pairing)
         self.view = view
         if store is not None:
             from slurm_gpushare.predict.knowledge import KnowledgeBase
@@ -97,14 +98,18 @@ class Service:
             # Decisions read history through their own connection: in WAL mode a reader sees
             # the last committed state and never waits for the writer thread's transactions.
             self.estimator = HistoryEstimator(reader or store,
-                                              predictor=load_memory_model(config))
+                                              predictor=load_memory_model(config),
+                                              classes=load_classes_model(config))
             self.estimator.estimate([], config)  # warm-up: first calls pay for imports
         self.counters: Counter[str] = Counter()
         self._lock = threading.Lock()
         if store is not None:
+            from slurm_gpushare.daemon.pairing import Pairing
+
+            self.pairing = Pairing(reader or store).load()
             self.learner = Learner(store, self.estimator,
                                    KnowledgeBase.from_store(store, self.estimator.classes),
-                                   count=self._count)
+                                   count=self._count, pairing=self.pairing)
 
     @property
     def digest(self) -> Callable[[str, str], str]:
@@ -157,8 +162,13 @@ class Service:
         if self.estimator is not None:
             estimate, history = self.estimator.estimate(keys.sizing_keys(), config,
                                                         request.mem_hint_mib)
+        knowledge = self.learner.knowledge if self.learner else None
+        if self.pairing is not None and self.view is not None and estimate is not None:
+            # Jobs with a telemetry profile are placed by the pair predictor; the class
+            # knowledge base stays for tags, reports and explain.
+            knowledge = self.pairing.compatibility(keys.sizing_keys()) or knowledge
         decision = decide(request, config, estimate=estimate, view=self.view,
-                          knowledge=self.learner.knowledge if self.learner else None, decision_id=decision_id)
+                          knowledge=knowledge, decision_id=decision_id)
         elapsed_us = int((time.perf_counter() - started) * 1e6)
         self._count(f"{op}:{decision.action}")
         event(logging.INFO, "decision" if op == "decide" else "explain",

@@ -1,7 +1,8 @@
 -- gpushare_tres.lua: TRES request strings as the slurm-gpushare hook reads and checks them.
 --
 -- Mirrors slurm_gpushare/tres.py and Slurm's own parsing in src/common/gres.c
--- (_get_next_gres): comma-separated tokens "[gres:|gres/]name[:type][:count]".
+-- (_get_next_gres): comma-separated tokens "[gres:|gres/]name[:type][:count]", or
+-- "...[=count]" (23.02+ tres_per_task: "cpu=2,gres/gpu=1").
 -- Slurm 22.05 clients send "gres:gpu:1", 23.11+ "gres/gpu:1", old tools a bare "gpu:1".
 -- Lua 5.1: no integer type, no goto, no bit operations.
 
@@ -26,13 +27,20 @@ function M.parse(tres)
     if string.sub(raw, 1, 5) == "gres:" or string.sub(raw, 1, 5) == "gres/" then
       prefix, raw = string.sub(raw, 1, 5), string.sub(raw, 6)
     end
+    -- 23.02+ writes an explicit count after "=" ("gres/gpu:a100=1", "cpu=2"), as
+    -- slurm_get_next_tres (src/common/slurm_protocol_defs.c) reads it.
+    local head, explicit = string.match(raw, "^(.*)=([^=]*)$")
+    if head then raw = head end
     local parts = {}
     for part in string.gmatch(raw .. ":", "([^:]*):") do parts[#parts + 1] = part end
     local name = parts[1]
     if name == nil or name == "" then return nil, "empty name in " .. tres end
-    if #parts > 3 then return nil, "too many fields in " .. tres end
+    if #parts > (head and 2 or 3) then return nil, "too many fields in " .. tres end
     local gtype, count = nil, 1
-    if #parts == 3 then
+    if head then
+      gtype, count = parts[2], parse_count(explicit)
+      if not count then return nil, "bad count in " .. tres end
+    elseif #parts == 3 then
       gtype, count = parts[2], parse_count(parts[3])
       if not count then return nil, "bad count in " .. tres end
     elseif #parts == 2 then

@@ -91,6 +91,13 @@ class HistoryEstimator:
         self._cache: dict[tuple, tuple[JobEstimate | None, str]] = {}
         self._lock = threading.Lock()
 
+    def set_classes(self, classes=None) -> None:
+        """Use another fitted class model (None: the packaged default)."""
+        from slurm_gpushare.predict.classes import default_classes
+
+        self.classes = classes or default_classes()
+        self.invalidate()
+
     def set_predictor(self, predictor=None) -> None:
         """Use another fitted memory predictor (None: the packaged default)."""
         from slurm_gpushare.predict.memory import default_predictor

@@ -12,11 +12,12 @@ from __future__ import annotations
 from pathlib import Path
 
 
-from slurm_gpushare.predict.history import PREALLOC_PCT
 from slurm_gpushare.core.config import Config
+from slurm_gpushare.predict.history import PREALLOC_PCT
 
 MEMORY_MODEL = "memory.pkl"
-# A peak at this share of the GPU is a pre-allocating framework, not a measurement of need.
+# `slurm-gpushare classes fit` writes here by default; the daemon loads it at start and on SIGHUP.
+CLASSES_MODEL = "classes.json"
 
 
 def model_path(config: Config) -> Path:
@@ -68,6 +69,20 @@ def fit_memory_model(config: Config, store) -> dict:
                                        "site_rows": float(len(site)),
                                        "site_jobs": float(site.job.nunique())})
     return metadata
+
+
+def classes_model_path(config: Config) -> Path:
+    return Path(config.daemon.state_dir) / CLASSES_MODEL
+
+
+def load_classes_model(config: Config):
+    """The site's interference classes (``classes fit``), or None (the packaged default)."""
+    path = classes_model_path(config)
+    if not path.exists():
+        return None
+    from slurm_gpushare.predict.classes import InterferenceClasses
+
+    return InterferenceClasses.load(path)
 
 
 def load_memory_model(config: Config):

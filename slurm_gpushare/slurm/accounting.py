@@ -7,7 +7,8 @@ job's ``steps``. Both of 22.05's machine formats are read:
 - ``sacct -P -o <SACCT_FIELDS>`` with ``SLURM_TIME_FORMAT=%s`` (ISO times are accepted too),
   parsed with ``csv.DictReader(delimiter='|')``; AdminComment is the last field so a ``|``
   inside it cannot shift the others;
-- ``sacct --json`` (openapi dbv0.0.38 layout).
+- ``sacct --json`` (openapi dbv0.0.38 layout, 22.05; and 24.11's, whose numbers are wrapped
+  objects and states lists).
 
 Of the AdminComment only the product's own tag (``gpushare:v1:...``) is kept: an admin's free
 text has no place in a report. Job names and scripts are never requested.
@@ -30,9 +31,10 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from slurm_gpushare.core.files import replace_atomically
-from slurm_gpushare.core.hostlist import expand_hostlist, expand_ranges
+from slurm_gpushare.core.hostlist import expand_hostlist
 from slurm_gpushare.core.tag import TAG_PREFIX, Tag
 from slurm_gpushare.slurm import cmd
+from slurm_gpushare.slurm.jobs import gres_placements
 
 SACCT_FIELDS = ("JobID", "JobIDRaw", "Cluster", "User", "Account", "Partition", "State",
                 "ExitCode", "DerivedExitCode", "Submit", "Eligible", "Start", "End",
@@ -356,7 +358,7 @@ def _add_run(jobs: dict[str, JobRecord], record: JobRecord) -> None:
     jobs[record.job_id] = latest
 
 
-# -- sacct --json (22.05: openapi dbv0.0.38) --------------------------------------------------
+# -- sacct --json (22.05: openapi dbv0.0.38; 24.11: v0.0.41 with wrapped numbers) -------------
 def parse_json(text: str, *, progress: bool | None = None) -> list[JobRecord]:
     try:
         data = json.loads(text)
@@ -370,23 +372,34 @@ def parse_json(text: str, *, progress: bool | None = None) -> list[JobRecord]:
     return list(jobs.values())
 
 
+def _plain(value: Any) -> Any:
+    """v0.0.39+ wraps numbers as ``{"set": true, "infinite": false, "number": 5}`` and states
+    as lists (``["COMPLETED"]``); v0.0.38 (22.05) has them bare."""
+    if isinstance(value, Mapping) and "number" in value:
+        return value["number"] if value.get("set", True) else None
+    if isinstance(value, list):
+        return " ".join(str(v) for v in value) if value else None
+    return value
+
+
 def _json_job(job: Mapping[str, Any]) -> JobRecord:
     raw_id = str(job.get("job_id", ""))
     array = job.get("array") or {}
     het = job.get("het") or {}
     job_id = raw_id
-    if array.get("task_id") is not None and array.get("job_id"):
-        job_id = f"{array['job_id']}_{array['task_id']}"
-    elif het.get("job_offset") is not None and het.get("job_id"):
-        job_id = f"{het['job_id']}+{het['job_offset']}"
-    times = job.get("time") or {}
+    task_id, offset = _plain(array.get("task_id")), _plain(het.get("job_offset"))
+    if task_id is not None and array.get("job_id"):
+        job_id = f"{array['job_id']}_{task_id}"
+    elif offset is not None and het.get("job_id"):
+        job_id = f"{het['job_id']}+{offset}"
+    times = {k: _plain(v) for k, v in (job.get("time") or {}).items()}
     exit_code, signal = _json_exit(job.get("exit_code"))
     record = JobRecord(
         job_id=job_id, raw_id=raw_id,
         cluster=job.get("cluster") or (job.get("association") or {}).get("cluster") or "",
         user=job.get("user") or "", account=job.get("account") or "",
         partition=job.get("partition") or "",
-        state=parse_state((job.get("state") or {}).get("current")),
+        state=parse_state(_plain((job.get("state") or {}).get("current"))),
         exit_code=exit_code, signal=signal,
         submit=parse_time(times.get("submission")), start=parse_time(times.get("start")),
         end=parse_time(times.get("end")), elapsed_s=_float(times.get("elapsed")),
@@ -397,11 +410,12 @@ def _json_job(job: Mapping[str, Any]) -> JobRecord:
     )
     for step in job.get("steps") or []:
         # The step's id ("batch", 0, 1); its name is the command line's program: not kept.
-        step_id = str((step.get("step") or {}).get("id", ""))
+        # v0.0.39+ names the step "123.batch"; v0.0.38 "batch".
+        step_id = str((step.get("step") or {}).get("id", "")).rpartition(".")[2]
         code, sig = _json_exit(step.get("exit_code"))
         record.steps.append(StepRecord(
-            step_id=step_id, state=parse_state((step.get("state"))), exit_code=code,
-            signal=sig, elapsed_s=_float((step.get("time") or {}).get("elapsed"))))
+            step_id=step_id, state=parse_state(_plain(step.get("state"))), exit_code=code,
+            signal=sig, elapsed_s=_float(_plain((step.get("time") or {}).get("elapsed")))))
     return record
 
 
@@ -409,15 +423,20 @@ def _json_exit(value: Any) -> tuple[int | None, int | None]:
     if not isinstance(value, Mapping):
         return None, None
     signal = value.get("signal") or {}
-    sig = signal.get("signal_id") if isinstance(signal, Mapping) else None
-    return _int(value.get("return_code")), _int(sig) or 0
+    # v0.0.38: {"signal_id": 9}; v0.0.39+: {"id": {"set": true, "number": 9}}
+    sig = (_plain(signal.get("signal_id", signal.get("id")))
+           if isinstance(signal, Mapping) else None)
+    code = _int(_plain(value.get("return_code")))
+    if code is None and isinstance(value.get("return_code"), Mapping):
+        code = 0  # v0.0.39+ leaves it unset for a job killed by a signal; sacct -P shows 0
+    return code, _int(sig) or 0
 
 
 def _json_tres(items: Any) -> dict[str, float]:
     out: dict[str, float] = {}
     for item in items or []:
-        if not isinstance(item, Mapping) or item.get("count") is None:
-            continue
+        if not isinstance(item, Mapping) or item.get("count") is None or item["count"] < 0:
+            continue  # 24.11 lists TRES it has no figure for with a negative sentinel count
         name = item.get("type") or ""
         if item.get("name"):
             name = f"{name}/{item['name']}"
@@ -540,10 +559,9 @@ def placements_from_scontrol(text: str) -> dict[str, set[tuple[str, int]]]:
             job_id = f"{array.group(1)}_{array.group(2)}"
         elif het:
             job_id = f"{het.group(1)}+{het.group(2)}"
-        for node, indexes in re.findall(
-                r"Nodes=(\S+) [^\n]*?GRES=[^\n]*?(?:gpu|shard)[^(\n]*\(IDX:([\d,\-]+)\)", block):
+        for node, indexes in gres_placements(block):
             for name in expand_hostlist(node):
-                for index in expand_ranges(indexes):
+                for index in indexes:
                     out.setdefault(job_id, set()).add((name, index))
     return out
 

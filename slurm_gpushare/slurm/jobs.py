@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from slurm_gpushare.core.hostlist import expand_ranges
+from slurm_gpushare.core.hostlist import expand_hostlist, expand_ranges
 from slurm_gpushare.core.tag import Tag
 from slurm_gpushare.slurm import cmd
 
@@ -57,18 +57,40 @@ def lookup_job(job_id: str, timeout: float = 5.0) -> SlurmJob | None:
     return None
 
 
+# One node's GRES in ``scontrol show job -d``: ``Nodes=n1 CPU_IDs=0 Mem=0 GRES=<spec>``.
+_GRES_LINE = re.compile(r"Nodes=(\S+) [^\n]*?GRES=(\S*)")
+# A whole GPU: ``gpu:a100:2(IDX:0-1)`` (both versions); a share: ``shard:8(IDX:0)`` in 22.05,
+# ``shard:20(20/80,0/80)`` (allocated/total on each GPU, in index order) from 23.x on.
+_GRES_ITEM = re.compile(r"(gpu|shard|mps)[^(,]*\((?:IDX:([\d,\-]+)|([\d/,]+))\)")
+
+
+def gres_placements(detail: str) -> list[tuple[str, list[int]]]:
+    """(node list, GPU indices) for each ``Nodes=... GRES=...`` line of ``scontrol show job -d``
+    (one job's block), in both Slurm 22.05's and 24.11's spelling."""
+    out = []
+    for nodes, spec in _GRES_LINE.findall(detail):
+        indices: set[int] = set()
+        for _, idx, per_gpu in _GRES_ITEM.findall(spec):
+            if idx:
+                indices.update(expand_ranges(idx))
+            else:
+                indices.update(i for i, pair in enumerate(per_gpu.split(","))
+                               if pair.partition("/")[0].isdigit() and int(pair.partition("/")[0]))
+        if indices:
+            out.append((nodes, sorted(indices)))
+    return out
+
+
 def gpu_indices(job_id: str, node: str, timeout: float = 10.0) -> list[int]:
     """GPU indices a job holds on one node, from ``scontrol show job -d``.
 
     The fallback when Slurm sets neither SLURM_JOB_GPUS nor CUDA_VISIBLE_DEVICES (shards on
-    22.05, file-backed test GPUs): lines like ``Nodes=n1 CPU_IDs=0 Mem=0 GRES=shard:8(IDX:0)``.
+    22.05, file-backed test GPUs): lines like ``Nodes=n1 CPU_IDs=0 Mem=0 GRES=shard:8(IDX:0)``
+    (22.05) or ``GRES=shard:8(8/16,0/16)`` (24.11).
     """
     out = cmd.output(["scontrol", "show", "job", "-d", job_id], timeout=timeout) or ""
     indices: set[int] = set()
-    for nodes, spec in re.findall(r"Nodes=(\S+) .*?GRES=(\S+)", out):
-        if nodes != node and node not in (cmd.output(["scontrol", "show", "hostnames", nodes],
-                                                      timeout=timeout) or "").split():
-            continue
-        for group in re.findall(r"\(IDX:([\d,\-]+)\)", spec):
-            indices.update(expand_ranges(group))
+    for nodes, found in gres_placements(out):
+        if nodes == node or node in expand_hostlist(nodes):
+            indices.update(found)
     return sorted(indices)

@@ -302,11 +302,21 @@ def _tres(prefix: str, spec: str | None) -> str:
     return ",".join(f"{prefix}:{token}" for token in spec.split(",") if token)
 
 
-def _gres(spec: str | None) -> str:
-    """``gres_prepend_tres_type``: ``gres:`` before each token; ``none`` means no gres."""
+def _gres(spec: str | None, gres: str = "gres:") -> str:
+    """``gres_prepend_tres_type``: ``gres:`` (23.11+: ``gres/``) before each token; ``none``
+    means no gres."""
     if not spec or spec.lower() == "none":
         return ""
-    return "gres:" + spec.replace(",", ",gres:")
+    return gres + spec.replace(",", "," + gres)
+
+
+def _gpus_per_task(spec: str | None, gres: str) -> str:
+    """``--gpus-per-task`` in ``tres_per_task``: ``gres:gpu:N`` (22.05), or from 23.11 on
+    ``gres/gpu[:type]=N`` (``_get_gpu_cnt_and_str`` in 24.11's ``src/common/slurm_opt.c``)."""
+    if gres == "gres:" or not spec:
+        return _tres("gres:gpu", spec)
+    gtype, _, count = spec.rpartition(":") if ":" in spec else ("", "", spec)
+    return f"gres/gpu{':' + gtype if gtype else ''}={count}"
 
 
 # ---- the submission as the hook sees it ---------------------------------------------------
@@ -346,9 +356,12 @@ class Submission:
     def get(self, name: str) -> str | None:
         return self.values.get(name)
 
-    def job_fields(self, *, uid: int, user: str, default_partition: str = "") -> dict:
-        """The job object of a ``decide``/``explain`` request (see ``protocol.JOB_FIELDS``)."""
+    def job_fields(self, *, uid: int, user: str, default_partition: str = "",
+                   gres: str = "gres:") -> dict:
+        """The job object of a ``decide``/``explain`` request (see ``protocol.JOB_FIELDS``).
+        ``gres``: how the installed sbatch prefixes gres (``gres/`` from 23.11)."""
         job: dict = {"uid": uid, "user": user}
+        gpu = gres + "gpu"
 
         def put(name, value):
             if value not in (None, ""):
@@ -358,17 +371,17 @@ class Submission:
         put("partition", self.get("partition") or default_partition)
         put("qos", self.get("qos"))
         # Order as sbatch builds it: --gpus-per-node first, then --gres.
-        per_node = [t for t in (_tres("gres:gpu", self.get("gpus-per-node")),
-                                _gres(self.get("gres"))) if t]
+        per_node = [t for t in (_tres(gpu, self.get("gpus-per-node")),
+                                _gres(self.get("gres"), gres)) if t]
         put("tres_per_node", ",".join(per_node))
-        put("tres_per_job", _tres("gres:gpu", self.get("gpus")))
-        put("tres_per_socket", _tres("gres:gpu", self.get("gpus-per-socket")))
-        put("tres_per_task", _tres("gres:gpu", self.get("gpus-per-task")))
+        put("tres_per_job", _tres(gpu, self.get("gpus")))
+        put("tres_per_socket", _tres(gpu, self.get("gpus-per-socket")))
+        put("tres_per_task", _gpus_per_task(self.get("gpus-per-task"), gres))
         if self.get("cpus-per-gpu"):
             put("cpus_per_tres",
-                f"gres:gpu:{_positive_int(self.get('cpus-per-gpu'), 'CPUs per GPU')}")
+                f"{gpu}:{_positive_int(self.get('cpus-per-gpu'), 'CPUs per GPU')}")
         if self.get("mem-per-gpu"):
-            put("mem_per_tres", f"gres:gpu:{megabytes(self.get('mem-per-gpu'))}")
+            put("mem_per_tres", f"{gpu}:{megabytes(self.get('mem-per-gpu'))}")
         tasks_per_gpu = self.get("ntasks-per-gpu") or self.get("ntasks-per-tres")
         if tasks_per_gpu:
             job["ntasks_per_tres"] = _positive_int(tasks_per_gpu, "tasks per GPU")

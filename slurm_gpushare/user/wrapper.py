@@ -36,6 +36,7 @@ import click
 from slurm_gpushare.core.errors import UserError
 from slurm_gpushare.core.tag import Tag
 from slurm_gpushare.slurm import cmd
+from slurm_gpushare.slurm.version import installed_version
 from slurm_gpushare.user import explain as explainmod
 from slurm_gpushare.core.config import Config
 from slurm_gpushare.user.sbatchargs import (CommandLine, SbatchArgsError, Submission, add_comment_token,
@@ -172,7 +173,9 @@ def explain_fields(command_line: CommandLine, script_bytes: bytes | None, config
         except KeyError:
             user = str(uid)
         partition = "" if submission.get("partition") else default_partition()
-        job = submission.job_fields(uid=uid, user=user, default_partition=partition)
+        version = installed_version()  # 23.11+ clients spell gres "gres/gpu:1"
+        job = submission.job_fields(uid=uid, user=user, default_partition=partition,
+                                    gres=version.tres_prefix if version else "gres:")
     except SbatchArgsError as exc:
         raise WrapperError(str(exc)) from None
     # The hook sends at most max_script_bytes of the script.

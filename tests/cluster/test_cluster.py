@@ -11,6 +11,8 @@ import pytest
 
 from conftest import MisbehavingServer
 
+from slurm_gpushare.slurm.jobs import gres_placements
+
 pytestmark = pytest.mark.cluster
 
 SLEEP = "#!/bin/sh\nsleep {}\n"
@@ -27,7 +29,7 @@ def test_cluster_comes_up_within_a_minute(cluster):
 def test_first_run_is_profiled_on_a_whole_gpu(cluster):
     job_id = cluster.sbatch("--gres=gpu:1", script=SLEEP.format(0) + f"RUN={time.time()}\n")
     job = cluster.job(job_id)
-    assert job["TresPerNode"] == "gres:gpu:1"
+    assert job["TresPerNode"] == cluster.gres_prefix + "gpu:1"
     assert job.get("Features", "(null)") == "(null)"
     assert re.fullmatch(r"gpushare:v1:keep:id=[0-9a-f]{8}:why=first-run", job["AdminComment"])
 
@@ -35,7 +37,7 @@ def test_first_run_is_profiled_on_a_whole_gpu(cluster):
 def test_ordinary_gpu_job_becomes_a_share(cluster):
     job_id = cluster.sbatch("--gres=gpu:1", HINT, script=SLEEP.format(1))
     job = cluster.job(job_id)
-    assert job["TresPerNode"] == "gres:shard:8"
+    assert job["TresPerNode"] == cluster.gres_prefix + "shard:8"
     assert job["Features"] == "a100|v100"
     assert re.fullmatch(r"gpushare:v1:share:id=[0-9a-f]{8}:shard=8:types=a100\+v100:"
                         r"why=hint-share", job["AdminComment"])
@@ -43,7 +45,7 @@ def test_ordinary_gpu_job_becomes_a_share(cluster):
     # squeue --json in 22.05 ignores -j and lists every job: pick ours.
     queued = [j for j in json.loads(cluster.slurm("squeue", "--json").stdout)["jobs"]
               if str(j["job_id"]) == job_id]
-    assert queued and queued[0]["tres_per_node"] == "gres:shard:8"
+    assert queued and queued[0]["tres_per_node"] == cluster.gres_prefix + "shard:8"
 
     # Free text last: Constraints may hold "|", sacct -P's delimiter.
     record = cluster.sacct(job_id, "JobID,State,AllocTRES,NodeList,AdminComment,Constraints")
@@ -65,22 +67,22 @@ def test_ordinary_gpu_job_becomes_a_share(cluster):
 def test_gpus_option_and_typed_request(cluster):
     job_id = cluster.sbatch("--gpus=1", HINT, script=SLEEP.format(0))
     job = cluster.job(job_id)
-    assert job["TresPerNode"] == "gres:shard:8" and "TresPerJob" not in job
+    assert job["TresPerNode"] == cluster.gres_prefix + "shard:8" and "TresPerJob" not in job
     typed = cluster.job(cluster.sbatch("--gres=gpu:a100:1", HINT, script=SLEEP.format(0)))
-    assert typed["TresPerNode"] == "gres:shard:8" and typed["Features"] == "a100"
+    assert typed["TresPerNode"] == cluster.gres_prefix + "shard:8" and typed["Features"] == "a100"
 
 
 def test_memory_hint_excludes_gpus_it_does_not_fit(cluster):
     job = cluster.job(cluster.sbatch("--gres=gpu:1", "--comment=gpushare:mem=20G",
                                      script=SLEEP.format(0)))
-    assert job["TresPerNode"] == "gres:shard:22" and job["Features"] == "a100"
+    assert job["TresPerNode"] == cluster.gres_prefix + "shard:22" and job["Features"] == "a100"
 
 
 def _gres_index(cluster, job_id):
     """(node, GPU index) of a running shard job, from `scontrol show job -d`."""
     detail = cluster.slurm("scontrol", "show", "job", "-d", job_id).stdout
-    match = re.search(r"Nodes=(\S+) .*GRES=shard:\d+\(IDX:(\d+)\)", detail)
-    return (match.group(1), match.group(2)) if match else None
+    places = gres_placements(detail)  # GRES=shard:8(IDX:0) in 22.05, shard:8(8/16,0/16) in 24.11
+    return (places[0][0], places[0][1][0]) if places else None
 
 
 def test_two_jobs_share_one_gpu_at_the_same_time(cluster):
@@ -114,7 +116,7 @@ def test_untouched_jobs_stay_untouched(cluster, args, script_extra):
     assert job.get("AdminComment", "") == ""
     requested = [a.split("=", 1)[1] for a in args if a.startswith("--gres=")]
     if requested:
-        assert job["TresPerNode"] == f"gres:{requested[0]}"
+        assert job["TresPerNode"] == cluster.gres_prefix + f"{requested[0]}"
     else:
         assert "TresPerNode" not in job
 
@@ -124,7 +126,7 @@ def test_scontrol_update_on_a_shared_job_still_works(cluster):
     cluster.slurm("scontrol", "update", f"JobId={job_id}", "TimeLimit=5")
     job = cluster.job(job_id)
     cluster.slurm("scancel", job_id)
-    assert job["TimeLimit"] == "00:05:00" and job["TresPerNode"] == "gres:shard:8"
+    assert job["TimeLimit"] == "00:05:00" and job["TresPerNode"] == cluster.gres_prefix + "shard:8"
 
 
 def _timed_submit(cluster):
@@ -139,7 +141,7 @@ def _timed_submit(cluster):
 def _wait_for_sharing_again(cluster):
     """After a failure test: the breaker closes (cooldown 5 s) and jobs are shared again."""
     deadline = time.monotonic() + 30
-    while _timed_submit(cluster)[1]["TresPerNode"] != "gres:shard:8":
+    while _timed_submit(cluster)[1]["TresPerNode"] != cluster.gres_prefix + "shard:8":
         assert time.monotonic() < deadline, "hook never recovered"
         time.sleep(0.5)
 
@@ -171,7 +173,7 @@ def test_daemon_failures_leave_jobs_unchanged_and_prompt(cluster, daemon_replace
     for _ in range(6):
         elapsed, job = _timed_submit(cluster)
         timings.append(elapsed)
-        assert job["TresPerNode"] == "gres:gpu:1" and job.get("AdminComment", "") == ""
+        assert job["TresPerNode"] == cluster.gres_prefix + "gpu:1" and job.get("AdminComment", "") == ""
     # The hook's deadline is 50 ms; sbatch itself costs tens of ms here.
     assert max(timings) < 1.5, timings
     log_after = (cluster.log / "slurmctld.log").read_text().count("gpushare: job left as submitted")

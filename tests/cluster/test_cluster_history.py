@@ -52,7 +52,7 @@ def profile(cluster, script: str, *args: str) -> dict:
     """Run a job for the first time (whole GPU) and wait for its telemetry."""
     job_id = cluster.sbatch("--gres=gpu:1", *args, script=script)
     first = cluster.job(job_id)
-    assert first["TresPerNode"].startswith("gres:gpu:")
+    assert first["TresPerNode"].startswith(cluster.gres_prefix + "gpu:")
     assert first["AdminComment"].endswith(":why=first-run")
     assert cluster.wait_state(job_id, {"COMPLETED", "FAILED"}, timeout=90) == "COMPLETED"
     return wait_ingested(cluster, job_id)
@@ -86,7 +86,7 @@ def test_gpu_time_bound_job_gets_its_part_of_the_fastest_type(cluster):
     decision = decision_of(cluster, job)
     # 40% of the GPU's time is 32 of an A100's 80 shards (more than its 6 GiB of memory), and
     # 32 shards do not exist on a 16 GiB V100.
-    assert (job["TresPerNode"], job["Features"]) == ("gres:shard:32", "a100")
+    assert (job["TresPerNode"], job["Features"]) == (cluster.gres_prefix + "shard:32", "a100")
     assert "sized by GPU time (40% of a GPU" in decision["reason"]
 
 
@@ -111,7 +111,7 @@ def test_preallocating_framework_keeps_a_whole_gpu(cluster):
     cluster.slurm("scancel", job["JobId"])
     decision = decision_of(cluster, job)
     assert (decision["action"], decision["code"]) == ("keep", "memory-unknown")
-    assert job["TresPerNode"] == "gres:gpu:1" and "pre-allocates" in decision["reason"]
+    assert job["TresPerNode"] == cluster.gres_prefix + "gpu:1" and "pre-allocates" in decision["reason"]
 
 
 def test_a_job_above_its_share_is_reported(cluster):
@@ -122,7 +122,7 @@ def test_a_job_above_its_share_is_reported(cluster):
     profile(cluster, script, "--gres=gpu:v100:1")
     job_id = cluster.sbatch("--gres=gpu:1", script=script,
                             env={"GPUSHARE_FAKEGPU_EXTRA_MIB": "6000"})
-    assert cluster.job(job_id)["TresPerNode"].startswith("gres:shard:")
+    assert cluster.job(job_id)["TresPerNode"].startswith(cluster.gres_prefix + "shard:")
     cluster.wait_state(job_id, {"COMPLETED", "FAILED"}, timeout=90)
     wait_ingested(cluster, job_id)
     hits = []
@@ -159,7 +159,7 @@ def test_a_job_above_its_share_is_requeued_when_admins_choose_so(cluster):
             time.sleep(0.1)
         job_id = cluster.sbatch("--gres=gpu:1", script=script,
                                 env={"WORK": "30", "GPUSHARE_FAKEGPU_EXTRA_MIB": "6000"})
-        assert cluster.job(job_id)["TresPerNode"].startswith("gres:shard:")
+        assert cluster.job(job_id)["TresPerNode"].startswith(cluster.gres_prefix + "shard:")
         deadline = time.monotonic() + 60
         while int(cluster.job(job_id).get("Restarts", "0")) < 1:
             assert time.monotonic() < deadline, cluster.job(job_id)
@@ -173,3 +173,43 @@ def test_a_job_above_its_share_is_requeued_when_admins_choose_so(cluster):
             cluster.slurm("scancel", job_id, check=False)
         config.write_text(original)
         os.kill(cluster.daemon_pid(), signal.SIGHUP)
+
+
+def test_a_light_job_keeps_off_nodes_full_of_heavy_shares(cluster):
+    from slurm_gpushare.core.hostlist import expand_hostlist
+
+    # The pair predictor, from both jobs' own telemetry: a light job next to a GPU-bound one
+    # would run below 0.7x. Once every GPU of both v100 nodes holds a heavy share, the light
+    # job's share is kept off those nodes (Slurm excludes by node, not by GPU).
+    heavy = unique_script(cluster, work_s=1, util=95, mem_util=60,
+                          mem_mib={"v100": 3000, "a100": 3000})
+    heavy = heavy.replace("--work 1 ", "--work ${WORK:-1} ")
+    light = unique_script(cluster, work_s=1, util=8, mem_util=3,
+                          mem_mib={"v100": 2000, "a100": 2000})
+    profile(cluster, heavy, "--gres=gpu:v100:1")
+    profile(cluster, light, "--gres=gpu:v100:1")
+    heavy_jobs: list[str] = []
+    try:
+        for _ in range(4):
+            heavy_jobs.append(cluster.sbatch("--gres=gpu:v100:1", script=heavy,
+                                             env={"WORK": "120"}))
+        for job_id in heavy_jobs:
+            assert cluster.job(job_id)["TresPerNode"].startswith("gres:shard:")
+            assert cluster.wait_state(job_id, {"RUNNING"}, timeout=60) == "RUNNING"
+        assert {cluster.job(j)["NodeList"] for j in heavy_jobs} == {"v100-1", "v100-2"}
+        # The daemon's view of running shares refreshes in the background: poll.
+        deadline = time.monotonic() + 30
+        while True:
+            job = cluster.job(cluster.sbatch("--gres=gpu:1", "--hold", script=light))
+            cluster.slurm("scancel", job["JobId"])
+            decision = decision_of(cluster, job)
+            if decision["writes"].get("exc_nodes") or time.monotonic() > deadline:
+                break
+            time.sleep(1)
+        assert decision["action"] == "share", decision
+        assert decision["writes"]["exc_nodes"] == "v100-1,v100-2", decision
+        assert sorted(expand_hostlist(job["ExcNodeList"])) == ["v100-1", "v100-2"]
+        assert "pair predictor" in decision["reason"]
+    finally:
+        for job_id in heavy_jobs:
+            cluster.slurm("scancel", job_id, check=False)

@@ -34,7 +34,8 @@ pytest_cluster = pytest.mark.cluster
 def live_env(cluster, monkeypatch):
     """Slurm clients talk to the running test cluster (the live half of every check), whose
     daemon answers (polled: it may be restarting)."""
-    monkeypatch.setenv("SLURM_CONF", str(cluster.slurm_conf))
+    for name, value in cluster.client_environ().items():  # SLURM_CONF (and PATH for 24.11)
+        monkeypatch.setenv(name, value)
     deadline = time.monotonic() + 45
     while True:
         try:

@@ -43,7 +43,8 @@ def hook_ready(cluster):
 
 
 def _use_cluster(cluster, monkeypatch):
-    monkeypatch.setenv("SLURM_CONF", str(cluster.slurm_conf))
+    for name, value in cluster.client_environ().items():  # SLURM_CONF (and PATH for 24.11)
+        monkeypatch.setenv(name, value)
     monkeypatch.setenv("GPUSHARE_CONFIG", str(cluster.daemon_config))
     monkeypatch.delenv("GPUSHARE_QUERY_SOCKET", raising=False)
     monkeypatch.delenv("GPUSHARE_SBATCH", raising=False)
@@ -155,7 +156,7 @@ def test_no_share_opts_out_and_keeps_the_comment(cluster, monkeypatch, capfd, tm
     job = cluster.job(out.strip())
     record = parse_scontrol_line(cluster.slurm("scontrol", "-o", "show", "job", out.strip())
                                  .stdout.splitlines()[0])
-    assert status == 0 and job["TresPerNode"] == "gres:gpu:1" and "AdminComment" not in job
+    assert status == 0 and job["TresPerNode"] == cluster.gres_prefix + "gpu:1" and "AdminComment" not in job
     assert record["Comment"] == "my run gpushare=off"
     assert "(opted out)" in err
 
@@ -175,7 +176,7 @@ def test_explain_a_submitted_job(hook_ready, monkeypatch, capfd):
     assert (decision["action"], decision["decision_id"], decision["share_gib"],
             decision["gpu_types"], decision["code"]) == (
         "share", tag.decision_id, tag.shard, list(tag.types), tag.why)
-    assert report["slurm"]["TresPerNode"] == f"gres:shard:{tag.shard}"
+    assert report["slurm"]["TresPerNode"] == cluster.gres_prefix + f"shard:{tag.shard}"
     assert cli_main(["explain", job_id]) == 0
     text = capfd.readouterr().out
     assert f"job {job_id}" in text and f"runs as a share: {tag.shard} GiB" in text

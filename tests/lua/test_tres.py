@@ -18,10 +18,14 @@ CASES = [
     ("gres:gpu", [("gres:", "gpu", None, 1)]),
     ("gres:gpu:1,gres:nic:1", [("gres:", "gpu", None, 1), ("gres:", "nic", None, 1)]),
     ("gres:shard:2K", [("gres:", "shard", None, 2048)]),
+    # Slurm 24.11 (recorded on the 24.11 test cluster): tres_per_task counts after "=".
+    ("gres/gpu=1", [("gres/", "gpu", None, 1)]),
+    ("cpu=2,gres/gpu:a100=2", [("", "cpu", None, 2), ("gres/", "gpu", "a100", 2)]),
+    ("gres/shard:8", [("gres/", "shard", None, 8)]),
     ("", []),
     (None, []),
 ]
-BAD = ["gres::1", "gres:gpu:a100:x", "gres:gpu:a:b:1"]
+BAD = ["gres::1", "gres:gpu:a100:x", "gres:gpu:a:b:1", "gres/gpu=x", "gres/gpu:a:b=1", "=1"]
 
 
 @pytest.fixture(scope="module")

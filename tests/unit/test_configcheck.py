@@ -93,3 +93,43 @@ def test_gen_config_for_given_nodes_and_its_errors(tmp_path, capsys):
     assert err.count("\n") == 1 and "[gpu_types.h100]" in err
     assert main(["gen-config", "--config", str(toml), "--node", "n1-a100-8"]) == 1
     assert "NAME:TYPE:COUNT" in capsys.readouterr().err
+
+
+# ---- the Slurm version's traps -------------------------------------------------------------------
+
+def _version_findings(tmp_path, version, *, gres_conf="AutoDetect=off\n",
+                      tres="gres/gpu,gres/shard"):
+    from slurm_gpushare.admin.configcheck import LiveSlurm
+
+    (tmp_path / "slurm.conf").write_text(f"GresTypes=gpu,shard\nAccountingStorageTRES={tres}\n")
+    (tmp_path / "gres.conf").write_text(gres_conf)
+    live = LiveSlurm(config={"slurm_version": version})
+    checker = Checker(tmp_path / "slurm.conf", None, live=live)
+    checker.conf = SlurmConf.read(tmp_path / "slurm.conf")
+    checker.check_slurm_version()
+    return [(f.level, f.message) for f in checker.findings]
+
+
+def test_the_whole_gpu_and_shard_bug_is_named_up_to_23_11_4(tmp_path):
+    for version in ("22.05.8", "23.02.7", "23.11.4"):
+        warnings = [m for level, m in _version_findings(tmp_path, version) if level == "warning"]
+        assert len(warnings) == 1 and "fixed in 23.11.5" in warnings[0], version
+        assert "bug 19110" in warnings[0]
+    for version in ("23.11.5", "24.11.5"):
+        assert all(level == "ok" for level, _ in _version_findings(tmp_path, version)), version
+
+
+def test_gpu_usage_accounting_is_asked_for_where_nvml_can_give_it(tmp_path):
+    nvml = "AutoDetect=nvml\n"
+    found = _version_findings(tmp_path, "24.11.5", gres_conf=nvml)
+    assert [m for level, m in found if level == "warning"] == [
+        m for _, m in found if "lacks gres/gpumem, gres/gpuutil" in m]
+    assert len(found) == 2
+    # 22.05 cannot account it; with the TRES listed there is nothing to say.
+    assert not any("gpumem" in m for _, m in _version_findings(tmp_path, "22.05.8", gres_conf=nvml))
+    assert all(level == "ok" for level, _ in _version_findings(
+        tmp_path, "24.11.5", gres_conf=nvml, tres="gres/gpu,gres/shard,gres/gpumem,gres/gpuutil"))
+
+
+def test_versions_older_than_shards_are_an_error(tmp_path):
+    assert _version_findings(tmp_path, "21.08.8")[0][0] == "error"

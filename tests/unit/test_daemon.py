@@ -182,10 +182,15 @@ def test_sighup_reloads_config_and_keeps_old_one_on_error(served):
         time.sleep(0.05)
     config.write_text("[policy\nbroken")
     proc.send_signal(signal.SIGHUP)
-    time.sleep(0.3)
-    assert decide(sock)["share_gib"] == 4
-    events = [json.loads(line)["event"] for line in log.read_text().splitlines()]
-    assert "reloaded" in events and "reload-failed" in events
+
+    def events():
+        return [json.loads(line)["event"] for line in log.read_text().splitlines()]
+
+    deadline = time.monotonic() + 10
+    while "reload-failed" not in events():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert decide(sock)["share_gib"] == 4 and "reloaded" in events()
 
 
 def test_sigterm_stops_cleanly_and_removes_the_socket(served):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -42,31 +43,64 @@ def test_predict_pairs_csv_interface(profiles):
     result = run("kb", "predict-pairs", str(profiles))
     assert result.exit_code == 0
     lines = result.output.splitlines()
-    assert lines[0] == "job_a,job_b,class_a,class_b,pred_speed_a,pred_speed_b,pred_ps_pct,fits_memory"
+    assert lines[0] == "job_a,job_b,pred_speed_a,pred_speed_b,fits_memory,recommended"
     rows = list(csv.DictReader(io.StringIO(result.output)))
     assert [(r["job_a"], r["job_b"]) for r in rows] == [
-        ("heavy", "light"), ("heavy", "medium"), ("light", "medium")]
-    assert [r["fits_memory"] for r in rows] == ["true", "false", "true"]
+        ("heavy", "heavy"), ("heavy", "light"), ("heavy", "medium"), ("light", "light"),
+        ("light", "medium"), ("medium", "medium")]
+    fits = {(r["job_a"], r["job_b"]): r["fits_memory"] for r in rows}
+    assert fits[("heavy", "heavy")] == "false" and fits[("light", "light")] == "true"
+    assert fits[("heavy", "medium")] == "false" and fits[("heavy", "light")] == "true"
     for r in rows:
         a, b = float(r["pred_speed_a"]), float(r["pred_speed_b"])
         assert 0 < a <= 1 and 0 < b <= 1
-        assert float(r["pred_ps_pct"]) == pytest.approx(100 * (1 - max(1 / a, 1 / b) / 2),
-                                                        abs=0.05)
-    classes = {r["job_a"]: int(r["class_a"]) for r in rows}
-    assert classes["heavy"] > classes["light"]  # class ids are ordered light -> heavy
+        assert r["recommended"] in ("true", "false")
+        if r["fits_memory"] == "false":
+            assert r["recommended"] == "false"
+    by_pair = {(r["job_a"], r["job_b"]): r for r in rows}
+    # A heavier partner never predicts a faster job.
+    assert float(by_pair[("heavy", "light")]["pred_speed_b"]) <= float(
+        by_pair[("light", "medium")]["pred_speed_a"]) <= float(
+        by_pair[("light", "light")]["pred_speed_a"])
+    assert by_pair[("light", "light")]["recommended"] == "true"
 
 
 def test_predict_pairs_json_matches_csv(profiles):
     rows = json.loads(run("kb", "predict-pairs", str(profiles), "--json").output)
     text = list(csv.DictReader(io.StringIO(run("kb", "predict-pairs", str(profiles)).output)))
-    assert len(rows) == 3 and rows[1]["fits_memory"] is False
+    assert len(rows) == 6 and rows[2]["fits_memory"] is False
     assert [str(r["pred_speed_a"]) for r in rows] == [r["pred_speed_a"] for r in text]
 
 
+def test_predict_pairs_learns_from_co_runs(profiles, tmp_path):
+    coruns = tmp_path / "coruns.csv"
+    coruns.write_text("job_a,job_b,speed_a,speed_b\nlight,medium,0.3,0.95\n"
+                      "light,light,0.35,0.35\n")
+    cold = {(r["job_a"], r["job_b"]): r for r in
+            json.loads(run("kb", "predict-pairs", str(profiles), "--json").output)}
+    warm = {(r["job_a"], r["job_b"]): r for r in json.loads(
+        run("kb", "predict-pairs", str(profiles), "--co-runs", str(coruns), "--json").output)}
+    # light suffers far more than the prior says: learned, and carried to its other partners.
+    assert warm[("light", "light")]["pred_speed_a"] < cold[("light", "light")]["pred_speed_a"]
+    assert warm[("heavy", "light")]["pred_speed_b"] < cold[("heavy", "light")]["pred_speed_b"]
+    assert warm[("light", "light")]["recommended"] is False
+
+
+def test_predict_pairs_optional_peaks(tmp_path):
+    path = tmp_path / "p.csv"
+    path.write_text("job,gpu_util_pct,mem_util_pct,mem_used_mib,mem_total_mib,gpu_type,"
+                    "gpu_util_max_pct,mem_util_max_pct\nx,10,5,1000,16384,,90,40\n")
+    rows = json.loads(run("kb", "predict-pairs", str(path), "--json").output)
+    assert [(r["job_a"], r["job_b"]) for r in rows] == [("x", "x")]
+
+
 @pytest.mark.parametrize("content, message", [
-    ("job,gpu_util_pct\nx,1\n", "missing column(s) mem_util_pct, mem_used_mib, mem_total_mib"),
+    ("job,gpu_util_pct\nx,1\n",
+     "missing column(s) mem_util_pct, mem_used_mib, mem_total_mib, gpu_type"),
     (PROFILES.replace("95,55", "lots,55"), "line 2: gpu_util_pct is not a number"),
+    (PROFILES.replace("95,55", "195,55"), "line 2: gpu_util_pct must be a number between 0 and 100"),
     (PROFILES.replace(",16384,v100\nlight", ",0,v100\nlight"), "line 2: mem_total_mib must be > 0"),
+    (PROFILES + "heavy,1,1,1,16384,v100\n", "line 5: job heavy appears twice"),
 ])
 def test_predict_pairs_errors_are_one_line(tmp_path, content, message):
     path = tmp_path / "bad.csv"
@@ -77,6 +111,25 @@ def test_predict_pairs_errors_are_one_line(tmp_path, content, message):
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
         assert main(["kb", "predict-pairs", str(path)]) == 1
+    assert message in err.getvalue() and len(err.getvalue().strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("content, message", [
+    ("job_a,job_b,speed_a\nheavy,light,0.5\n", "missing column(s) speed_b"),
+    ("job_a,job_b,speed_a,speed_b\nheavy,nobody,0.5,0.5\n",
+     "line 2: job_b 'nobody' is not in the profiles"),
+    ("job_a,job_b,speed_a,speed_b\nheavy,light,fast,0.5\n", "line 2: speed_a is not a number"),
+    ("job_a,job_b,speed_a,speed_b\nheavy,light,0,0.5\n", "line 2: speed_a must be in (0, 1.5]"),
+])
+def test_predict_pairs_co_run_errors_are_one_line(profiles, tmp_path, content, message):
+    path = tmp_path / "coruns.csv"
+    path.write_text(content)
+    from slurm_gpushare.cli import main
+    import contextlib
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        assert main(["kb", "predict-pairs", str(profiles), "--co-runs", str(path)]) == 1
     assert message in err.getvalue() and len(err.getvalue().strip().splitlines()) == 1
 
 
@@ -134,3 +187,21 @@ def test_commands_are_registered_in_the_main_cli():
     assert {"classes", "kb"} <= set(cli.list_commands(ctx))
     assert {"fit", "show", "reproduce"} <= set(cli.get_command(ctx, "classes").commands)
     assert {"show", "predict-pairs", "evaluate"} <= set(cli.get_command(ctx, "kb").commands)
+
+
+def test_the_daemon_loads_the_classes_that_classes_fit_wrote(tmp_path):
+    from conftest import RunningDaemon, make_config
+
+    config = make_config(tmp_path)
+    data = tmp_path / "jobs.csv"
+    rows = ["mgup_max,mgmap_max_pct,mgtsamp_max"]
+    rows += [f"{90 + i % 3},{60 - i % 2},{50 + i % 4}" for i in range(10)]
+    rows += [f"{5 + i % 3},{4 + i % 2},{1 + i % 2}" for i in range(10)]
+    data.write_text("\n".join(rows) + "\n")
+    model = Path(config.daemon.state_dir) / "classes.json"
+    run("classes", "fit", "--data", str(data), "--model", str(model), "--k", "2")
+    running = RunningDaemon(config)
+    try:
+        assert running.service.estimator.classes.k_ == 2  # not the packaged k = 3
+    finally:
+        running.stop()

@@ -1,8 +1,10 @@
 import contextlib
+import hashlib
 import io
 import json
 import math
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,6 +12,7 @@ from sklearn.base import clone
 from sklearn.exceptions import NotFittedError
 
 from slurm_gpushare.cli import main
+from slurm_gpushare.core.files import replace_atomically
 from slurm_gpushare.core.config import GpuType
 from slurm_gpushare.predict.memory import (CrossTypeMemoryPredictor, _huber_line, conformal_upper,
                                    default_predictor, estimate_memory, load_predictor,
@@ -20,14 +23,33 @@ from slurm_gpushare.core.policy import JobEstimate
 CLUSTER = [GpuType("v100", 16, model="V100-16GB"), GpuType("a100", 80, model="A100-80GB")]
 
 
+REPO = Path(__file__).resolve().parents[2]
+EVALUATION_INPUTS = [REPO / "slurm_gpushare" / "predict" / name
+                     for name in ("evaluate.py", "memory.py", "runtime.py")] + [
+    REPO / "slurm_gpushare" / "core" / "gpus.py", REPO / "slurm_gpushare" / "data" / "gpus.csv",
+    *sorted((REPO / "slurm_gpushare" / "data" / "schedtune").glob("*"))]
+
+
 @pytest.fixture(scope="module")
 def evaluation():
-    """One full evaluation through the CLI (the figures bench/memory_eval.json records)."""
+    """One full evaluation through the CLI (the figures bench/memory_eval.json records).
+
+    It costs ~25 s, so its result is kept in .cache/ under a hash of everything it reads
+    (code, data, arguments): any change to those recomputes it."""
+    argv = ["memory", "evaluate", "--json", "--seeds", "1"]
+    digest = hashlib.sha256(" ".join(argv).encode())
+    for path in EVALUATION_INPUTS:
+        digest.update(path.read_bytes())
+    cached = REPO / ".cache" / f"memory-evaluate-{digest.hexdigest()[:16]}.json"
+    if cached.is_file():
+        return json.loads(cached.read_text())
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        status = main(["memory", "evaluate", "--json", "--seeds", "1"])
+        status = main(argv)
     assert status == 0
-    return json.loads(out.getvalue())
+    figures = json.loads(out.getvalue())
+    replace_atomically(cached, out.getvalue().encode(), mode=0o644)
+    return figures
 
 
 def test_schedtune_rows_and_does_not_fit_labels():

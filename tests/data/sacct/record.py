@@ -10,6 +10,10 @@ waits until they settle and writes what slurmdbd returns for them, unedited:
 - ``awkward_isotime.psv``: the same with Slurm's default time format;
 - ``awkward.json``: ``sacct -a --json`` (22.05, openapi dbv0.0.38 layout).
 
+With ``GPUSHARE_SLURM=24.11`` the same goes into ``24.11/`` from the 24.11 test cluster, with
+``scontrol show job -d`` of running jobs (a whole GPU, a shard and an MPS share) and
+``squeue --json`` / ``sinfo --json`` beside them.
+
 ``crafted_oom.psv`` is NOT recorded: a state OUT_OF_MEMORY needs cgroups, which the test
 cluster does not use, so it is the SIGKILL job's lines with State and ExitCode edited to what
 Slurm writes for a cgroup OOM kill (``OUT_OF_MEMORY``, ``0:125``).
@@ -27,21 +31,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 from slurm_gpushare.slurm.accounting import SACCT_FIELDS  # noqa: E402
 from devcluster.cluster import TestCluster  # noqa: E402
 
-HERE = Path(__file__).resolve().parent
 WORKDIR = Path("/tmp/gpushare-capture")
 
 
 def main() -> None:
     cluster = TestCluster()
+    # 22.05's files sit in this folder; another version's in a subfolder named after it.
+    HERE = Path(__file__).resolve().parent
+    if cluster.slurm_version != "22.05":
+        HERE = HERE / cluster.slurm_version
+        HERE.mkdir(exist_ok=True)
     cluster.start()
     WORKDIR.mkdir(exist_ok=True)
     WORKDIR.chmod(0o1777)
     common = (f"--chdir={WORKDIR}", f"--output={WORKDIR}/%j.out")
 
     def submit(*args: str, script: str, user: str | None = None) -> str:
-        argv = ["sbatch", "--parsable", *common, *args]
-        if user:
-            argv = ["runuser", "-u", user, "--", *argv]
+        argv = cluster.in_root(["sbatch", "--parsable", *common, *args], user=user)
         result = subprocess.run(argv, input=script, capture_output=True, text=True,
                                 env=cluster.env(), check=True)
         return result.stdout.strip().split(";")[0]
@@ -68,6 +74,18 @@ def main() -> None:
     cluster.slurm("scancel", ids["cancel_running"])
     cluster.slurm("scancel", ids["cancel_pending"])
     cluster.wait_state(ids["running"], {"RUNNING"})
+    if cluster.slurm_version != "22.05":
+        # GPU lines of running jobs: a whole GPU, a share of each kind.
+        shares = [submit("--gres=shard:6", "-w", "v100-1", script=sleep.format(30)),
+                  submit("--gres=mps:50", "-w", "t4-1", script=sleep.format(30))]
+        for job_id in shares:
+            cluster.wait_state(job_id, {"RUNNING"})
+        detail = "".join(cluster.slurm("scontrol", "show", "job", "-d", job_id).stdout
+                         for job_id in (ids["running"], *shares))
+        (HERE / "scontrol_show_job_d.txt").write_text(detail)
+        (HERE / "squeue.json").write_text(cluster.slurm("squeue", "--json").stdout)
+        (HERE / "sinfo.json").write_text(cluster.slurm("sinfo", "--json").stdout)
+        cluster.slurm("scancel", *shares)
     # The timeout job ends last (limit 1 min + slurmctld's check interval).
     cluster.wait_state(ids["timeout"], {"TIMEOUT"}, timeout=240)
     settle = [i for k, i in ids.items() if k not in ("running",)]

@@ -1,0 +1,92 @@
+"""Benchmark: the pair predictor, leave one data set out; records figures.
+
+    .venv/bin/python bench/pairs_eval.py [--seeds 0 1 2 3 4] [--out bench/pairs_eval.json]
+
+Data sets (each held out in turn, the prior fitted on the others): Gavel's measured pairs on
+K80, P100 and V100 (separate GPUs) and Ray et al.'s 34 pairs on a P100 (alnair). For the
+held-out set it records, over its sides (job, co-runner): Spearman's rank correlation of
+predicted vs measured speed; over its unordered pairs: how many got a prediction (missing), the
+share recommended and the share of recommended pairs with a side measured below 0.7x.
+"cold": no co-run of the held-out set is known. "history": for each job, 3 of its co-runs
+(drawn per seed) are given as measured history; figures are over the remaining pairs, with the
+cold model on the same pairs beside them; mean, min and max over the seeds.
+Baseline: "add the two jobs' GPU utilisations" (a side's score is -(u_a + u_b); a pair is
+recommended when the sum is at most 100%).
+Ryu & Chun (TITAN RTX, MPS): their two statements checked against the prior fitted on all sets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from slurm_gpushare.predict.pairs import (DEFAULT_THRESHOLD, default_model,  # noqa: E402
+                                          leave_one_data_set_out)
+from slurm_gpushare.sim.run import default_data_dir  # noqa: E402
+
+def ryu_chun() -> dict:
+    """Their two statements, against the prior fitted on every packaged set. Profiles: SM % as
+    the SM demand, the larger of DRAM read/write bandwidth % as memory-controller demand."""
+    path = default_data_dir() / "ryu_chun" / "table1_profiles.csv"
+    if not path.exists():
+        return {"skipped": f"{path} not found"}
+    table = pd.read_csv(path).set_index("model")
+    profiles = {m: {"gpu_util_pct": r.sm_pct,
+                    "mem_util_pct": max(r.dram_read_bw_pct, r.dram_write_bw_pct)}
+                for m, r in table.iterrows()}
+    model = default_model()
+    first = model.predict_group([profiles["Data2Vec"], profiles["MobileNetV2"]])
+    second = model.predict_group([profiles["DLRM"], profiles["DeepFM"]])
+    return {
+        "Data2Vec+MobileNetV2": {"predicted": [round(s, 3) for s in first],
+                                 "paper": "about no slowdown",
+                                 "agrees": bool(min(first) >= 0.8)},
+        "DLRM+DeepFM": {"predicted": [round(s, 3) for s in second],
+                        "paper": "DLRM more than 3x slower (speed < 0.33)",
+                        "agrees": bool(second[0] < 0.33)},
+    }
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    parser.add_argument("--out", default=str(ROOT / "bench" / "pairs_eval.json"))
+    args = parser.parse_args(argv)
+    started = time.perf_counter()
+    model = default_model()
+    result = {
+        "command": "python bench/pairs_eval.py --seeds " + " ".join(map(str, args.seeds)),
+        "threshold": DEFAULT_THRESHOLD,
+        "prior_all_data": {"parameters": dict(zip(("alpha", "alpha_own", "beta", "gamma"),
+                                                  np.round(model.coef_, 4).tolist())),
+                           "margin": model.margin_, "margin_learned": model.margin_learned_,
+                           "sides": model.n_train_},
+        "leave_one_data_set_out": leave_one_data_set_out(args.seeds),
+        "ryu_chun": ryu_chun(),
+    }
+    result["seconds"] = round(time.perf_counter() - started, 1)
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    for name, entry in result["leave_one_data_set_out"].items():
+        cold, base, hist = entry["cold"], entry["baseline_sum_of_utilisations"], entry["with_history"]
+        print(f"{name:12} cold rho {cold['spearman']:.3f} rec {cold['recommended_share']:.2f} "
+              f"bad {cold['recommended_bad_share']} | baseline rho {base['spearman']:.3f} rec "
+              f"{base['recommended_share']:.2f} bad {base['recommended_bad_share']} | history rho "
+              f"{hist['history_spearman']['mean']} (cold same pairs "
+              f"{hist['cold_spearman']['mean']}) rec {hist['history_recommended_share']['mean']} "
+              f"bad {hist['history_recommended_bad_share']['mean']}")
+    print(json.dumps(result["ryu_chun"]))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

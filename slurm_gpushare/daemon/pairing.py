@@ -1,0 +1,161 @@
+"""The pair predictor as the daemon uses it: job profiles from the store's telemetry, per-job
+corrections learned from the store's co-runs, and, per decision, a compatibility that tells
+``policy.incompatible_nodes`` which running shares a job should not join.
+
+A job's *profile* is read from the history of its most specific fingerprint key that has
+telemetry (the runs that also size its share): mean SM and memory-controller utilisation
+averaged over those runs, peaks and memory as their maxima. Corrections are keyed by that
+fingerprint key, so what a job was seen to suffer or inflict follows its next runs. Running
+shares are known by their decision ids (the cluster view reads them from the AdminComment tag);
+a decision record holds the job's keys, so a resident's profile comes from its own history too.
+A resident without a usable profile never excludes a node (nothing is known against it).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import Any, Callable, Sequence
+
+from slurm_gpushare.predict.pairs import PairSpeedModel, default_model
+
+CACHE_SIZE = 4096
+
+
+def profile_of_history(history: Sequence[dict[str, Any]]) -> tuple[dict[str, Any] | None, int]:
+    """``(profile, rank)``: the pair profile from ``Store.history`` summaries of the most
+    specific key that has utilisation telemetry, and that key's rank (None, -1 without any)."""
+    usable = [s for s in history if s.get("mgup_mean") is not None or s.get("mgup_max") is not None]
+    if not usable:
+        return None, -1
+    rank = min(s.get("matched_key", 0) for s in usable)
+    runs = [s for s in usable if s.get("matched_key", 0) == rank]
+
+    def mean(name: str) -> float | None:
+        values = [float(s[name]) for s in runs if s.get(name) is not None]
+        return sum(values) / len(values) if values else None
+
+    def peak(name: str) -> float | None:
+        values = [float(s[name]) for s in runs if s.get(name) is not None]
+        return max(values) if values else None
+
+    return {"gpu_util_pct": mean("mgup_mean"), "mem_util_pct": mean("mgtsamp_mean"),
+            "gpu_util_max_pct": peak("mgup_max"), "mem_util_max_pct": peak("mgtsamp_max"),
+            "mem_used_mib": peak("mgmap_max_mib"), "mem_total_mib": peak("mem_total_mib")}, rank
+
+
+class PairCompatibility:
+    """One job's view of the running shares (``policy.PairCompatibility``)."""
+
+    def __init__(self, model: PairSpeedModel, profile: dict[str, Any], key: str,
+                 resident: Callable[[str], tuple[dict[str, Any], str] | None]):
+        self.model = model
+        self.profile = profile
+        self.key = key
+        self.resident = resident
+
+    def compatible_with(self, resident_id: str, gpu_type: str | None = None) -> bool:
+        """Whether the job may join the running share ``resident_id``: each side's pessimistic
+        predicted speed is at least the threshold (memory is Slurm's to account, by shards)."""
+        found = self.resident(resident_id)
+        if found is None:
+            return True
+        profile, key = found
+        speeds = self.model.safe_speeds([self.profile, profile], [self.key, key])
+        return bool(min(speeds) >= self.model.threshold)
+
+
+class Pairing:
+    """Owns the pair model decisions read; learning swaps in an updated copy."""
+
+    def __init__(self, store, *, model: PairSpeedModel | None = None):
+        self.store = store  # read-only use: history and decision records
+        self.model = model or default_model()
+        # One observation per co-run row (cluster, jobs, GPU): a row completed later replaces it.
+        self._observations: dict[tuple, tuple[str, str, float | None, float | None]] = {}
+        self._profiles: dict[str, dict[str, Any]] = {}  # fingerprint key -> profile (learning)
+        self._by_keys: OrderedDict[tuple[str, ...], tuple[dict[str, Any], str] | None] = OrderedDict()
+        self._decision_keys: OrderedDict[str, tuple[str, ...]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    # -- profiles ---------------------------------------------------------------------------
+    def profile(self, keys: Sequence[str]) -> tuple[dict[str, Any], str] | None:
+        """``(profile, key)`` of a job with fingerprint ``keys`` (most specific first)."""
+        keys = tuple(k for k in keys if k)
+        if not keys:
+            return None
+        with self._lock:
+            if keys in self._by_keys:
+                self._by_keys.move_to_end(keys)
+                return self._by_keys[keys]
+        profile, rank = profile_of_history(self.store.history(list(keys)))
+        found = None if profile is None else (profile, keys[rank])
+        with self._lock:
+            self._by_keys[keys] = found
+            while len(self._by_keys) > CACHE_SIZE:
+                self._by_keys.popitem(last=False)
+        return found
+
+    def resident(self, decision_id: str) -> tuple[dict[str, Any], str] | None:
+        """A running share's profile, through its decision record's keys (a record never
+        changes its keys, so they are read once per decision)."""
+        if not decision_id:
+            return None
+        with self._lock:
+            keys = self._decision_keys.get(decision_id)
+        if keys is None:
+            record = self.store.decision(decision_id)
+            if record is None:
+                return None  # not written yet (records are written off the request path)
+            keys = tuple((record.get("keys") or [])[:2])  # exact script, job name
+            with self._lock:
+                self._decision_keys[decision_id] = keys
+                while len(self._decision_keys) > CACHE_SIZE:
+                    self._decision_keys.popitem(last=False)
+        return self.profile(keys)
+
+    def invalidate(self) -> None:
+        """New telemetry arrived: profiles are read again."""
+        with self._lock:
+            self._by_keys.clear()
+
+    def compatibility(self, keys: Sequence[str]) -> PairCompatibility | None:
+        """The compatibility for a job with fingerprint ``keys``; None without a profile (the
+        class knowledge base decides then)."""
+        found = self.profile(keys)
+        if found is None:
+            return None
+        return PairCompatibility(self.model, found[0], found[1], self.resident)
+
+    # -- learning ---------------------------------------------------------------------------
+    def load(self) -> "Pairing":
+        """Learn every co-run already in the store (at start)."""
+        return self.observe(self.store.corun_observations())
+
+    def observe(self, rows: Sequence[dict[str, Any]]) -> "Pairing":
+        """Add measured co-runs (store rows: ``job_a, job_b, isd_a, isd_b, cluster``) and swap
+        in a model with corrections re-learned from all of them."""
+        added = 0
+        for row in rows:
+            if row.get("isd_a") is None and row.get("isd_b") is None:
+                continue
+            cluster = str(row.get("cluster") or "")
+            jobs = (str(row["job_a"]), str(row["job_b"]))
+            isd = (row.get("isd_a"), row.get("isd_b"))
+            if jobs[1] < jobs[0]:  # one orientation per row, whichever side reported it
+                jobs, isd = jobs[::-1], isd[::-1]
+            sides = [self.profile(self.store.keys_of_job(job_id, cluster)[:2]) for job_id in jobs]
+            if None in sides:
+                continue  # the other job has not finished yet: learned when it has
+            (profile_a, key_a), (profile_b, key_b) = sides
+            self._profiles[key_a], self._profiles[key_b] = profile_a, profile_b
+            speed = [None if v is None else 1.0 / (1.0 + max(float(v), -0.99)) for v in isd]
+            ident = (cluster, *jobs, str(row.get("gpu_uuid") or ""))
+            self._observations[ident] = (key_a, key_b, speed[0], speed[1])
+            added += 1
+        if added:
+            model = PairSpeedModel(**self.model.get_params())
+            for name in ("coef_", "margin_", "margin_learned_", "n_train_"):
+                setattr(model, name, getattr(self.model, name))
+            self.model = model.learn(list(self._observations.values()), self._profiles)
+        return self

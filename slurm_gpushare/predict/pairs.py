@@ -1,0 +1,517 @@
+"""The pair predictor: each co-runner's normalised speed (throughput shared / alone) from the
+jobs' own solo telemetry, learning per-job corrections from the site's co-runs.
+
+**Inputs per job** (a *profile*, a mapping): ``gpu_util_pct`` and ``mem_util_pct`` (means over
+the run: SM busy and memory-controller busy, NVML), optional ``gpu_util_max_pct`` and
+``mem_util_max_pct`` (peaks), ``mem_used_mib`` (peak GPU memory) and ``mem_total_mib`` (the
+GPU's memory). Where a mean is missing it is taken as ``MEAN_PER_PEAK`` times the peak; where
+memory-controller use is missing altogether, as ``MEM_PER_SM`` times the SM demand.
+
+**The prior: a contention model with four non-negative parameters.** On a time-sliced GPU
+(gres/shard: no MPS) a job waits whenever it needs the GPU while a partner holds it, and
+concurrent kernels compete for memory bandwidth. Job ``a``'s slowdown (ISD = 1 / speed - 1)
+next to partners ``B`` is
+
+    ISD_a = sum over b in B of  (alpha * u_b  +  alpha_own * u_a * u_b  +  beta * m_a * m_b)
+            + gamma * max(0, u_a + sum_b u_b - 1)
+
+with ``u`` the SM demand (mean utilisation, a fraction) and ``m`` the memory-controller demand:
+a partner's busy time, weighted by how exposed ``a`` is, plus a penalty once the GPU demand sums
+beyond 100%. Every term is non-decreasing in every partner's demand and the parameters are
+non-negative, so a busier partner never predicts a faster job (monotone by construction); it is
+defined for a job next to a copy of itself and for any number of co-runners. The parameters are
+fitted by non-negative least squares on ISD with each data set weighted equally (so no one GPU's
+contention level dominates); the recommended margin is calibrated on the same data.
+
+**Learning from the site's co-runs.** Each job (a key: a fingerprint in the daemon, a name in the
+CLI) gets two corrections in log space: ``suffers`` (how much more than the prior it slows down)
+and ``hurts`` (how much more it slows its partners). A measured pair gives residuals
+``log((ISD + eps) / (ISD_prior + eps))`` for each side; corrections are the ridge solution
+``r_ab ~ suffers_a + hurts_b`` with penalty ``shrinkage`` per correction (with ``n``
+observations a correction moves ``n / (n + shrinkage)`` of the way to the data), so they shrink
+towards the prior. A partner's term is multiplied by ``exp(suffers_a + hurts_b)``.
+
+**Recommending a pair.** Both jobs fit in memory together, and each side's *pessimistic* speed,
+``1 / (1 + margin * ISD)``, is at least the threshold (0.7). ``margin`` is the smallest factor
+that keeps the share of recommended training pairs with a side measured below the threshold at or
+under ``max_bad_rate``.
+
+Data (fitted only on ``slurm_gpushare/data``, copies of the public sets in ``../shared/data``):
+Gavel's measured pairs on K80, P100 and V100 (telemetry: the Amdahl utilisation proxy derived
+from isolated throughputs, see ``knowledge.py``; no memory-controller figure) and Ray et al.'s 34
+pairs on a P100 (peak utilisation and peak memory access per job). ``bench/pairs_eval.py``
+evaluates it leaving one data set out.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from itertools import combinations
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+from scipy.optimize import nnls
+from scipy.stats import spearmanr
+from sklearn.base import BaseEstimator
+from sklearn.utils.validation import check_is_fitted
+
+DEFAULT_THRESHOLD = 0.7
+# Mean / peak utilisation where only the peak is known (alnair's 49 runs: median mean/peak SM
+# utilisation 0.17, memory 0.19; 0.5 errs towards more contention, the safe side).
+MEAN_PER_PEAK = 0.5
+# Memory-controller demand per unit of SM demand where it was not measured (alnair: median
+# ratio of mean memory to mean SM utilisation 0.43).
+MEM_PER_SM = 0.5
+EPS = 0.05  # ISD offset for log residuals: a 0% slowdown is not an infinite ratio
+MIN_SPEED = 0.02
+MAX_MARGIN = 6.0  # the most pessimism a calibration may ask for (ISD x 6)
+PARAMETERS = ("alpha", "alpha_own", "beta", "gamma")
+
+
+@dataclass(frozen=True)
+class Demand:
+    """A job's SM (``sm``) and memory-controller (``mem``) demand, fractions of one GPU."""
+
+    sm: float
+    mem: float
+
+
+def _number(value) -> float | None:
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        return None
+    return out if math.isfinite(out) else None
+
+
+def demand_of(profile: Mapping[str, Any]) -> Demand:
+    """Mean SM and memory-controller demand of a profile (see the module text)."""
+    def mean_of(mean_key: str, peak_key: str) -> float | None:
+        mean = _number(profile.get(mean_key))
+        if mean is None:
+            peak = _number(profile.get(peak_key))
+            mean = None if peak is None else MEAN_PER_PEAK * peak
+        return None if mean is None else min(max(mean, 0.0), 100.0) / 100.0
+
+    sm = mean_of("gpu_util_pct", "gpu_util_max_pct")
+    mem = mean_of("mem_util_pct", "mem_util_max_pct")
+    if sm is None and mem is None:
+        raise ValueError("a profile needs gpu_util_pct (or gpu_util_max_pct)")
+    if sm is None:
+        sm = min(1.0, mem / MEM_PER_SM)
+    if mem is None:
+        mem = MEM_PER_SM * sm
+    return Demand(sm, mem)
+
+
+def pair_terms(own: Demand, partner: Demand) -> np.ndarray:
+    """Per-partner terms of the model (multiplied by alpha, alpha_own, beta)."""
+    return np.array([partner.sm, own.sm * partner.sm, own.mem * partner.mem])
+
+
+def overload(own: Demand, partners: Sequence[Demand]) -> float:
+    """GPU demand beyond 100% (the gamma term)."""
+    return max(0.0, own.sm + sum(p.sm for p in partners) - 1.0)
+
+
+def fits_memory(profiles: Sequence[Mapping[str, Any]]) -> bool | None:
+    """Whether the jobs' memory fits together on one GPU of the smallest memory among them;
+    None when a figure is missing."""
+    used = [_number(p.get("mem_used_mib")) for p in profiles]
+    totals = [_number(p.get("mem_total_mib")) for p in profiles]
+    if None in used or None in totals:
+        return None
+    return sum(used) <= min(totals)
+
+
+class PairSpeedModel(BaseEstimator):
+    """The contention prior plus per-job corrections (scikit-learn style).
+
+    ``fit(sides)``: a frame with one row per (job, co-runner) side: ``own_sm, own_mem,
+    other_sm, other_mem, speed`` and optional ``group`` (the data set; groups weigh equally).
+    ``learn(coruns, profiles)`` adds per-job corrections from measured co-runs.
+    ``predict_group([profile, ...], keys)`` gives each co-runner's speed.
+    """
+
+    def __init__(self, *, threshold: float = DEFAULT_THRESHOLD, max_bad_rate: float = 0.01,
+                 shrinkage: float = 2.0, random_state: int | None = 0):
+        self.threshold = threshold
+        self.max_bad_rate = max_bad_rate
+        self.shrinkage = shrinkage
+        self.random_state = random_state
+
+    # -- the prior ------------------------------------------------------------------------
+    def fit(self, sides: pd.DataFrame, y=None) -> "PairSpeedModel":
+        """Fit the prior's parameters and both margins (cold, and with learned corrections)."""
+        own = [Demand(s, m) for s, m in zip(sides["own_sm"], sides["own_mem"])]
+        other = [Demand(s, m) for s, m in zip(sides["other_sm"], sides["other_mem"])]
+        X = np.array([[*pair_terms(o, p), overload(o, [p])] for o, p in zip(own, other)])
+        isd = 1.0 / np.clip(sides["speed"].to_numpy(float), MIN_SPEED, 1.0) - 1.0
+        groups = sides["group"].to_numpy() if "group" in sides else np.zeros(len(sides))
+        counts = pd.Series(groups).map(pd.Series(groups).value_counts()).to_numpy(float)
+        weight = np.sqrt(1.0 / counts)  # every data set weighs the same in total
+        coef, _ = nnls(X * weight[:, None], isd * weight)
+        self.coef_ = coef
+        self.suffers_: dict[str, float] = {}
+        self.hurts_: dict[str, float] = {}
+        self.margin_ = self._calibrate(X @ coef, sides["speed"].to_numpy(float), sides)
+        self.margin_learned_ = self._calibrate_learned(sides)
+        self.n_train_ = len(sides)
+        return self
+
+    def _calibrate_learned(self, sides: pd.DataFrame) -> float:
+        """The margin for pairs whose jobs both have corrections: each training data set is
+        replayed with ``HISTORY_PER_JOB`` co-runs per job as history (``random_state`` draws
+        them), and the margin calibrated on the predictions for its other pairs."""
+        if not {"group", "pair", "job", "other"} <= set(sides.columns):
+            return self.margin_
+        rng = np.random.default_rng(self.random_state)
+        isd_pred, speed, pair_ids = [], [], []
+        for group, frame in sides.groupby("group"):
+            profiles, pairs = {}, []
+            for pair_id, rows in frame.groupby("pair", sort=False):
+                first = rows.iloc[0]
+                profiles[first["job"]] = {"gpu_util_pct": 100 * first["own_sm"],
+                                          "mem_util_pct": 100 * first["own_mem"]}
+                profiles[first["other"]] = {"gpu_util_pct": 100 * first["other_sm"],
+                                            "mem_util_pct": 100 * first["other_mem"]}
+                back = rows[rows["job"] == first["other"]]
+                pairs.append((first["job"], first["other"], float(first["speed"]),
+                              float(back["speed"].iloc[0]) if len(back) else float(first["speed"])))
+            history, test = history_split(pairs, int(rng.integers(1 << 31)))
+            self.learn(history, profiles)
+            for k, (a, b, speed_a, speed_b) in enumerate(test):
+                predicted = self.predict_isd([profiles[a], profiles[b]], [a, b])
+                isd_pred += predicted
+                speed += [speed_a, speed_b]
+                pair_ids += [f"{group}:{k}"] * 2
+        self.suffers_, self.hurts_ = {}, {}
+        if not pair_ids:
+            return self.margin_
+        return self._calibrate(np.array(isd_pred), np.array(speed),
+                               pd.DataFrame({"pair": pair_ids}))
+
+    def _calibrate(self, isd_pred: np.ndarray, speed: np.ndarray, sides: pd.DataFrame) -> float:
+        """The margin: per data set (the part of ``pair`` before ":"), the smallest factor on a
+        grid whose recommended pairs have at most ``max_bad_rate`` with a side measured below
+        the threshold; then the largest of these over the data sets where one exists. A set
+        where no factor up to ``MAX_MARGIN`` meets the target cannot calibrate it (Gavel: 84 to
+        100% of its pairs are below 0.7x, and host-bound jobs with a 0% utilisation proxy are
+        slowed too); with no set that can, ``MAX_MARGIN``."""
+        pair = sides["pair"].astype(str).to_numpy() if "pair" in sides else np.arange(len(sides))
+        frame = pd.DataFrame({"pair": pair, "isd": isd_pred, "speed": speed})
+        worst = frame.groupby("pair").agg(isd=("isd", "max"), speed=("speed", "min"))
+        worst["group"] = [str(p).split(":")[0] for p in worst.index]
+        feasible = []
+        for _, group in worst.groupby("group"):
+            for margin in np.round(np.arange(1.0, MAX_MARGIN + 1e-9, 0.05), 2):
+                ok = 1.0 / (1.0 + margin * group["isd"]) >= self.threshold
+                if ok.any() and (group["speed"][ok] < self.threshold).mean() <= self.max_bad_rate:
+                    feasible.append(float(margin))
+                    break
+        return max(feasible) if feasible else MAX_MARGIN
+
+    # -- per-job corrections --------------------------------------------------------------
+    def learn(self, coruns: Iterable[tuple[str, str, float | None, float | None]],
+              profiles: Mapping[str, Mapping[str, Any]]) -> "PairSpeedModel":
+        """Per-job corrections from measured co-runs ``(job_a, job_b, speed_a, speed_b)``
+        (a speed may be None: that side was not measured); ``profiles`` maps job keys to
+        profiles. Replaces earlier corrections (the co-runs given are the whole evidence)."""
+        check_is_fitted(self, "coef_")
+        obs: list[tuple[str, str, float]] = []
+        for a, b, speed_a, speed_b in coruns:
+            if a not in profiles or b not in profiles:
+                continue
+            da, db = demand_of(profiles[a]), demand_of(profiles[b])
+            sides = [(a, b, da, db, speed_a)] + ([] if a == b else [(b, a, db, da, speed_b)])
+            for own, other, d_own, d_other, speed in sides:
+                speed = _number(speed)
+                if speed is None:
+                    continue
+                isd = 1.0 / min(max(speed, MIN_SPEED), 1.0) - 1.0
+                prior = self._term(d_own, d_other) + self.coef_[3] * overload(d_own, [d_other])
+                obs.append((own, other, math.log((isd + EPS) / (prior + EPS))))
+        suffers: dict[str, float] = {}
+        hurts: dict[str, float] = {}
+        for _ in range(10):  # alternating ridge updates; converges in a few rounds
+            totals: dict[str, list[float]] = {}
+            for own, other, r in obs:
+                totals.setdefault(own, []).append(r - hurts.get(other, 0.0))
+            suffers = {k: sum(v) / (len(v) + self.shrinkage) for k, v in totals.items()}
+            totals = {}
+            for own, other, r in obs:
+                totals.setdefault(other, []).append(r - suffers.get(own, 0.0))
+            hurts = {k: sum(v) / (len(v) + self.shrinkage) for k, v in totals.items()}
+        self.suffers_, self.hurts_ = suffers, hurts
+        return self
+
+    # -- prediction -----------------------------------------------------------------------
+    def _term(self, own: Demand, partner: Demand) -> float:
+        return float(pair_terms(own, partner) @ self.coef_[:3])
+
+    def predict_isd(self, profiles: Sequence[Mapping[str, Any]],
+                    keys: Sequence[str | None] | None = None) -> list[float]:
+        """Each co-runner's predicted slowdown (ISD) in a group of two or more."""
+        check_is_fitted(self, "coef_")
+        demands = [demand_of(p) for p in profiles]
+        keys = list(keys) if keys is not None else [None] * len(profiles)
+        out = []
+        for i, own in enumerate(demands):
+            partners = [d for j, d in enumerate(demands) if j != i]
+            total = self.coef_[3] * overload(own, partners)
+            for j, partner in enumerate(demands):
+                if j == i:
+                    continue
+                factor = math.exp(self.suffers_.get(keys[i], 0.0) + self.hurts_.get(keys[j], 0.0))
+                # Corrections scale the partner's term in log(ISD + eps) space, as learned.
+                total += max(0.0, (self._term(own, partner) + EPS) * factor - EPS)
+            out.append(float(total))
+        return out
+
+    def predict_group(self, profiles: Sequence[Mapping[str, Any]],
+                      keys: Sequence[str | None] | None = None) -> list[float]:
+        """Each co-runner's predicted normalised speed (1.0: no slowdown)."""
+        return [1.0 / (1.0 + d) for d in self.predict_isd(profiles, keys)]
+
+    def safe_speeds(self, profiles: Sequence[Mapping[str, Any]],
+                    keys: Sequence[str | None] | None = None) -> list[float]:
+        """Pessimistic speeds (ISD times the calibrated margin), for recommending. The margin
+        is the learned one where every job of the group has corrections, else the cold one."""
+        known = keys is not None and all(k in self.suffers_ or k in self.hurts_ for k in keys)
+        margin = self.margin_learned_ if known else self.margin_
+        return [1.0 / (1.0 + margin * d) for d in self.predict_isd(profiles, keys)]
+
+    def recommend(self, profiles: Sequence[Mapping[str, Any]],
+                  keys: Sequence[str | None] | None = None) -> bool:
+        """Whether the jobs may share one GPU: memory fits (or is unknown) and every side's
+        pessimistic speed is at least the threshold."""
+        if fits_memory(profiles) is False:
+            return False
+        return bool(min(self.safe_speeds(profiles, keys)) >= self.threshold)
+
+    def predict_pairs(self, profiles: Sequence[Mapping[str, Any]],
+                      keys: Sequence[str]) -> list[dict[str, Any]]:
+        """One row per unordered pair of ``profiles`` including each job with itself, in input
+        order: ``job_a, job_b, pred_speed_a, pred_speed_b, fits_memory, recommended``."""
+        rows = []
+        indices = list(range(len(profiles)))
+        pairs = [(i, i) for i in indices] + list(combinations(indices, 2))
+        for i, j in sorted(pairs):
+            group, names = [profiles[i], profiles[j]], [keys[i], keys[j]]
+            speed_a, speed_b = self.predict_group(group, names)
+            fits = fits_memory(group)
+            rows.append({"job_a": keys[i], "job_b": keys[j], "pred_speed_a": round(speed_a, 4),
+                         "pred_speed_b": round(speed_b, 4), "fits_memory": fits,
+                         "recommended": self.recommend(group, names)})
+        return rows
+
+
+HISTORY_PER_JOB = 3
+
+
+def history_split(pairs: Sequence[tuple], seed: int, per_job: int = HISTORY_PER_JOB
+                  ) -> tuple[list[tuple], list[tuple]]:
+    """``(history, rest)``: for each job, up to ``per_job`` of the pairs it is in (with others
+    or itself) drawn as measured history; the other pairs are left to predict."""
+    rng = np.random.default_rng(seed)
+    jobs = sorted({j for a, b, *_ in pairs for j in (a, b)})
+    chosen: set[int] = set()
+    for job in jobs:
+        mine = [i for i, (a, b, *_) in enumerate(pairs) if job in (a, b)]
+        rest = [i for i in mine if i not in chosen]
+        missing = max(0, per_job - (len(mine) - len(rest)))
+        chosen.update(int(i) for i in rng.permutation(rest)[:missing]) if rest else None
+    return ([p for i, p in enumerate(pairs) if i in chosen],
+            [p for i, p in enumerate(pairs) if i not in chosen])
+
+
+# -- training data ---------------------------------------------------------------------------
+def training_sides() -> pd.DataFrame:
+    """One row per measured side of every usable pair in the packaged data sets, with columns
+    ``group`` (data set), ``pair``, ``job``, ``other``, ``own_sm``, ``own_mem``, ``other_sm``,
+    ``other_mem``, ``speed``. Gavel: failed pairs ([0, 0]) and V100 pairs filled in with the
+    alone throughput are dropped; a self-pair counts once."""
+    rows = []
+    for name, pairs, profiles in data_sets():
+        for k, (a, b, speed_a, speed_b) in enumerate(pairs):
+            da, db = demand_of(profiles[a]), demand_of(profiles[b])
+            sides = [(a, b, da, db, speed_a)] + ([] if a == b else [(b, a, db, da, speed_b)])
+            for own, other, d_own, d_other, speed in sides:
+                rows.append({"group": name, "pair": f"{name}:{k}", "job": own, "other": other,
+                             "own_sm": d_own.sm, "own_mem": d_own.mem, "other_sm": d_other.sm,
+                             "other_mem": d_other.mem, "speed": float(speed)})
+    return pd.DataFrame(rows)
+
+
+@lru_cache(maxsize=1)
+def _data_sets() -> tuple:
+    from slurm_gpushare.predict.knowledge import (GAVEL_MEM_MIB, alnair_pairs, gavel_pairs,
+                                                  gavel_profiles, speed_of)
+
+    out = []
+    util = gavel_profiles().set_index(["gpu", "job"])["gpu_util_pct"]
+    raw = gavel_pairs()
+    usable = raw[~raw["infeasible_zero"] & ~raw["a_equals_alone"] & ~raw["b_equals_alone"]]
+    for gpu, frame in usable.groupby("gpu"):
+        profiles = {job: {"gpu_util_pct": float(util[(gpu, job)]),
+                          "mem_total_mib": GAVEL_MEM_MIB[gpu]}
+                    for job in set(frame["job_a"]) | set(frame["job_b"])}
+        pairs = list(zip(frame["job_a"], frame["job_b"], frame["norm_a"], frame["norm_b"]))
+        out.append((f"gavel-{gpu}", tuple(pairs), profiles))
+    alnair = alnair_pairs()
+    profiles, pairs = {}, []
+    for r in alnair.itertuples(index=False):
+        a, b = f"{r.task_a}/{r.bs_a}", f"{r.task_b}/{r.bs_b}"
+        profiles[a] = {"gpu_util_max_pct": r.MGUP_a, "mem_util_max_pct": r.MGTSAMP_a,
+                       "mem_total_mib": GAVEL_MEM_MIB["p100"]}
+        profiles[b] = {"gpu_util_max_pct": r.MGUP_b, "mem_util_max_pct": r.MGTSAMP_b,
+                       "mem_total_mib": GAVEL_MEM_MIB["p100"]}
+        pairs.append((a, b, speed_of(r.isd_a), speed_of(r.isd_b)))
+    out.append(("alnair-p100", tuple(pairs), profiles))
+    return tuple(out)
+
+
+def data_sets() -> list[tuple[str, list[tuple[str, str, float, float]], dict[str, dict]]]:
+    """``(name, pairs, profiles)`` per packaged data set: pairs as ``(job_a, job_b, speed_a,
+    speed_b)``, profiles by job name."""
+    return [(name, list(pairs), {k: dict(v) for k, v in profiles.items()})
+            for name, pairs, profiles in _data_sets()]
+
+
+# -- evaluation (bench/pairs_eval.py, kb evaluate) ------------------------------------------
+def _figures(rows: pd.DataFrame, threshold: float = DEFAULT_THRESHOLD) -> dict:
+    """rows: one per pair with pred_a, pred_b, speed_a, speed_b, recommended, self_pair."""
+    sides_pred = np.concatenate([rows["pred_a"], rows.loc[~rows["self_pair"], "pred_b"]])
+    sides_true = np.concatenate([rows["speed_a"], rows.loc[~rows["self_pair"], "speed_b"]])
+    worst = np.minimum(rows["speed_a"], rows["speed_b"])
+    rec = rows["recommended"].astype(bool)
+    missing = int(rows[["pred_a", "pred_b"]].isna().any(axis=1).sum())
+    return {
+        "pairs": int(len(rows)), "missing": missing,
+        "spearman": round(float(spearmanr(sides_pred, sides_true).statistic), 4),
+        "mae": round(float(np.abs(sides_pred - sides_true).mean()), 4),
+        "recommended_share": round(float(rec.mean()), 4),
+        "recommended_bad_share": round(float((worst[rec] < threshold).mean()), 4) if rec.any()
+        else None,
+        "all_pairs_bad_share": round(float((worst < threshold).mean()), 4),
+    }
+
+
+def _predict_rows(model: PairSpeedModel, pairs, profiles) -> pd.DataFrame:
+    out = []
+    for a, b, speed_a, speed_b in pairs:
+        group, keys = [profiles[a], profiles[b]], [a, b]
+        pred_a, pred_b = model.predict_group(group, keys)
+        out.append({"a": a, "b": b, "pred_a": pred_a, "pred_b": pred_b, "speed_a": speed_a,
+                    "speed_b": speed_b, "self_pair": a == b,
+                    "recommended": model.recommend(group, keys)})
+    return pd.DataFrame(out)
+
+
+def _baseline_rows(pairs, profiles) -> pd.DataFrame:
+    out = []
+    for a, b, speed_a, speed_b in pairs:
+        total = demand_of(profiles[a]).sm + demand_of(profiles[b]).sm
+        out.append({"pred_a": -total, "pred_b": -total, "speed_a": speed_a, "speed_b": speed_b,
+                    "self_pair": a == b, "recommended": total <= 1.0})
+    frame = pd.DataFrame(out)
+    return frame
+
+
+def _spread(values: list[float | None]) -> dict:
+    values = [v for v in values if v is not None]
+    if not values:
+        return {"mean": None, "min": None, "max": None}
+    return {"mean": round(float(np.mean(values)), 4), "min": round(float(min(values)), 4),
+            "max": round(float(max(values)), 4)}
+
+
+def leave_one_data_set_out(seeds: Sequence[int] = (0, 1, 2, 3, 4)) -> dict:
+    """Each packaged data set held out in turn, the prior fitted on the others: figures cold,
+    with ``HISTORY_PER_JOB`` co-runs per job given as history (per seed; mean, min, max), and
+    for the baseline "add the two jobs' GPU utilisations" (a side's score is -(u_a + u_b); a
+    pair is recommended when the sum is at most 100%)."""
+    sides = training_sides()
+    out = {}
+    for name, pairs, profiles in data_sets():
+        model = PairSpeedModel().fit(sides[sides["group"] != name])
+        entry = {
+            "fitted_on": sorted(set(sides["group"]) - {name}),
+            "parameters": dict(zip(("alpha", "alpha_own", "beta", "gamma"),
+                                   np.round(model.coef_, 4).tolist())),
+            "margin": model.margin_, "margin_learned": model.margin_learned_,
+            "cold": _figures(_predict_rows(model, pairs, profiles)),
+            "baseline_sum_of_utilisations": _figures(_baseline_rows(pairs, profiles)),
+        }
+        per_seed = []
+        for seed in seeds:
+            history, test = history_split(pairs, seed)
+            cold = _figures(_predict_rows(model, test, profiles))
+            learned = PairSpeedModel(**model.get_params())
+            for attr in ("coef_", "margin_", "margin_learned_", "n_train_"):
+                setattr(learned, attr, getattr(model, attr))
+            learned.learn(history, profiles)
+            warm = _figures(_predict_rows(learned, test, profiles))
+            per_seed.append({"seed": seed, "history_pairs": len(history),
+                             "test_pairs": len(test), "cold": cold, "history": warm})
+        entry["with_history"] = {
+            "co_runs_per_job": HISTORY_PER_JOB,
+            "per_seed": per_seed,
+            **{f"{kind}_{metric}": _spread([s[kind][metric] for s in per_seed])
+               for kind in ("cold", "history")
+               for metric in ("spearman", "recommended_share", "recommended_bad_share")},
+        }
+        out[name] = entry
+    return out
+
+
+
+PRIOR_FORMAT = "slurm-gpushare/pair-prior/1"
+
+
+def prior_path():
+    from slurm_gpushare.predict.classes import data_path
+
+    return data_path("interference", "pair_prior.json")
+
+
+def fitted_prior() -> dict[str, Any]:
+    """The prior fitted on every packaged data set, as stored in ``pair_prior.json``
+    (regenerate with ``python -m slurm_gpushare.predict.pairs``; a test checks it is current)."""
+    model = PairSpeedModel().fit(training_sides())
+    return {"format": PRIOR_FORMAT, "parameters": dict(zip(PARAMETERS, model.coef_.tolist())),
+            "margin": model.margin_, "margin_learned": model.margin_learned_,
+            "sides": model.n_train_,
+            "data": sorted(set(training_sides()["group"]))}
+
+
+@lru_cache(maxsize=1)
+def _stored_prior() -> tuple[tuple[float, ...], float, float, int]:
+    import json
+
+    data = json.loads(prior_path().read_text())
+    if data.get("format") != PRIOR_FORMAT:
+        raise ValueError(f"not a pair prior (format {data.get('format')!r})")
+    return (tuple(float(data["parameters"][p]) for p in PARAMETERS), float(data["margin"]),
+            float(data["margin_learned"]), int(data["sides"]))
+
+
+def default_model() -> PairSpeedModel:
+    """The packaged prior (fitted on every packaged data set; read once per process), a fresh
+    copy with no corrections each call."""
+    coef, margin, margin_learned, sides = _stored_prior()
+    model = PairSpeedModel()
+    model.coef_, model.margin_, model.n_train_ = np.array(coef), margin, sides
+    model.margin_learned_ = margin_learned
+    model.suffers_, model.hurts_ = {}, {}
+    return model
+
+
+if __name__ == "__main__":
+    import json
+
+    prior_path().write_text(json.dumps(fitted_prior(), indent=1) + "\n")
+    print(f"wrote {prior_path()}")

@@ -1,0 +1,124 @@
+"""The pair predictor in the daemon: profiles from the store, node exclusion, learning."""
+
+from __future__ import annotations
+
+import pytest
+
+from slurm_gpushare.core.config import Config, GpuType, PolicyConfig
+from slurm_gpushare.core.policy import JobEstimate, NodeView, decide
+from slurm_gpushare.core.types import JobRequest
+from slurm_gpushare.daemon.pairing import Pairing, profile_of_history
+from slurm_gpushare.daemon.store import Store
+
+LIGHT, HEAVY, OTHER_LIGHT = "a" * 64, "b" * 64, "c" * 64
+
+
+def summary(job_id, key, util_mean, mem_mean, **extra):
+    return {"v": 1, "cluster": "c1", "job_id": job_id, "gpu_index": 0, "gpu_model": "Tesla V100",
+            "mem_total_mib": 16384.0, "duration_s": 60.0, "end_ts": float(job_id),
+            "mgup_max": min(100.0, 2 * util_mean), "mgup_mean": util_mean,
+            "mgmap_max_mib": 2000.0, "mgmap_max_pct": 12.2, "mgtsamp_max": 2 * mem_mean,
+            "mgtsamp_mean": mem_mean, "shared": False, "coruns": [], "conditions": [],
+            "keys": [key]} | extra
+
+
+@pytest.fixture
+def store(tmp_path):
+    with Store(tmp_path / "s.db") as s:
+        s.ingest_summary(summary("10", LIGHT, 5.0, 2.0))
+        s.ingest_summary(summary("11", HEAVY, 95.0, 60.0))
+        s.ingest_summary(summary("12", OTHER_LIGHT, 6.0, 3.0))
+        for decision_id, key in (("dheavy", HEAVY), ("dlight", OTHER_LIGHT)):
+            s.record_decision({"decision_id": decision_id, "action": "share", "code": "x",
+                               "keys": [key]})
+        yield s
+
+
+class View:
+    def __init__(self, *nodes):
+        self._nodes = nodes
+
+    def nodes(self):
+        return self._nodes
+
+
+def test_profile_from_history_uses_means_of_the_most_specific_key():
+    history = [{"mgup_mean": 40.0, "mgup_max": 90.0, "mgtsamp_mean": 10.0, "mgtsamp_max": 30.0,
+                "mgmap_max_mib": 3000.0, "mem_total_mib": 16384.0, "matched_key": 0},
+               {"mgup_mean": 60.0, "mgup_max": 95.0, "mgtsamp_mean": 20.0, "mgtsamp_max": 20.0,
+                "mgmap_max_mib": 5000.0, "mem_total_mib": 16384.0, "matched_key": 0},
+               {"mgup_mean": 99.0, "matched_key": 1}]
+    profile, rank = profile_of_history(history)
+    assert rank == 0
+    assert profile["gpu_util_pct"] == 50.0 and profile["mem_util_pct"] == 15.0
+    assert profile["gpu_util_max_pct"] == 95.0 and profile["mem_used_mib"] == 5000.0
+    assert profile_of_history([{"mgmap_max_mib": 1.0}]) == (None, -1)
+
+
+def test_a_light_job_is_kept_away_from_a_heavy_share_only(store):
+    pairing = Pairing(store).load()
+    compat = pairing.compatibility([LIGHT])
+    assert compat is not None and compat.key == LIGHT
+    assert compat.compatible_with("dheavy") is False
+    assert compat.compatible_with("dlight") is True
+    assert compat.compatible_with("unknown-decision") is True  # nothing known against it
+    assert pairing.compatibility(["f" * 64]) is None  # no profile: the classes decide
+
+
+def test_decide_excludes_nodes_by_the_pair_predictor(store):
+    config = Config(policy=PolicyConfig(sharing_partitions=("gpu",)),
+                    gpu_types=(GpuType("v100", 16),))
+    request = JobRequest(uid=1000, user="alice", partition="gpu", tres_per_node="gres:gpu:1")
+    estimate = JobEstimate(source="history", memory_mib={"v100": 3000}, job_class=None)
+    view = View(NodeView("n1", "v100", ("gpu",), gpus=1, resident_jobs=("dheavy",)),
+                NodeView("n2", "v100", ("gpu",), gpus=1, resident_jobs=("dlight",)),
+                NodeView("n3", "v100", ("gpu",), gpus=2, resident_jobs=("dheavy",)))
+    knowledge = Pairing(store).compatibility([LIGHT])
+    decision = decide(request, config, estimate=estimate, view=view, knowledge=knowledge)
+    assert decision.action == "share"
+    # n3 still has a free GPU: Slurm excludes by node, so only a node with no clean GPU goes.
+    assert decision.writes["exc_nodes"] == "n1"
+    assert "pair predictor" in decision.reason
+
+
+def test_co_runs_in_the_store_become_corrections(store):
+    before = Pairing(store).load()
+    assert before.compatibility([LIGHT]).compatible_with("dlight") is True
+    # Measured: job 10 ran at 0.4x next to job 12 (far below what their telemetry predicts).
+    store.record_corun("10", "12", cluster="c1", isd_a=1.5, isd_b=0.02)
+    after = Pairing(store).load()
+    assert after.model.suffers_[LIGHT] > 0
+    assert after.compatibility([LIGHT]).compatible_with("dlight") is False
+    # Learning at ingest swaps in a new model; a decision's compatibility keeps its own.
+    held = before.compatibility([LIGHT])
+    before.observe(store.corun_observations())
+    assert held.model is not before.model
+    assert before.compatibility([LIGHT]).compatible_with("dlight") is False
+
+
+def test_ingest_learns_corrections_from_a_measured_co_run(store, monkeypatch):
+    from slurm_gpushare.core.tag import Tag
+    from slurm_gpushare.daemon import learning
+    from slurm_gpushare.predict.knowledge import KnowledgeBase
+    from slurm_gpushare.slurm.jobs import SlurmJob
+
+    # Jobs 20 and 21 (the scripts of 10 and 12, which ran alone in 60 s) shared a GPU:
+    # job 20 took 150 s (ISD 1.5, far above what two light jobs predict), job 21 61 s.
+    for job_id, key in (("20", LIGHT), ("21", OTHER_LIGHT)):
+        store.record_decision({"decision_id": f"d{job_id}", "action": "share", "code": "x",
+                               "keys": [key], "job_class": 0})
+    jobs = {job_id: SlurmJob(job_id, 1000, Tag("share", "history-share", f"d{job_id}",
+                                                types=("v100",), job_class=0, shard=4).encode())
+            for job_id in ("20", "21")}
+    monkeypatch.setattr(learning, "lookup_job", jobs.get)
+    pairing = Pairing(store).load()
+    learner = learning.Learner(store, None, KnowledgeBase.seeded(), count=lambda _: None,
+                               pairing=pairing)
+    config = Config(gpu_types=(GpuType("v100", 16),))
+    learner.ingest(summary("20", LIGHT, 5.0, 2.0, duration_s=150.0, keys=[],
+                           coruns=[{"job_id": "21", "overlap_s": 150.0}]), config)
+    assert pairing.model.suffers_ == {}  # job 21 has not reported yet: nothing to pair with
+    learner.ingest(summary("21", OTHER_LIGHT, 6.0, 3.0, duration_s=61.0, keys=[],
+                           coruns=[{"job_id": "20", "overlap_s": 61.0}]), config)
+    assert pairing.model.suffers_[LIGHT] > 0.3
+    assert pairing.compatibility([LIGHT]).compatible_with("dlight") is False

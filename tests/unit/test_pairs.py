@@ -1,0 +1,153 @@
+"""The pair predictor: monotone, self-pairs and groups, estimator conventions, learning."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+from sklearn.exceptions import NotFittedError
+
+from slurm_gpushare.predict.pairs import (PairSpeedModel, default_model, demand_of, fits_memory,
+                                          training_sides)
+
+GRID = np.linspace(0, 100, 11)
+
+
+def profile(sm, mem=None, used=None, total=16384):
+    return {"gpu_util_pct": sm, "mem_util_pct": mem, "mem_used_mib": used, "mem_total_mib": total}
+
+
+@pytest.fixture(scope="module")
+def model():
+    return default_model()
+
+
+def _with_corrections(model):
+    learned = default_model()
+    learned.suffers_ = {"a": 0.8, "b": -0.5}
+    learned.hurts_ = {"a": -0.7, "b": 1.1}
+    return learned
+
+
+@pytest.mark.parametrize("corrected", [False, True])
+def test_a_busier_partner_never_predicts_a_faster_job(model, corrected):
+    model = _with_corrections(model) if corrected else model
+    keys = ["a", "b"]
+    for own_sm, own_mem in itertools.product(GRID, GRID):
+        own = profile(own_sm, own_mem)
+        speeds = np.array([[model.predict_group([own, profile(sm, mem)], keys)[0]
+                            for mem in GRID] for sm in GRID])
+        assert (np.diff(speeds, axis=0) <= 1e-12).all(), (own_sm, own_mem)  # partner SM
+        assert (np.diff(speeds, axis=1) <= 1e-12).all(), (own_sm, own_mem)  # partner memory
+
+
+def test_a_third_co_runner_never_speeds_anyone_up(model):
+    for a, b, c in itertools.product(GRID[::2], repeat=3):
+        pair = model.predict_group([profile(a, a / 2), profile(b, b / 2)])
+        group = model.predict_group([profile(a, a / 2), profile(b, b / 2), profile(c, c / 2)])
+        assert group[0] <= pair[0] + 1e-12 and group[1] <= pair[1] + 1e-12
+        assert all(0 < s <= 1 for s in group)
+
+
+def test_self_pairs_are_defined_and_symmetric(model):
+    for sm in GRID:
+        a, b = model.predict_group([profile(sm, sm / 2)] * 2)
+        assert a == b and 0 < a <= 1
+    idle = model.predict_group([profile(0, 0)] * 2)
+    assert idle == [1.0, 1.0]  # two idle jobs do not slow each other
+
+
+def test_prior_parameters_are_non_negative_and_fitted_on_the_packaged_sets(model):
+    sides = training_sides()
+    assert set(sides["group"]) == {"gavel-k80", "gavel-p100", "gavel-v100", "alnair-p100"}
+    assert (model.coef_ >= 0).all() and model.coef_.sum() > 0
+    assert 1.0 <= model.margin_ <= 6.0
+
+
+def test_estimator_conventions():
+    fresh = PairSpeedModel(threshold=0.8, shrinkage=3.0)
+    assert fresh.get_params() == {"threshold": 0.8, "max_bad_rate": 0.01, "shrinkage": 3.0,
+                                  "random_state": 0}
+    assert not [k for k in vars(fresh) if k.endswith("_")]
+    with pytest.raises(NotFittedError):
+        fresh.predict_group([profile(50), profile(50)])
+    with pytest.raises(NotFittedError):
+        fresh.learn([], {})
+
+
+def test_corrections_shrink_towards_the_prior():
+    prior = default_model()
+    profiles = {"x": profile(40, 20), "y": profile(40, 20)}
+    cold = prior.predict_isd([profiles["x"], profiles["y"]], ["x", "y"])[0]
+    measured_isd = 4 * cold + 0.2  # x suffers far more than the prior says
+    one = default_model().learn([("x", "y", 1 / (1 + measured_isd), None)], profiles)
+    many = default_model().learn([("x", "y", 1 / (1 + measured_isd), None)] * 20, profiles)
+    isd_one = one.predict_isd([profiles["x"], profiles["y"]], ["x", "y"])[0]
+    isd_many = many.predict_isd([profiles["x"], profiles["y"]], ["x", "y"])[0]
+    assert cold < isd_one < isd_many < measured_isd * 1.01
+    assert isd_many == pytest.approx(measured_isd, rel=0.15)
+    # What x suffers carries to partners x was never measured with; y, which hurt x, is
+    # expected to hurt others more too, while its own (unmeasured) side stays at the prior.
+    z = profile(60, 30)
+    assert one.predict_group([profiles["x"], z], ["x", "z"])[0] < prior.predict_group(
+        [profiles["x"], z], ["x", "z"])[0]
+    y_next_to_z, z_next_to_y = one.predict_group([profiles["y"], z], ["y", "z"])
+    prior_y, prior_z = prior.predict_group([profiles["y"], z], ["y", "z"])
+    assert y_next_to_z == pytest.approx(prior_y) and z_next_to_y < prior_z
+
+
+def test_a_job_that_hurts_others_is_learned_from_its_partners_side():
+    profiles = {"noisy": profile(10, 5), "p": profile(50, 20), "q": profile(50, 20)}
+    learned = default_model().learn([("noisy", "p", 1.0, 0.4), ("q", "noisy", 0.45, 1.0)],
+                                    profiles)
+    assert learned.hurts_["noisy"] > 0
+    r = profile(50, 20)
+    before = default_model().predict_group([r, profiles["noisy"]], ["r", "noisy"])[0]
+    after = learned.predict_group([r, profiles["noisy"]], ["r", "noisy"])[0]
+    assert after < before
+
+
+def test_missing_means_come_from_peaks_and_memory_from_sm():
+    assert demand_of({"gpu_util_max_pct": 80}).sm == pytest.approx(0.4)
+    assert demand_of({"gpu_util_pct": 60}).mem == pytest.approx(0.3)
+    with pytest.raises(ValueError):
+        demand_of({"mem_total_mib": 1})
+
+
+def test_recommend_needs_memory_and_speed(model):
+    light = profile(2, 1, used=2000)
+    assert model.recommend([light, light])
+    assert not model.recommend([profile(2, 1, used=9000)] * 2)  # 18 GB on a 16 GB GPU
+    assert not model.recommend([profile(100, 80, used=1000)] * 2)
+    assert fits_memory([light, profile(2, 1)]) is None
+    assert math.isclose(model.safe_speeds([light, light])[0],
+                        1 / (1 + model.margin_ * model.predict_isd([light, light])[0]))
+
+
+def test_the_packaged_prior_is_the_fit_of_the_packaged_data():
+    from slurm_gpushare.predict.pairs import fitted_prior, prior_path
+    import json
+
+    stored = json.loads(prior_path().read_text())
+    fresh = fitted_prior()
+    assert stored["data"] == fresh["data"] and stored["sides"] == fresh["sides"]
+    assert stored["margin"] == fresh["margin"]
+    assert stored["margin_learned"] == fresh["margin_learned"]
+    for name, value in fresh["parameters"].items():
+        assert stored["parameters"][name] == pytest.approx(value, abs=1e-9)
+
+
+def test_leave_one_data_set_out_learns_from_co_runs():
+    from slurm_gpushare.predict.pairs import leave_one_data_set_out
+
+    result = leave_one_data_set_out(seeds=[0])
+    assert set(result) == {"gavel-k80", "gavel-p100", "gavel-v100", "alnair-p100"}
+    for name, entry in result.items():
+        assert name not in entry["fitted_on"]
+        assert entry["cold"]["missing"] == 0
+        run = entry["with_history"]["per_seed"][0]
+        assert run["test_pairs"] + run["history_pairs"] == entry["cold"]["pairs"]
+        # Three co-runs per job as history rank the other pairs better than the prior alone.
+        assert run["history"]["spearman"] > run["cold"]["spearman"] + 0.1, name

@@ -54,7 +54,8 @@ def _mean(values):
 
 
 def test_report_json_equals_hand_computation(cluster, tmp_path, monkeypatch):
-    monkeypatch.setenv("SLURM_CONF", str(cluster.slurm_conf))  # the report asks for GPU types
+    for name, value in cluster.client_environ().items():  # the report asks scontrol for GPU
+        monkeypatch.setenv(name, value)  # types: this cluster's clients (22.05 or 24.11)
     # The requeue first: the shares and whole-GPU jobs are watched from their submission.
     requeued = cluster.sbatch("--requeue", "--gres=gpu:1", "-p", "gpu-excl",
                               "--nodelist=v100-1", "--job-name=ka-requeue",

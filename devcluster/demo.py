@@ -2,7 +2,8 @@
 
 Brings the cluster up (idempotent), submits a mix of plain ``sbatch`` jobs as users write them,
 watches where they run (node and GPU index, from ``scontrol show job -d``), and prints what the
-hook decided, which jobs shared a GPU, and what sharing saved in GPU time.
+hook decided, which jobs shared a GPU, and the accounting report for these jobs. Every saving
+the demo prints is the report's own figure (docs/reports.md): it computes none of its own.
 """
 
 from __future__ import annotations
@@ -140,8 +141,29 @@ def run_demo(console: Console) -> dict:
     _run_jobs(cluster, jobs, console, "today's jobs running")
     _wait_for_telemetry(cluster, jobs)
     summary = summarise(console, jobs, _decisions(cluster))
-    summary["report"] = _report(cluster, profiling + jobs, console)
+    report = _report(cluster, profiling + jobs, console)
+    summary["report"] = report["totals"]
+    summary["verdict"] = report["verdict"]
+    t = report["totals"]
+    console.print(
+        f"\n[bold]Savings[/] (the report's figures, docs/reports.md): "
+        f"{_h(t['gpu_hours_saved'])} GPU-h saved ({_p(t['saved_fraction'])}) of "
+        f"{_h(t['gpu_hours_exclusive'])} on whole GPUs; packing saving {_p(t['ps'])}; "
+        f"median slowdown {_p(t['isd_median'])} over {t['isd_n']} jobs; "
+        f"OOM {t['oom_shared']}.\n[bold]Verdict:[/] {report['verdict']}")
+    console.print(
+        "\nWhat if sharing were on for all of this history (each job's own telemetry):\n"
+        f"  SLURM_CONF={cluster.slurm_conf} GPUSHARE_CONFIG={cluster.daemon_config} "
+        f"slurm-gpushare simulate --trace sacct:{cluster.root / 'demo-sacct.psv'}", soft_wrap=True)
     return summary
+
+
+def _h(value) -> str:
+    return "-" if value is None else f"{value:.4f}"
+
+
+def _p(value) -> str:
+    return "-" if value is None else f"{value:.1%}"
 
 
 def _outcome(job: DemoJob) -> str:
@@ -151,16 +173,21 @@ def _outcome(job: DemoJob) -> str:
 
 
 def _report(cluster: TestCluster, jobs: list[DemoJob], console: Console) -> dict:
-    """The accounting report for these jobs: sacct joined with the daemon's store."""
-    from slurm_gpushare.slurm.accounting import parse_psv
+    """The accounting report for these jobs: sacct joined with the daemon's store, exactly as
+    ``slurm-gpushare report`` computes it."""
+    from slurm_gpushare.slurm.accounting import (node_gpu_types_from_scontrol, parse_psv,
+                                                 resolve_gpu_types)
     from slurm_gpushare.reports.savings import build_report
     from slurm_gpushare.cli.report import render_table
     from slurm_gpushare.daemon.store import Store
 
     ids = ",".join(job.job_id for job in jobs)
-    psv = cluster.slurm("sacct", "-a", "-P", "-j", ids, "-o", ",".join(SACCT_FIELDS),
+    psv = cluster.slurm("sacct", "-a", "-D", "-P", "-j", ids, "-o", ",".join(SACCT_FIELDS),
                         env={"SLURM_TIME_FORMAT": "%s"}).stdout
+    (cluster.root / "demo-sacct.psv").write_text(psv)  # for `simulate --trace sacct:FILE`
     records = parse_psv(psv, progress=False)
+    resolve_gpu_types(records, node_gpu_types_from_scontrol(
+        cluster.slurm("scontrol", "-o", "show", "nodes").stdout))
     since = min(job.start for job in jobs) - 1
     until = max(job.end for job in jobs) + 1
     store = Store(cluster.root / "predictor" / "store.sqlite")
@@ -171,7 +198,7 @@ def _report(cluster: TestCluster, jobs: list[DemoJob], console: Console) -> dict
         store.close()
     console.print()
     render_table(report, console)
-    return report.get("totals", {})
+    return report
 
 
 def summarise(console: Console, jobs: list[DemoJob], decisions: dict[str, dict]) -> dict:
@@ -192,49 +219,20 @@ def summarise(console: Console, jobs: list[DemoJob], decisions: dict[str, dict])
                       f"{gres} on {job.record.get('NodeList')}", entry.get("reason", ""))
     console.print(table)
 
-    # Co-location: jobs seen on the same (node, GPU index) with overlapping run times.
+    # Where jobs ran: (node, GPU index) seen while they ran. What that saved is the report's.
     on_gpu = defaultdict(list)
     for job in jobs:
         for place in job.placements:
             on_gpu[place].append(job)
     gpus = Table(title="Who shared which GPU", title_justify="left")
-    for column in ("node", "GPU", "jobs (overlapping run time)", "busy s", "job s"):
+    for column in ("node", "GPU", "jobs (seen there while running)"):
         gpus.add_column(column)
-    exclusive_gpu_s = sum((j.end - j.start) * max(len(j.placements), 1)
-                          for j in jobs if j.placements)
-    used_gpu_s = 0.0
-    shared_groups = 0
     for (node, index), members in sorted(on_gpu.items()):
-        intervals = sorted((j.start, j.end) for j in members)
-        busy, cursor = 0.0, None
-        for start, end in intervals:  # union of busy time on this GPU
-            if cursor is None or start > cursor:
-                busy += end - start
-                cursor = end
-            elif end > cursor:
-                busy += end - cursor
-                cursor = end
-        used_gpu_s += busy
-        overlapping = len(members) > 1 and busy < sum(e - s for s, e in intervals)
-        shared_groups += overlapping
-        gpus.add_row(node, str(index), ", ".join(f"{j.job_id} {j.label}" for j in members),
-                     f"{busy:.0f}", f"{sum(e - s for s, e in intervals):.0f}")
+        gpus.add_row(node, str(index), ", ".join(f"{j.job_id} {j.label}" for j in members))
     console.print(gpus)
-    saved = exclusive_gpu_s - used_gpu_s
-    summary = {
-        "jobs": len(jobs),
-        "shared_jobs": sum(1 for j in jobs if ":share:" in j.record.get("AdminComment", "")),
-        "gpus_with_co_runners": shared_groups,
-        "gpu_seconds_exclusive": round(exclusive_gpu_s, 1),
-        "gpu_seconds_used": round(used_gpu_s, 1),
-        "gpu_seconds_saved": round(saved, 1),
-    }
-    console.print(
-        f"[bold]Savings[/]: {summary['shared_jobs']} of {len(jobs)} jobs ran as shares; "
-        f"{shared_groups} GPU(s) ran several jobs at once. GPU time {used_gpu_s:.0f} s "
-        f"instead of {exclusive_gpu_s:.0f} s with whole GPUs: {saved:.0f} GPU-s saved "
-        f"({saved / exclusive_gpu_s:.0%})." if exclusive_gpu_s else "no GPU jobs ran")
-    return summary
+    return {"jobs": len(jobs),
+            "shared_jobs": sum(1 for j in jobs if ":share:" in j.record.get("AdminComment", "")),
+            "gpus_with_several_jobs": sum(1 for m in on_gpu.values() if len(m) > 1)}
 
 
 @click.command("demo")

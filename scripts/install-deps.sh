@@ -6,9 +6,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PACKAGES=(slurmctld slurmd slurm-client slurmdbd munge mariadb-server
+PACKAGES=(slurmctld slurmd slurm-client slurmdbd munge mariadb-server chromium
           lua5.1 lua-socket lua-cjson python3 python3-venv python3-pip sqlite3
           mmdebstrap)  # mmdebstrap: the Debian trixie root of the Slurm 24.11 test cluster
+# chromium: the HTML report is checked in headless Chromium by the test suite.
 # Do NOT add slurm-wlm-emulator: it switches slurmctld/slurmd to a front-end build.
 
 missing=()

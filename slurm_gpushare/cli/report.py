@@ -55,33 +55,58 @@ def _secs(value) -> str:
     return "-" if value is None else f"{value:.0f}s"
 
 
+def isd_text(t: dict) -> str:
+    """The slowdown with its uncertainty and sample size, e.g. ``median 12.0% (3.1% to 21.4%
+    from sacct's 1 s times) over 8 jobs, small sample``."""
+    if not t["isd_n"]:
+        return "slowdown (ISD) unknown (no shared job with a solo time)"
+    text = f"slowdown (ISD) median {_pct(t['isd_median'])}"
+    if t["isd_median_low"] is not None:
+        text += (f" ({_pct(t['isd_median_low'])} to {_pct(t['isd_median_high'])} "
+                 "from sacct's 1 s times)")
+    text += f", p95 {_pct(t['isd_p95'])} over {t['isd_n']} jobs"
+    if t["isd_small_sample"]:
+        text += ", small sample"
+    if t["isd_noisy"]:
+        text += f", {t['isd_noisy']} noisy"
+    return text
+
+
 def render_table(report: dict, console: Console) -> None:
     t = report["totals"]
     window = report["window"]
     span = (f"{datetime.fromtimestamp(window['since']):%Y-%m-%d %H:%M} to "
             f"{datetime.fromtimestamp(window['until']):%Y-%m-%d %H:%M}")
     console.print(f"[bold]GPU sharing report[/] {span} ({report['source']})")
+    console.print(f"[bold]Verdict:[/] {report['verdict']}")
     console.print(
         f"{t['gpu_jobs']} GPU jobs finished ({t['shared_jobs']} on shares, "
         f"{t['exclusive_jobs']} on whole GPUs; {t['running_jobs']} still running, left out). "
         f"GPU-hours {_hours(t['gpu_hours_used'])} used instead of "
         f"{_hours(t['gpu_hours_exclusive'])} on whole GPUs: [bold]{_hours(t['gpu_hours_saved'])}"
         f" saved ({_pct(t['saved_fraction'])})[/]. Packing saving {_pct(t['ps'])}; "
-        f"slowdown (ISD) median {_pct(t['isd_median'])}, p95 {_pct(t['isd_p95'])} over "
-        f"{t['isd_n']} jobs (solo time from history {t['solo_from_history']}, predictor "
+        f"{isd_text(t)} (solo time from history {t['solo_from_history']}, predictor "
         f"{t['solo_from_predictor']}, unknown {t['solo_unknown']}).")
+    console.print(
+        f"Costs: queue wait median {_secs(t['queue_delay_shared_median_s'])} on shares vs "
+        f"{_secs(t['queue_delay_exclusive_median_s'])} on whole GPUs "
+        f"(extra queueing {_hours(t['extra_queue_hours'])} h); extra run time "
+        f"{_hours(t['extra_run_hours'])} h; {t['slowed_jobs']} jobs slowed > 20%; "
+        f"{t['overrun_shared']} outgrew their share; OOM {t['oom_shared']} shared / "
+        f"{t['oom_exclusive']} whole; failed {t['failed_shared']} / {t['failed_exclusive']}; "
+        f"requeued runs {t['requeued_runs_shared']} / {t['requeued_runs_exclusive']}.")
     table = Table(title=f"By {report['by']}", title_justify="left")
-    for column in ("", "GPU jobs", "shared", "GPU-h used", "GPU-h exclusive", "GPU-h saved",
-                   "PS", "ISD median", "ISD p95", "queue shared", "queue excl.",
-                   "OOM sh/ex", "failed sh/ex"):
+    for column in ("", "GPU jobs", "shared", "GPU-h used", "GPU-h whole", "GPU-h saved",
+                   "PS", "ISD median", "slowed", "queue sh", "queue wh", "outgrew",
+                   "OOM sh/wh", "failed sh/wh"):
         table.add_column(column, justify="left" if not column else "right")
     for row in report["rows"] + [{"key": "all", **t}]:
         table.add_row(
             row["key"], str(row["gpu_jobs"]), str(row["shared_jobs"]),
             _hours(row["gpu_hours_used"]), _hours(row["gpu_hours_exclusive"]),
             _hours(row["gpu_hours_saved"]), _pct(row["ps"]), _pct(row["isd_median"]),
-            _pct(row["isd_p95"]), _secs(row["queue_delay_shared_median_s"]),
-            _secs(row["queue_delay_exclusive_median_s"]),
+            str(row["slowed_jobs"]), _secs(row["queue_delay_shared_median_s"]),
+            _secs(row["queue_delay_exclusive_median_s"]), str(row["overrun_shared"]),
             f"{row['oom_shared']}/{row['oom_exclusive']}",
             f"{row['failed_shared']}/{row['failed_exclusive']}")
     console.print(table)
@@ -102,19 +127,58 @@ def render_table(report: dict, console: Console) -> None:
     for note in report.get("notes", []):
         console.print(f"[dim]note: {note}[/]")
     for source, q in report["prediction"].items():
-        console.print(f"Memory shares ({source}): {q['n']} jobs, peak above share in "
-                      f"{q['over_share']}, mean |share - peak| / peak {_pct(q['rel_error_mean'])}")
+        console.print(
+            f"Memory ({source}, {q['n']} shared jobs with a measured peak): predictor's "
+            f"estimate (prediction + margin) vs peak {_pct(q['estimate_error_mean'])} on "
+            f"average, p95 |error| {_pct(q['estimate_error_p95'])}, below the peak in "
+            f"{q['estimate_below_peak']} of {q['estimate_n']}; share given / peak median "
+            f"{_ratio(q['share_over_peak_median'])} (over-allocation chosen by policy), share "
+            f"below the peak in {q['share_below_peak']} of {q['share_n']}.")
+
+
+def _ratio(value) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+JOB_CSV_FIELDS = ("job_id", "store_id", "user", "account", "partition", "gpu_type", "on_share",
+                  "state", "run_s", "queue_s", "gpu_s_used", "gpu_s_exclusive", "solo_s",
+                  "solo_source", "solo_runs", "isd", "isd_low", "isd_high", "class_pair",
+                  "co_runners", "share_gib", "safe_estimate_gib", "peak_gib", "oom",
+                  "requeued_runs")
 
 
 def render_csv(report: dict) -> str:
+    """One row per group (``row=summary``, then ``all``), then one per GPU job (``row=job``)."""
     out = io.StringIO()
     rows = report["rows"] + [{"key": "all", **report["totals"]}]
-    writer = csv.DictWriter(out, fieldnames=[report["by"]] + list(report["totals"]))
+    fields = ["row", report["by"]] + list(report["totals"]) + [
+        f for f in JOB_CSV_FIELDS if f not in report["totals"]]
+    writer = csv.DictWriter(out, fieldnames=fields, extrasaction="ignore")
     writer.writeheader()
     for row in rows:
-        writer.writerow({report["by"]: row["key"],
+        writer.writerow({"row": "summary", report["by"]: row["key"],
                          **{k: v for k, v in row.items() if k != "key"}})
+    for job in report["jobs"]:
+        writer.writerow({"row": "job", **job, "co_runners": " ".join(job["co_runners"])})
     return out.getvalue()
+
+
+def store_path_from_config(config_path: str | None) -> tuple[str | None, str]:
+    """The daemon's store named by the config (``daemon.state_dir``/store.sqlite), and a note
+    when there is none to read."""
+    from slurm_gpushare.core.config import ConfigError, load_config
+    from slurm_gpushare.daemon.server import STORE_FILE
+
+    try:
+        config = load_config(config_path)
+    except ConfigError as exc:
+        if config_path:
+            raise click.ClickException(str(exc))
+        return None, f"no --store and no readable config ({exc})"
+    path = Path(config.daemon.state_dir) / STORE_FILE
+    if not path.is_file():
+        return None, f"no store at {path} (daemon.state_dir of {config.path or 'the config'})"
+    return str(path), ""
 
 
 @click.command("report")
@@ -137,15 +201,20 @@ def render_csv(report: dict) -> str:
               help="The daemon's store (SQLite): decisions, telemetry, co-runs.")
 @click.option("--state-dir", type=click.Path(file_okay=False), default=None,
               help="Keep ingested jobs here and ask sacct only for new ones next time.")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
+              help="Config naming the store when --store is not given (default: "
+                   "$GPUSHARE_CONFIG or the default path).")
 def report_command(since, until, by, fmt, output, anonymise, sacct_file, sacct_json,
-                   store_path, state_dir) -> None:
+                   store_path, state_dir, config_path) -> None:
     """Report what GPU sharing saved (packing saving, slowdowns, GPU-hours) and cost."""
     now = time.time()
     stop = parse_when(until, now)
     start = parse_when(since, now) if since else stop - DEFAULT_WINDOW_S
     if start >= stop:
         raise click.ClickException("--since must be before --until")
-    store = None
+    store, missing_store = None, ""
+    if not store_path:
+        store_path, missing_store = store_path_from_config(config_path)
     if store_path:
         if not Path(store_path).is_file():
             raise click.ClickException(f"no store at {store_path}")
@@ -165,6 +234,8 @@ def report_command(since, until, by, fmt, output, anonymise, sacct_file, sacct_j
         if store is not None:
             store.close()
     report["new_jobs"] = ingested.new
+    if missing_store:
+        report["notes"].insert(0, missing_store)
     if fmt == "table":
         console = Console(file=open(output, "w") if output else None, width=160,
                           force_terminal=False if output else None)

@@ -104,8 +104,10 @@ class JobKeys:
     user: str = ""
 
     def sizing_keys(self) -> list[str]:
-        """The keys whose history may size a share: exact script, then job name."""
-        return [k for k in (self.exact, self.name) if k]
+        """The keys whose history may size a share: exact script, then job name, each at its
+        fixed position ("" where missing, which ``Store.history`` skips), so a summary's
+        ``matched_key`` says which key found it (0: script, 1: name)."""
+        return [self.exact, self.name]
 
     def as_list(self) -> list[str]:
         """Non-empty keys, most specific first (the order ``Store.history`` expects)."""

@@ -276,8 +276,11 @@ def _remove_stale_socket(path: str) -> None:
     raise DaemonError(f"another daemon is listening on {path}")
 
 
+STORE_FILE = "store.sqlite"  # under daemon.state_dir
+
+
 def open_store(config: Config) -> Store:
-    return Store(Path(config.daemon.state_dir) / "store.sqlite")
+    return Store(Path(config.daemon.state_dir) / STORE_FILE)
 
 
 def serve(config_path: str | None) -> None:

@@ -454,4 +454,9 @@ def clean_decision(decision: dict[str, Any]) -> dict[str, Any]:
     details = decision.get("details") or {}
     if isinstance(details, dict) and details.get("source") in ("history", "hint", "default"):
         out["source"] = details["source"]
+    for name in ("memory_mib", "runtime_s"):  # per GPU type: what the report checks
+        per_type = details.get(name) if isinstance(details, dict) else None
+        if isinstance(per_type, dict):
+            out[name] = {_check_name(t, "gpu type"): _number(v, name)
+                         for t, v in list(per_type.items())[:32]}
     return out

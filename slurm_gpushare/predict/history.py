@@ -129,7 +129,7 @@ class HistoryEstimator:
         from slurm_gpushare.predict.knowledge import class_of_history
         from slurm_gpushare.predict.memory import estimate_memory
 
-        history = self.store.history(list(keys)) if keys else []
+        history = self.store.history(list(keys)) if any(keys) else []
         peaks = observed_peaks(history)
         if not peaks:
             return None, "no earlier run with GPU telemetry"

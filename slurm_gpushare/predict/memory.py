@@ -429,8 +429,10 @@ def estimate_memory(observed: Mapping[str, float | Sequence[float]], gpu_types: 
     fitting = [e for e in per_type.values() if e.fits]
     margins = sorted({f"{e.margin:.0%}" for e in fitting})
     reason = f"peak {observed_text}"
-    if margins:
-        reason += f" + {'/'.join(margins)} margin"
+    if len(margins) == 1:
+        reason += f" + {margins[0]} margin"
+    elif margins:  # each type's margin named by its type
+        reason += " + margin " + ", ".join(f"{e.gpu_type} {e.margin:.0%}" for e in fitting)
     return MemoryVerdict(True, reason, source="history", per_type=per_type)
 
 

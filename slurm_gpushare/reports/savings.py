@@ -38,6 +38,13 @@ SOLO = "solo"  # class-pair key of jobs that ran on whole GPUs or alone on a sha
 SoloPredictor = Callable[[JobRecord], "float | None"]
 
 
+def store_id(job: JobRecord) -> str:
+    """The id the store knows a job by: Slurm's unique numeric id (sacct ``JobIDRaw``). An array
+    task ``68_3`` or a het component ``70+1`` has its own numeric id (``72``, ``71``), which is
+    what ``SLURM_JOB_ID`` holds in its prolog and epilog; a plain job's is its ``JobID``."""
+    return job.raw_id or job.job_id
+
+
 # -- the store, read-only ----------------------------------------------------------------------
 class StoreView:
     """What the report needs from the store (``store.Store``), read-only.
@@ -55,11 +62,12 @@ class StoreView:
     def job_keys(self, job: JobRecord) -> list[str]:
         """The job's fingerprint keys, most specific first (as ``JobKeys.as_list``)."""
         keys = list((self.decision(job.decision_id) or {}).get("keys") or [])
-        return keys + [k for k in self.store.keys_of_job(job.job_id, job.cluster)
+        return keys + [k for k in self.store.keys_of_job(store_id(job), job.cluster)
                        if k not in keys]
 
     def summaries(self, job: JobRecord) -> list[dict[str, Any]]:
-        return self.store.summaries(job.job_id, job.cluster) or self.store.summaries(job.job_id)
+        ident = store_id(job)
+        return self.store.summaries(ident, job.cluster) or self.store.summaries(ident)
 
     def history(self, keys: list[str]) -> list[dict[str, Any]]:
         return self.store.history(keys) if keys else []
@@ -129,8 +137,9 @@ def groups_from_placements(jobs: Iterable[JobRecord],
 def groups_from_store(jobs: Iterable[JobRecord], observations: Iterable[Mapping[str, Any]]
                       ) -> list[CorunGroup]:
     """Co-run groups from the store's pair observations (``Store.corun_observations``):
-    pairs on the same GPU joined transitively; pairs naming a job not in ``jobs`` are skipped."""
-    by_id = {j.job_id: j for j in jobs if _ran(j)}
+    pairs on the same GPU joined transitively; pairs naming a job not in ``jobs`` are skipped.
+    Observations name jobs by their store id (``store_id``), groups by their sacct id."""
+    by_id = {store_id(j): j for j in jobs if _ran(j)}
     parent: dict[str, str] = {}
 
     def find(x: str) -> str:
@@ -150,7 +159,7 @@ def groups_from_store(jobs: Iterable[JobRecord], observations: Iterable[Mapping[
     members: dict[str, list[JobRecord]] = defaultdict(list)
     for job_id in parent:
         members[find(job_id)].append(by_id[job_id])
-    groups = [CorunGroup(gpu_of[sorted(m, key=lambda j: j.start)[0].job_id],
+    groups = [CorunGroup(gpu_of[store_id(sorted(m, key=lambda j: j.start)[0])],
                          sorted(m, key=lambda j: (j.start, j.job_id)))
               for m in members.values()]
     return sorted(groups, key=lambda g: (min(j.start for j in g.jobs), g.gpu))
@@ -166,7 +175,7 @@ def record_groups(store, groups: Iterable[CorunGroup], *, gpu_type: str | None =
             for b in group.jobs[i + 1:]:
                 overlap = min(a.end, b.end) - max(a.start, b.start)
                 if overlap > 0:
-                    store.record_corun(a.job_id, b.job_id, gpu_uuid=group.gpu,
+                    store.record_corun(store_id(a), store_id(b), gpu_uuid=group.gpu,
                                        overlap_s=overlap, gpu_type=gpu_type or a.gpu_type or None)
                     pairs += 1
     return pairs
@@ -194,7 +203,7 @@ def solo_from_history(job: JobRecord, view: StoreView | None) -> Solo | None:
     # ``JobKeys.as_list`` always ends with the user key (every job has a user). The user alone
     # says nothing about run time, so only the script and job-name keys are asked.
     runs = [s for s in view.history(view.job_keys(job)[:-1])
-            if s.get("job_id") != job.job_id and not s.get("shared")
+            if s.get("job_id") != store_id(job) and not s.get("shared")
             and not [c for c in s.get("coruns") or [] if c.get("job_id") != "other"]
             and (s.get("duration_s") or 0) > 0 and _same_gpu(s, job.gpu_type)]
     if not runs:
@@ -204,8 +213,19 @@ def solo_from_history(job: JobRecord, view: StoreView | None) -> Solo | None:
     return Solo(float(statistics.median(durations)), "history", len(durations))
 
 
+def solo_from_decision(job: JobRecord, view: StoreView | None) -> float | None:
+    """The run time the daemon predicted for the job on its GPU type when it decided (kept
+    with the decision in the store)."""
+    decision = view.decision(job.decision_id) if view else None
+    return ((decision or {}).get("runtime_s") or {}).get(job.gpu_type)
+
+
 def solo_time(job: JobRecord, view: StoreView | None,
               predictor: SoloPredictor | None) -> Solo | None:
+    """From the job's own solo history, else ``predictor`` (if given), else the daemon's own
+    run-time prediction recorded with the decision; source "history" or "predictor"."""
+    if predictor is None:
+        predictor = lambda j: solo_from_decision(j, view)  # noqa: E731
     found = solo_from_history(job, view)
     if found is None and predictor is not None:
         seconds = predictor(job)
@@ -215,6 +235,13 @@ def solo_time(job: JobRecord, view: StoreView | None,
 
 
 # -- per-job figures ---------------------------------------------------------------------------
+SACCT_RESOLUTION_S = 1.0  # sacct keeps whole seconds: each Start and End is off by up to this
+SLOWED_ISD = 0.20  # a shared job "slowed" when its ISD exceeds this
+NOISY_ISD = 0.05  # an ISD whose uncertainty (half-width) exceeds this is shown as noisy
+SMALL_SAMPLE = 10  # fewer ISD values (or shared jobs) than this: shown as a small sample
+FEW_SOLO_RUNS = 3  # a solo time from fewer runs than this is a thin history
+
+
 @dataclass
 class JobFigures:
     job: JobRecord
@@ -225,13 +252,44 @@ class JobFigures:
     used_gpu_s: float = 0.0
     exclusive_gpu_s: float = 0.0
     isd: float | None = None
+    isd_low: float | None = None  # the ISD's bounds from sacct's 1-second resolution
+    isd_high: float | None = None
     share_gib: float | None = None
+    safe_estimate_gib: float | None = None  # predicted peak + margin for the job's GPU type
     decision_source: str = ""
     peak_mem_gib: float | None = None
+    earlier_runs: int = 0  # runs requeued before the final one
+    earlier_gpu_s: float = 0.0
 
     @property
     def saved_gpu_s(self) -> float:
         return self.exclusive_gpu_s - self.used_gpu_s
+
+    @property
+    def extra_run_s(self) -> float | None:
+        """How much longer the job ran than alone (negative: faster)."""
+        return None if self.isd is None else (self.job.run_time_s or 0.0) - self.solo.seconds
+
+    @property
+    def overran_share(self) -> bool:
+        """Its observed peak GPU memory exceeded the share it was given."""
+        return bool(self.share_gib and self.peak_mem_gib and self.peak_mem_gib > self.share_gib)
+
+
+def isd_bounds(run_s: float, solo: Solo) -> tuple[float | None, float | None]:
+    """The ISD's range when each of sacct's times is off by up to ``SACCT_RESOLUTION_S``: the
+    run time by up to two of them, a history solo time (a median of such run times) likewise.
+    A predicted solo time has no such bound: (None, None)."""
+    if solo.source != "history":
+        return None, None
+    err = 2 * SACCT_RESOLUTION_S
+    low = max(0.0, run_s - err) / (solo.seconds + err) - 1.0
+    high = (run_s + err) / max(solo.seconds - err, SACCT_RESOLUTION_S) - 1.0
+    return low, high
+
+
+def _gpu_time(job: JobRecord) -> float:
+    return (job.run_time_s or 0.0) * job.exclusive_gpus
 
 
 def _figures_for(jobs: Sequence[JobRecord], groups: Sequence[CorunGroup],
@@ -247,11 +305,16 @@ def _figures_for(jobs: Sequence[JobRecord], groups: Sequence[CorunGroup],
         decision = view.decision(job.decision_id) if view else None
         if decision:
             fig.share_gib = decision.get("share_gib")
-            fig.decision_source = decision.get("source", "")
+            fig.decision_source = decision.get("source", "") or (
+                decision.get("details") or {}).get("source", "")
             if decision.get("job_class") is not None:
                 fig.job_class = int(decision["job_class"])
-        if fig.job_class is None and job.job_id in classes:
-            fig.job_class = classes[job.job_id]
+            safe = (decision.get("memory_mib") or {}).get(job.gpu_type)
+            fig.safe_estimate_gib = safe / 1024 if safe else None
+        if fig.share_gib is None and job.on_share and job.shards:
+            fig.share_gib = job.shards  # 1 shard = 1 GiB (the product's shard unit)
+        if fig.job_class is None and store_id(job) in classes:
+            fig.job_class = classes[store_id(job)]
         if view:
             peaks = [s.get("mgmap_max_mib") for s in view.summaries(job)
                      if s.get("mgmap_max_mib") is not None]
@@ -260,6 +323,9 @@ def _figures_for(jobs: Sequence[JobRecord], groups: Sequence[CorunGroup],
             fig.solo = solo_time(job, view, predictor)
         if not job.on_share:
             fig.used_gpu_s = fig.exclusive_gpu_s = job.gpus * run
+        fig.earlier_runs = len(job.earlier_runs)
+        fig.earlier_gpu_s = sum(_gpu_time(r) for r in job.earlier_runs
+                                if r.start is not None and r.end is not None)
         out.append(fig)
     by_id = {f.job.job_id: f for f in out}
     for group in groups:
@@ -283,16 +349,23 @@ def _figures_for(jobs: Sequence[JobRecord], groups: Sequence[CorunGroup],
                 fig.used_gpu_s = fig.job.run_time_s or 0.0
             elif fig.group.shared and fig.solo and fig.job.state == "COMPLETED":
                 fig.isd = (fig.job.run_time_s or 0.0) / fig.solo.seconds - 1.0
+                fig.isd_low, fig.isd_high = isd_bounds(fig.job.run_time_s or 0.0, fig.solo)
             fig.exclusive_gpu_s = (fig.solo.seconds if fig.solo else fig.job.run_time_s or 0.0) \
                 * fig.job.exclusive_gpus
+        # Earlier runs of a requeued job held their GPUs: used either way. On whole GPUs they
+        # would have run too, unless the job was shared (a share outgrown is requeued).
+        fig.used_gpu_s += fig.earlier_gpu_s
+        if not fig.job.on_share:
+            fig.exclusive_gpu_s += fig.earlier_gpu_s
     return out
 
 
 def group_ps(group: CorunGroup, figures: Mapping[str, JobFigures]) -> float | None:
-    """PS of one group, or None when a member did not complete or has no solo time."""
+    """PS of one group, or None when a member did not complete or has no solo time from its
+    own history (a predicted solo time fills GPU-hours, never PS or ISD figures)."""
     members = [figures.get(j.job_id) for j in group.jobs]
-    if not group.shared or any(m is None or m.solo is None or m.job.state != "COMPLETED"
-                               for m in members):
+    if not group.shared or any(m is None or m.solo is None or m.solo.source != "history"
+                               or m.job.state != "COMPLETED" for m in members):
         return None
     return 1.0 - group.makespan_s / sum(m.solo.seconds for m in members)
 
@@ -316,18 +389,24 @@ def aggregate(figures: Sequence[JobFigures], psable: set[str],
     """Figures of a set of jobs. ``psable``: ids of jobs in groups with a PS."""
     shared = [f for f in figures if f.job.on_share]
     exclusive = [f for f in figures if not f.job.on_share]
-    isds = [f.isd for f in shared if f.isd is not None]
+    # Slowdowns against the job's own solo runs; those against a prediction only per job.
+    with_isd = [f for f in shared if f.isd is not None and f.solo.source == "history"]
+    isds = [f.isd for f in with_isd]
+    bounded = [f for f in with_isd if f.isd_low is not None]
     ps_members = [f for f in shared if f.job.job_id in psable]
     ps_solo = sum(f.solo.seconds for f in ps_members)
+    ps_used = sum(f.used_gpu_s - f.earlier_gpu_s for f in ps_members)
     used = sum(f.used_gpu_s for f in figures)
     excl = sum(f.exclusive_gpu_s for f in figures)
     gpu_jobs = [j for j in all_jobs if j.gpu_job]
     delays_sh = [f.job.queue_delay_s for f in shared if f.job.queue_delay_s is not None]
     delays_ex = [f.job.queue_delay_s for f in exclusive if f.job.queue_delay_s is not None]
+    mean_sh, mean_ex = _mean(delays_sh), _mean(delays_ex)
     sources = defaultdict(int)
     for f in shared:
         if f.solo:
             sources[f.solo.source] += 1
+    solo_runs = [f.solo.runs for f in with_isd if f.solo.source == "history"]
     return {
         "jobs": len([j for j in all_jobs if j.finished]),
         "gpu_jobs": len(figures),
@@ -338,46 +417,114 @@ def aggregate(figures: Sequence[JobFigures], psable: set[str],
         "gpu_hours_exclusive": excl / 3600,
         "gpu_hours_saved": (excl - used) / 3600,
         "saved_fraction": (excl - used) / excl if excl else None,
-        "ps": 1.0 - sum(f.used_gpu_s for f in ps_members) / ps_solo if ps_solo else None,
+        "ps": 1.0 - ps_used / ps_solo if ps_solo else None,
         "ps_groups_jobs": len(ps_members),
         "isd_n": len(isds),
         "isd_mean": _mean(isds),
         "isd_median": _pct(isds, 0.5),
+        "isd_median_low": _pct([f.isd_low for f in bounded], 0.5),
+        "isd_median_high": _pct([f.isd_high for f in bounded], 0.5),
         "isd_p95": _pct(isds, 0.95),
         "isd_max": max(isds) if isds else None,
+        "isd_against_prediction": len([f for f in shared if f.isd is not None
+                                       and f.solo.source != "history"]),
+        "isd_noisy": len([f for f in bounded if (f.isd_high - f.isd_low) / 2 > NOISY_ISD]),
+        "isd_small_sample": len(isds) < SMALL_SAMPLE,
+        "isd_solo_runs_min": min(solo_runs) if solo_runs else None,
+        "isd_thin_history": len([n for n in solo_runs if n < FEW_SOLO_RUNS]),
+        "slowed_jobs": len([i for i in isds if i > SLOWED_ISD]),
+        "extra_run_hours": sum(f.extra_run_s for f in with_isd) / 3600,
         "solo_from_history": sources["history"],
         "solo_from_predictor": sources["predictor"],
         "solo_unknown": len([f for f in shared if f.solo is None]),
-        "queue_delay_shared_mean_s": _mean(delays_sh),
+        "queue_delay_shared_mean_s": mean_sh,
         "queue_delay_shared_median_s": _pct(delays_sh, 0.5),
-        "queue_delay_exclusive_mean_s": _mean(delays_ex),
+        "queue_delay_exclusive_mean_s": mean_ex,
         "queue_delay_exclusive_median_s": _pct(delays_ex, 0.5),
+        "extra_queue_hours": (None if mean_sh is None or mean_ex is None
+                              else (mean_sh - mean_ex) * len(delays_sh) / 3600),
         "oom_shared": len([f for f in shared if f.job.oom]),
         "oom_exclusive": len([f for f in exclusive if f.job.oom]),
         "failed_shared": len([f for f in shared if f.job.failed]),
         "failed_exclusive": len([f for f in exclusive if f.job.failed]),
         "cancelled_shared": len([f for f in shared if f.job.cancelled]),
         "cancelled_exclusive": len([f for f in exclusive if f.job.cancelled]),
+        "overrun_shared": len([f for f in shared if f.overran_share]),
+        "requeued_runs_shared": sum(f.earlier_runs for f in shared),
+        "requeued_runs_exclusive": sum(f.earlier_runs for f in exclusive),
+        "requeued_gpu_hours": sum(f.earlier_gpu_s for f in figures) / 3600,
     }
 
 
-def prediction_quality(figures: Sequence[JobFigures]) -> dict[str, Any]:
-    """Share given (prediction + margin, GiB) vs peak GPU memory observed, per decision source.
+def verdict(totals: Mapping[str, Any]) -> str:
+    """One line an admin can act on: what sharing saved, what it cost, and what to do."""
+    shared = totals["shared_jobs"]
+    if not shared:
+        return "No job ran on a share in this window: nothing to judge."
+    saved = totals["gpu_hours_saved"]
+    queue = totals["extra_queue_hours"]
+    costs = [_queue_phrase(queue),
+             f"{totals['slowed_jobs']} of {totals['isd_n']} jobs with a known slowdown slowed "
+             f"more than {SLOWED_ISD:.0%}",
+             f"{totals['overrun_shared']} outgrew their share",
+             f"{totals['oom_shared']} killed for memory"]
+    if totals["requeued_runs_shared"]:
+        costs.append(f"{totals['requeued_runs_shared']} runs requeued")
+    line = (f"Sharing saved {saved:.2f} GPU-h ({_frac(totals['saved_fraction'])}) at a cost of "
+            + "; ".join(costs) + ".")
+    if shared < SMALL_SAMPLE or totals["isd_small_sample"]:
+        advice = (f"Too few to judge ({shared} shared jobs, {totals['isd_n']} with a known "
+                  f"slowdown; {SMALL_SAMPLE} of each needed): keep watching.")
+    elif saved <= 0:
+        advice = "Sharing did not pay off: turn it off for these jobs or review the policy."
+    elif totals["oom_shared"] or totals["overrun_shared"] or (
+            totals["slowed_jobs"] > 0.1 * totals["isd_n"]):
+        advice = ("Sharing pays off but hurts some jobs: raise the memory margin or keep the "
+                  "interfering class pairs apart.")
+    else:
+        advice = "Sharing pays off: keep it on."
+    return f"{line} {advice}"
 
-    ``over_share``: jobs whose observed peak exceeded their share (the margin was not enough);
-    ``rel_error``: |share - peak| / peak."""
+
+def _queue_phrase(hours: float | None) -> str:
+    if hours is None:
+        return "queueing not comparable (shared or whole-GPU jobs missing)"
+    amount = f"{abs(hours):.2f} h" if abs(hours) >= 0.01 else f"{abs(hours) * 3600:.0f} s"
+    if hours >= 0:
+        return f"{amount} extra queueing on shares (vs whole-GPU jobs)"
+    return f"no extra queueing (shares waited {amount} less than whole-GPU jobs)"
+
+
+def _frac(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
+
+
+def prediction_quality(figures: Sequence[JobFigures]) -> dict[str, Any]:
+    """Memory figures of shared jobs with an observed peak, per decision source, kept apart:
+
+    - the predictor's error: the safe estimate (prediction + margin) for the job's GPU type
+      vs the observed peak: ``estimate_error_mean``/``p95`` (``(estimate - peak) / peak``,
+      signed: positive is an over-estimate) and ``estimate_below_peak`` (the margin was not
+      enough);
+    - the over-allocation the policy chose: the share given vs the peak
+      (``share_over_peak_median``, share / peak) and ``share_below_peak`` (the job outgrew its
+      share)."""
     out: dict[str, Any] = {}
-    pairs = [(f.decision_source or "unknown", f.share_gib, f.peak_mem_gib) for f in figures
-             if f.job.on_share and f.share_gib and f.peak_mem_gib]
-    for source in sorted({p[0] for p in pairs}):
-        rows = [(s, p) for src, s, p in pairs if src == source]
-        errors = [abs(s - p) / p for s, p in rows]
+    rows = [f for f in figures if f.job.on_share and f.peak_mem_gib]
+    for source in sorted({f.decision_source or "unknown" for f in rows}):
+        mine = [f for f in rows if (f.decision_source or "unknown") == source]
+        estimated = [f for f in mine if f.safe_estimate_gib]
+        errors = [(f.safe_estimate_gib - f.peak_mem_gib) / f.peak_mem_gib for f in estimated]
+        given = [f for f in mine if f.share_gib]
         out[source] = {
-            "n": len(rows),
-            "over_share": len([1 for s, p in rows if p > s]),
-            "rel_error_mean": _mean(errors),
-            "rel_error_p95": _pct(errors, 0.95),
-            "peak_over_share_median": _pct([p / s for s, p in rows], 0.5),
+            "n": len(mine),
+            "estimate_n": len(estimated),
+            "estimate_error_mean": _mean(errors),
+            "estimate_error_p95": _pct([abs(e) for e in errors], 0.95),
+            "estimate_below_peak": len([e for e in errors if e < 0]),
+            "share_n": len(given),
+            "share_over_peak_median": _pct([f.share_gib / f.peak_mem_gib for f in given], 0.5),
+            "share_below_peak": len([f for f in given if f.overran_share]),
         }
     return out
 
@@ -499,25 +646,46 @@ def build_report(jobs: Sequence[JobRecord], *, since: float, until: float,
         jobs_by[key(fig_ids.get(job.job_id, job))].append(job)
     rows = [{"key": k, **aggregate(rows_by.get(k, []), psable, jobs_by[k])}
             for k in sorted(set(rows_by) | set(jobs_by))]
-    shared_jobs = [{
-        "job_id": f.job.job_id,
-        **({} if anonymise else {"user": f.job.user}),
-        "account": f.job.account, "gpu_type": f.job.gpu_type or "?",
-        "state": f.job.state, "run_s": f.job.run_time_s,
-        "solo_s": f.solo.seconds if f.solo else None,
-        "solo_source": f.solo.source if f.solo else "unknown",
-        "isd": f.isd, "class_pair": f.class_pair,
-        "co_runners": [j for j in (f.group.ids if f.group else []) if j != f.job.job_id],
-    } for f in figures if f.job.on_share]
+    def job_row(f: JobFigures) -> dict[str, Any]:
+        return {
+            "job_id": f.job.job_id, "store_id": store_id(f.job),
+            **({} if anonymise else {"user": f.job.user}),
+            "account": f.job.account, "partition": f.job.partition,
+            "gpu_type": f.job.gpu_type or "?", "on_share": f.job.on_share,
+            "state": f.job.state, "run_s": f.job.run_time_s, "queue_s": f.job.queue_delay_s,
+            "gpu_s_used": f.used_gpu_s, "gpu_s_exclusive": f.exclusive_gpu_s,
+            "solo_s": f.solo.seconds if f.solo else None,
+            "solo_source": f.solo.source if f.solo else "unknown",
+            "solo_runs": f.solo.runs if f.solo else 0,
+            "isd": f.isd, "isd_low": f.isd_low, "isd_high": f.isd_high,
+            "class_pair": f.class_pair,
+            "co_runners": [j for j in (f.group.ids if f.group else []) if j != f.job.job_id],
+            "share_gib": f.share_gib, "safe_estimate_gib": f.safe_estimate_gib,
+            "peak_gib": f.peak_mem_gib, "oom": f.job.oom, "requeued_runs": f.earlier_runs,
+        }
+
+    job_rows = [job_row(f) for f in figures]
+    shared_jobs = [row for row in job_rows if row["on_share"]]
     notes = []
     if store is None and not groups:
         notes.append("No store given: co-runs and solo times are unknown, so the figures count "
-                     "no saving (pass --store).")
+                     "no saving (pass --store or set daemon.store in the config).")
     unknown = len([f for f in figures if f.job.on_share and f.solo is None])
     if unknown:
         notes.append(f"{unknown} shared job(s) have no solo run time (no solo history, no "
                      "prediction): they count at their own run time and are left out of ISD "
                      "and PS.")
+    totals = aggregate(figures, psable, jobs)
+    if totals["isd_n"] and totals["isd_small_sample"]:
+        notes.append(f"Slowdown from only {totals['isd_n']} job(s): a small sample, not a "
+                     "trend.")
+    if totals["isd_noisy"]:
+        notes.append(f"{totals['isd_noisy']} of {totals['isd_n']} slowdowns are noisy: sacct's "
+                     f"1-second times leave them uncertain by more than {NOISY_ISD:.0%} "
+                     "(short jobs); see isd_low/isd_high per job.")
+    if totals["isd_thin_history"]:
+        notes.append(f"{totals['isd_thin_history']} slowdown(s) rest on fewer than "
+                     f"{FEW_SOLO_RUNS} solo runs of the job.")
     return {
         "notes": notes,
         "window": {"since": since, "until": until},
@@ -525,10 +693,12 @@ def build_report(jobs: Sequence[JobRecord], *, since: float, until: float,
         "source": source,
         "by": by,
         "anonymised": anonymise,
-        "totals": aggregate(figures, psable, jobs),
+        "verdict": verdict(totals),
+        "totals": totals,
         "rows": rows,
         "groups": group_rows,
         "shared_jobs": shared_jobs,
+        "jobs": job_rows,
         "prediction": prediction_quality(figures),
         "timeline": _timeline(figures, since, until),
         "class_matrix": _class_matrix(figures),

@@ -94,6 +94,8 @@ class JobRecord:
     tag: str = ""  # the product's AdminComment tag, or ""
     steps: list[StepRecord] = field(default_factory=list)
     gpu_type: str = ""  # filled by ``resolve_gpu_types``
+    # Runs of a requeued job before its final one (``sacct -D`` lists each run, same JobID).
+    earlier_runs: list["JobRecord"] = field(default_factory=list)
 
     # -- what the tag says -----------------------------------------------------------------
     def __post_init__(self):
@@ -192,6 +194,7 @@ class JobRecord:
     def from_dict(cls, data: Mapping[str, Any]) -> "JobRecord":
         data = dict(data)
         data["steps"] = [StepRecord(**s) for s in data.get("steps", [])]
+        data["earlier_runs"] = [cls.from_dict(r) for r in data.get("earlier_runs", [])]
         known = set(cls.__dataclass_fields__)
         return cls(**{k: v for k, v in data.items() if k in known})
 
@@ -329,7 +332,9 @@ def _row_to_parts(row: dict[str, Any]) -> tuple[str, dict[str, Any]]:
 
 
 def _fold(parts: Iterable[tuple[str, dict[str, Any]]]) -> list[JobRecord]:
-    """Job lines become records; step lines join their job's ``steps`` (in any order)."""
+    """Job lines become records; step lines join their job's ``steps`` (in any order). A job
+    id seen more than once (a requeued job under ``sacct -D``) is one job: its latest run,
+    holding the earlier ones in ``earlier_runs``."""
     jobs: dict[str, JobRecord] = {}
     steps: list[tuple[str, StepRecord]] = []
     for job_id, values in parts:
@@ -343,11 +348,29 @@ def _fold(parts: Iterable[tuple[str, dict[str, Any]]]) -> list[JobRecord]:
         elif "[" in job_id:
             continue  # array tasks not yet started ("123_[4-9]"): not jobs until they run
         else:
-            jobs[job_id] = JobRecord(job_id=job_id, **values)
+            _add_run(jobs, JobRecord(job_id=job_id, **values))
     for parent, step in steps:
         if parent in jobs:  # a step without its job line (cut-off output) is dropped
             jobs[parent].steps.append(step)
     return list(jobs.values())
+
+
+def _run_order(job: JobRecord) -> tuple[float, float]:
+    return (job.start if job.start is not None else float("inf"),
+            job.submit if job.submit is not None else float("inf"))
+
+
+def _add_run(jobs: dict[str, JobRecord], record: JobRecord) -> None:
+    held = jobs.get(record.job_id)
+    if held is None:
+        jobs[record.job_id] = record
+        return
+    runs = sorted(held.earlier_runs + [held, record], key=_run_order)
+    latest = runs[-1]
+    for run in runs:
+        run.earlier_runs = []
+    latest.earlier_runs = runs[:-1]
+    jobs[record.job_id] = latest
 
 
 # -- sacct --json (22.05: openapi dbv0.0.38; 24.11: v0.0.41 with wrapped numbers) -------------
@@ -358,10 +381,10 @@ def parse_json(text: str, *, progress: bool | None = None) -> list[JobRecord]:
         raise AccountingError(f"sacct --json output is not JSON: {exc}") from None
     if not isinstance(data, dict) or not isinstance(data.get("jobs"), list):
         raise AccountingError("sacct --json output has no 'jobs' list")
-    jobs = []
+    jobs: dict[str, JobRecord] = {}
     for job in _with_progress(data["jobs"], len(data["jobs"]), progress, "reading sacct"):
-        jobs.append(_json_job(job))
-    return jobs
+        _add_run(jobs, _json_job(job))
+    return list(jobs.values())
 
 
 def _plain(value: Any) -> Any:
@@ -477,7 +500,8 @@ def _with_progress(items: Iterable, total: int, progress: bool | None, what: str
 
 # -- running sacct ---------------------------------------------------------------------------
 def sacct_argv(since: float, until: float, *, as_json: bool = False) -> list[str]:
-    window = ["-a", "-S", _slurm_time(since), "-E", _slurm_time(until)]
+    # -D: every run of a requeued job, each of which held GPUs.
+    window = ["-a", "-D", "-S", _slurm_time(since), "-E", _slurm_time(until)]
     if as_json:
         return ["sacct", *window, "--json"]
     return ["sacct", *window, "-P", "-o", ",".join(SACCT_FIELDS)]
@@ -512,7 +536,7 @@ def node_gpu_types_from_scontrol(text: str) -> dict[str, str]:
     return out
 
 
-def query_node_gpu_types(timeout: float = 30) -> dict[str, str]:
+def query_node_gpu_types(timeout: float = 10) -> dict[str, str]:
     out = cmd.output(["scontrol", "-o", "show", "nodes"], timeout=timeout)
     return node_gpu_types_from_scontrol(out) if out is not None else {}
 
@@ -658,7 +682,7 @@ def ingest(since: float, until: float, *, sacct_file: str | os.PathLike | None =
         jobs = parse_sacct(runner(since, until, as_json=as_json), progress=progress)
         new, source = len(jobs), "sacct"
     jobs = [j for j in jobs if not j.finished or (j.end is not None and since <= j.end <= until)]
-    if node_types is None:
-        node_types = query_node_gpu_types() if sacct_file is None else {}
+    if node_types is None:  # a recorded file too: its nodes are this cluster's, usually
+        node_types = query_node_gpu_types()
     resolve_gpu_types(jobs, node_types)
     return Ingested(jobs=jobs, new=new, source=source)

@@ -122,6 +122,13 @@ def parse_scontrol_line(line: str) -> dict[str, str]:
     return fields
 
 
+def numeric_job_id(job_id: str) -> str | None:
+    """sacct's JobIDRaw of a job (an array task ``68_3`` -> its own id), or None."""
+    result = cmd.run(["sacct", "-n", "-P", "-X", "-j", job_id, "-o", "JobIDRaw"])
+    lines = [line.strip() for line in result.stdout.splitlines() if line.strip()]
+    return lines[0] if result.returncode == 0 and lines else None
+
+
 def job_outcome(job_id: str) -> dict[str, str] | None:
     """The finished job's accounting record (None while it runs or without accounting)."""
     names = ["JobID", "State", "ExitCode", "Elapsed", "NodeList", "AllocTRES"]
@@ -152,9 +159,14 @@ def decision_from_tag(tag: Tag) -> dict[str, Any]:
     reason = SOURCE_PHRASES.get(source) or KEEP_PHRASES.get(code, code)
     if tag.shared and (tag.shard is not None or tag.mps is not None):
         reason = f"{reason}: {share_phrase(tag)} on {', '.join(tag.types) or 'any type'}"
+    details: dict[str, Any] = {"source": source}
+    if tag.mps is not None:
+        details.update(sharing="mps", units=tag.mps, memory_limit_mib=tag.mem_mib)
+    elif tag.shard is not None:
+        details["sharing"] = "shard"
     return {"action": tag.action, "code": code, "reason": reason,
             "decision_id": tag.decision_id, "share_gib": tag.shard,
-            "gpu_types": list(tag.types), "details": {"source": source}}
+            "gpu_types": list(tag.types), "details": details}
 
 
 def decision_from_record(record: Mapping[str, Any]) -> dict[str, Any]:
@@ -174,8 +186,16 @@ def explain_job(job_id: str, socket_path: str | None = None) -> dict[str, Any]:
         raise UserError(f"not a job id: {job_id!r}")
     socket_path = socket_path or query_socket_path()
     report: dict[str, Any] = {"job_id": job_id}
+    job = slurm_job(job_id)
+    # The daemon knows an array task by its own numeric id (68_3 is, say, 72), as its
+    # decisions, telemetry and co-runners are recorded.
+    numeric = job_id
+    if "_" in job_id:
+        numeric = job.get("JobId", job_id) if job else (numeric_job_id(job_id) or job_id)
+    if numeric != job_id:
+        report["numeric_id"] = numeric
     try:
-        reply = query(socket_path, {"op": "job", "job_id": job_id})
+        reply = query(socket_path, {"op": "job", "job_id": numeric})
     except DaemonUnavailable as exc:
         reply = {"ok": False, "error": str(exc)}
     if str(reply.get("error", "")).startswith("permission denied"):
@@ -193,7 +213,6 @@ def explain_job(job_id: str, socket_path: str | None = None) -> dict[str, Any]:
     else:
         report["daemon_error"] = reply.get("error", "no answer")
 
-    job = slurm_job(job_id)
     if job is None and not reply.get("ok"):
         raise UserError(f"job {job_id} is unknown to Slurm ({report['daemon_error']})")
     if job is not None:
@@ -230,8 +249,14 @@ def decision_rows(decision: Mapping[str, Any], *, what_if: bool = False,
     if action == "share":
         verb = "would run" if what_if else "runs"
         types = " or ".join(decision.get("gpu_types") or []) or "any type"
-        lines.append(("decision", f"{verb} as a share: {decision.get('share_gib')} GiB of GPU "
-                                  f"memory (gres/shard) on {types}"))
+        if details.get("sharing") == "mps":
+            limit = details.get("memory_limit_mib")
+            limit = f", memory limit {_gib(limit)}" if limit else ""
+            lines.append(("decision", f"{verb} as an MPS share: {details.get('units')}% of a "
+                                      f"GPU (gres/mps{limit}) on {types}"))
+        else:
+            lines.append(("decision", f"{verb} as a share: {decision.get('share_gib')} GiB of "
+                                      f"GPU memory (gres/shard) on {types}"))
     else:
         lines.append(("decision", ("would be kept" if what_if else "kept") + " as submitted"))
     lines.append(("why", f"{decision.get('reason', '')}" + (f" [{code}]" if code else "")))

@@ -84,12 +84,13 @@ def test_report_figures_equal_hand_computation(cluster, tmp_path):
     gpus = {frozenset(placements[shared[m]]) for m in shared}
     assert len(gpus) == 1 and len(next(iter(gpus))) == 1, placements
     run = {i: jobs[i].end - jobs[i].start for i in ids}
-    # sacct keeps whole seconds and a loaded host adds start-up time: sleep lengths bound
-    # the run times from below; the hand computation below uses what sacct recorded.
+    # sacct keeps whole seconds and a loaded host adds start-up time (prolog and epilog on
+    # two shared cores: seen up to +6 s): sleep lengths bound the run times from below; the
+    # hand computation below uses what sacct recorded.
     for m, seconds in SOLO_S.items():
-        assert seconds <= run[solo[m]] <= seconds + 5
+        assert seconds <= run[solo[m]] <= seconds + 15
     for m, seconds in SHARED_S.items():
-        assert seconds <= run[shared[m]] <= seconds + 5
+        assert seconds <= run[shared[m]] <= seconds + 15
 
     # -- the store, as the prolog/epilog path and the daemon would fill it -------------------------
     fp = Fingerprinter(b"report-e2e-secret" * 2)
@@ -127,7 +128,7 @@ def test_report_figures_equal_hand_computation(cluster, tmp_path):
     solo_s = {"a": run[solo["a"]], "b": run[solo["b"]], "d": PREDICTED_SOLO_S["d"]}
     makespan = (max(jobs[shared[m]].end for m in shared)
                 - min(jobs[shared[m]].start for m in shared))
-    ps = 1 - makespan / sum(solo_s.values())
+    # d's solo time is a prediction: it fills GPU-hours, not PS or the slowdown totals.
     isd = {m: run[shared[m]] / solo_s[m] - 1 for m in shared}
     whole_gpu_s = run[solo["a"]] + run[solo["b"]] + run[whole]  # exclusive jobs: used = needed
     used_h = (makespan + whole_gpu_s) / 3600
@@ -135,7 +136,7 @@ def test_report_figures_equal_hand_computation(cluster, tmp_path):
     saved_h = (sum(solo_s.values()) - makespan) / 3600
 
     totals = report["totals"]
-    assert totals["ps"] == pytest.approx(ps, abs=1e-12)
+    assert totals["ps"] is None
     assert totals["gpu_hours_used"] == pytest.approx(used_h, abs=1e-12)
     assert totals["gpu_hours_exclusive"] == pytest.approx(exclusive_h, abs=1e-12)
     assert totals["gpu_hours_saved"] == pytest.approx(saved_h, abs=1e-12)
@@ -145,11 +146,13 @@ def test_report_figures_equal_hand_computation(cluster, tmp_path):
     assert {m: reported[m]["solo_source"] for m in shared} == {
         "a": "history", "b": "history", "d": "predictor"}
     (group,) = [g for g in report["groups"] if len(g["jobs"]) > 1]
-    assert group["ps"] == pytest.approx(ps, abs=1e-12) and group["class_pair"] == "0+1+1"
-    assert totals["isd_median"] == pytest.approx(sorted(isd.values())[1], abs=1e-12)
-    assert report["prediction"]["history"]["over_share"] == 1  # b: 9 GiB peak on 8 GiB
-    print(f"\nhand: PS={ps:.6f} ISD={ {m: round(v, 6) for m, v in isd.items()} } "
-          f"saved={saved_h:.8f} GPU-h; report: PS={totals['ps']:.6f} "
+    assert group["ps"] is None and group["class_pair"] == "0+1+1"
+    assert totals["isd_median"] == pytest.approx((isd["a"] + isd["b"]) / 2, abs=1e-12)
+    assert totals["isd_n"] == 2 and totals["isd_against_prediction"] == 1
+    assert report["prediction"]["history"]["share_below_peak"] == 1  # b: 9 GiB peak on 8 GiB
+    assert totals["overrun_shared"] == 1
+    print(f"\nhand: ISD={ {m: round(v, 6) for m, v in isd.items()} } "
+          f"saved={saved_h:.8f} GPU-h; report: "
           f"saved={totals['gpu_hours_saved']:.8f} GPU-h (makespan {makespan:.0f}s, "
           f"solo {solo_s})")
 
@@ -158,6 +161,7 @@ def test_report_figures_equal_hand_computation(cluster, tmp_path):
     from_json = parse_json(js)
     resolve_gpu_types(from_json, node_types)
     again = build_report(from_json, store=store, predictor=predictor, **window)
-    for name in ("ps", "gpu_hours_used", "gpu_hours_saved", "isd_mean"):
+    assert again["totals"]["ps"] is None
+    for name in ("gpu_hours_used", "gpu_hours_saved", "isd_mean"):
         assert again["totals"][name] == pytest.approx(totals[name], abs=1e-12)
     store.close()

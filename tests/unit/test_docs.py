@@ -19,7 +19,8 @@ from slurm_gpushare.core.config import DaemonConfig, HookConfig, PolicyConfig
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = {name: (REPO / "docs" / name).read_text()
-        for name in ("admin-guide.md", "user-guide.md", "privacy.md", "operations.md")}
+        for name in ("admin-guide.md", "user-guide.md", "privacy.md", "operations.md",
+                     "reports.md")}
 ALL = "\n".join(DOCS.values())
 
 

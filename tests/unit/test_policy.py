@@ -157,7 +157,7 @@ def test_only_script_or_name_keys_size_a_share():
     from slurm_gpushare.daemon.fingerprint import Fingerprinter
 
     keys = Fingerprinter(b"s" * 32).job_keys("alice", script="#!/bin/sh\ntrain\n", name="")
-    assert keys.sizing_keys() == [keys.exact] and keys.user not in keys.sizing_keys()
+    assert keys.sizing_keys() == [keys.exact, ""] and keys.user not in keys.sizing_keys()
     run = {"gpu_model": "Tesla V100-SXM2-16GB", "mgmap_max_mib": 9000.0}
     # The most specific key's runs decide; runs that never touched the GPU say nothing.
     assert observed_peaks([{**run, "matched_key": 1, "mgmap_max_mib": 5000.0},
@@ -292,3 +292,20 @@ def test_a_node_with_a_clean_gpu_is_not_excluded():
                     NodeView("v1", "v100", ("gpu",), (), gpus=2))
     decision = decide(request(), CONFIG, estimate=estimate, view=view, knowledge=rule)
     assert decision.writes["exc_nodes"] == "a2"
+
+
+def test_a_class_found_by_the_job_name_says_so():
+    """Without a script key the name key keeps its position, so the class's detail names it."""
+    from slurm_gpushare.daemon.fingerprint import Fingerprinter
+    from slurm_gpushare.daemon.store import Store
+    from slurm_gpushare.predict.classes import default_classes
+    from slurm_gpushare.predict.knowledge import class_of_history
+
+    keys = Fingerprinter(b"s" * 32).job_keys("alice", script="", name="train")
+    assert keys.sizing_keys() == ["", keys.name]
+    with Store(":memory:") as store:
+        store.ingest_summary({"v": 1, "job_id": "1", "gpu_index": 0, "mgup_max": 50.0,
+                              "mgmap_max_pct": 20.0, "mgtsamp_max": 10.0, "keys": [keys.name]})
+        history = store.history(keys.sizing_keys())
+    _, detail = class_of_history(default_classes(), history)
+    assert "matched by job name" in detail

@@ -49,10 +49,13 @@ def solo_run(store, job_id, name, seconds, model="A100-80GB", shared=False):
                           "keys": keys(name)})
 
 
-def decide(store, j, name, job_class=None, share_gib=8):
+def decide(store, j, name, job_class=None, share_gib=8, safe_mib=None):
+    details = {"source": "history"}
+    if safe_mib is not None:
+        details["memory_mib"] = {"a100": safe_mib, "v100": 1.0}
     store.record_decision({"decision_id": j.decision_id, "action": "share", "code": "history-share",
                            "share_gib": share_gib, "keys": keys(name), "job_class": job_class,
-                           "job_id": j.job_id, "details": {"source": "history"}})
+                           "job_id": j.job_id, "details": details})
 
 
 @pytest.fixture
@@ -163,16 +166,23 @@ def test_failures_oom_queue_delay_and_running_jobs(store):
     assert t["queue_delay_exclusive_median_s"] == pytest.approx(0)
 
 
-def test_prediction_quality_compares_share_with_observed_peak(store):
+def test_predictor_error_is_kept_apart_from_over_allocation(store):
+    """x: estimate 6.6 GiB, share 8, peak 6 -> error +10%, share/peak 1.33. y: estimate 9 GiB,
+    share 8, peak 10 -> error -10% (the margin was not enough), outgrew its share (0.8)."""
     x, y = job("10", 0, 10), job("11", 0, 10)
-    decide(store, x, "x", share_gib=8)
-    decide(store, y, "y", share_gib=8)
+    decide(store, x, "x", share_gib=8, safe_mib=6.6 * 1024)
+    decide(store, y, "y", share_gib=8, safe_mib=9 * 1024)
     for j, peak_gib in ((x, 6.0), (y, 10.0)):
         store.ingest_summary({"v": 1, "job_id": j.job_id, "gpu_index": 0, "shared": True,
                               "mgmap_max_mib": peak_gib * 1024})
-    q = build_report([x, y], since=T0, until=T0 + 3600, store=store)["prediction"]
-    assert q["history"]["n"] == 2 and q["history"]["over_share"] == 1
-    assert q["history"]["rel_error_mean"] == pytest.approx((2 / 6 + 2 / 10) / 2)
+    report = build_report([x, y], since=T0, until=T0 + 3600, store=store)
+    q = report["prediction"]["history"]
+    assert q["n"] == 2 and q["estimate_n"] == 2 and q["share_n"] == 2
+    assert q["estimate_error_mean"] == pytest.approx((0.1 - 0.1) / 2, abs=1e-12)
+    assert q["estimate_error_p95"] == pytest.approx(0.1)
+    assert q["estimate_below_peak"] == 1 and q["share_below_peak"] == 1
+    assert q["share_over_peak_median"] == pytest.approx((8 / 6 + 8 / 10) / 2)
+    assert report["totals"]["overrun_shared"] == 1
 
 
 def test_anonymise_replaces_user_names_everywhere(store, pair_workload):
@@ -209,7 +219,10 @@ def test_cli_formats_on_recorded_sacct(tmp_path, capsys):
     assert report["totals"]["failed_shared"] == 3 and report["totals"]["oom_shared"] == 1
     assert main(["report", "--sacct-file", psv, *WINDOW, "--format", "csv", "--by", "user"]) == 0
     rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
-    assert [r["user"] for r in rows] == ["nobody", "root", "all"]
+    assert [r["user"] for r in rows if r["row"] == "summary"] == ["nobody", "root", "all"]
+    job_rows = [r for r in rows if r["row"] == "job"]
+    assert len(job_rows) == report["totals"]["gpu_jobs"]
+    assert {r["job_id"] for r in job_rows} == {j["job_id"] for j in report["jobs"]}
     assert main(["report", "--sacct-file", psv, *WINDOW]) == 0
     out = capsys.readouterr().out
     assert "By account" in out and "physics" in out
@@ -218,6 +231,32 @@ def test_cli_formats_on_recorded_sacct(tmp_path, capsys):
                  "--format", "html", "-o", str(target), "--anonymise", "--by", "user"]) == 0
     page = target.read_text()
     assert page.startswith("<!DOCTYPE html>") and "root" not in page.replace("root:", "")
+
+
+def test_cli_takes_the_store_from_the_config(tmp_path, capsys, store, pair_workload,
+                                             monkeypatch):
+    """Without --store the report reads daemon.state_dir/store.sqlite of the config."""
+    from slurm_gpushare.reports import savings
+
+    state = tmp_path / "state"
+    state.mkdir()
+    config = tmp_path / "gpushare.toml"
+    config.write_text(f'[daemon]\nstate_dir = "{state}"\n')
+    psv = str(DATA / "awkward.psv")
+    monkeypatch.delenv("GPUSHARE_CONFIG", raising=False)
+    assert main(["report", "--sacct-file", psv, *WINDOW, "--format", "json",
+                 "--config", str(config)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["notes"][0].startswith(f"no store at {state / 'store.sqlite'}")
+    seen = []
+    real = savings.build_report
+    monkeypatch.setattr("slurm_gpushare.cli.report.build_report",
+                        lambda *a, **k: seen.append(k["store"]) or real(*a, **k))
+    Store(state / "store.sqlite").close()
+    assert main(["report", "--sacct-file", psv, *WINDOW, "--format", "json",
+                 "--config", str(config)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert seen[0] is not None and not report["notes"][0].startswith("no store")
 
 
 def test_cli_errors_are_one_line(tmp_path, capsys):
@@ -231,3 +270,85 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     lines = [line for line in err.splitlines() if line.startswith("slurm-gpushare:")]
     assert len(lines) >= 4 and "Traceback" not in err
     assert "Constraints" in err and "no store" in err
+
+
+def test_array_tasks_and_het_components_find_their_own_telemetry(store):
+    """sacct names an array task 68_3 and a het component 70+1; the store knows them by their
+    numeric ids (JobIDRaw) 72 and 71. Both share one GPU (co-run recorded under those ids)."""
+    solo_run(store, "1", "x", 100.0)
+    solo_run(store, "2", "y", 50.0)
+    task = job("68_3", 0, 130)
+    task.raw_id = "72"
+    comp = job("70+1", 10, 80)
+    comp.raw_id = "71"
+    decide(store, task, "x", job_class=0)
+    decide(store, comp, "y", job_class=2)
+    store.record_corun("72", "71", gpu_uuid="GPU-1", overlap_s=70.0)
+    for j, peak in ((task, 6.0), (comp, 3.0)):
+        store.ingest_summary({"v": 1, "job_id": j.raw_id, "gpu_index": 0, "shared": True,
+                              "mgmap_max_mib": peak * 1024})
+    report = build_report([task, comp], since=T0, until=T0 + 3600, store=store)
+    rows = {r["job_id"]: r for r in report["shared_jobs"]}
+    assert rows["68_3"]["store_id"] == "72" and rows["68_3"]["co_runners"] == ["70+1"]
+    assert rows["68_3"]["isd"] == pytest.approx(0.3) and rows["70+1"]["isd"] == pytest.approx(0.4)
+    assert rows["68_3"]["peak_gib"] == 6.0 and rows["70+1"]["peak_gib"] == 3.0
+    assert report["totals"]["gpu_hours_saved"] == pytest.approx((150 - 130) / 3600)
+
+
+def test_isd_bounds_follow_sacct_resolution_and_small_samples_are_flagged(store, pair_workload):
+    jobs, groups = pair_workload
+    report = build_report(jobs, since=T0, until=T0 + 3600, store=store, groups=groups)
+    x = next(r for r in report["shared_jobs"] if r["job_id"] == "10")
+    # run 130 s, solo 100 s, each of sacct's times +-1 s: run +-2, solo +-2.
+    assert x["isd_low"] == pytest.approx(128 / 102 - 1) and x["isd_high"] == pytest.approx(132 / 98 - 1)
+    assert x["solo_runs"] == 1
+    t = report["totals"]
+    assert t["isd_small_sample"] and t["isd_thin_history"] == 2
+    assert t["isd_noisy"] == 1  # y: 68/52 - 1 to 72/48 - 1, half-width 9.6%
+    assert t["slowed_jobs"] == 2 and t["extra_run_hours"] == pytest.approx((30 + 20) / 3600)
+    assert any("small sample" in n for n in report["notes"])
+    assert report["verdict"].startswith("Sharing saved 0.01 GPU-h (8.7%)")
+    assert "2 of 2 jobs with a known slowdown slowed more than 20%" in report["verdict"]
+    assert "shares waited" in report["verdict"] or "extra queueing" in report["verdict"]
+    assert "Too few to judge" in report["verdict"]
+
+
+def test_requeued_runs_count_as_gpu_time_used(store):
+    """sacct -D lists a requeued job twice under one JobID: the earlier run (0..20 on a share,
+    REQUEUED) held a GPU, which whole GPUs would not have needed; the final run is the job."""
+    from slurm_gpushare.slurm.accounting import parse_psv
+
+    head = "JobID|JobIDRaw|State|Submit|Start|End|AllocTRES|AdminComment"
+    tag = "gpushare:v1:share:id=d9:shard=8:types=a100:why=history-share"
+    text = "\n".join([head,
+                      f"9|9|REQUEUED|{T0:.0f}|{T0:.0f}|{T0 + 20:.0f}|gres/shard=8|{tag}",
+                      f"9|9|COMPLETED|{T0 + 25:.0f}|{T0 + 30:.0f}|{T0 + 90:.0f}|gres/shard=8|{tag}",
+                      f"9.batch|9|COMPLETED||{T0 + 30:.0f}|{T0 + 90:.0f}||"]) + "\n"
+    (record,) = parse_psv(text)
+    assert record.state == "COMPLETED" and len(record.earlier_runs) == 1
+    t = build_report([record], since=T0, until=T0 + 3600, store=store)["totals"]
+    assert t["requeued_runs_shared"] == 1 and t["requeued_gpu_hours"] == pytest.approx(20 / 3600)
+    assert t["gpu_hours_used"] == pytest.approx(80 / 3600)
+    assert t["gpu_hours_exclusive"] == pytest.approx(60 / 3600)
+
+
+def test_solo_time_falls_back_to_the_daemons_recorded_run_time_prediction(store):
+    """x has no solo history; its decision recorded a predicted 100 s on a100 (and 50 s on
+    v100, not its type): that is its solo time, marked as a prediction."""
+    x, y = job("10", 0, 130), job("11", 0, 60)
+    for j, name in ((x, "x"), (y, "y")):
+        store.record_decision({"decision_id": j.decision_id, "action": "share",
+                               "code": "history-share", "share_gib": 8, "keys": keys(name),
+                               "job_id": j.job_id, "details": {
+                                   "source": "history",
+                                   "runtime_s": {"a100": 100.0 if name == "x" else 40.0,
+                                                 "v100": 50.0}}})
+    groups = groups_from_placements([x, y], {"10": {("a100-1", 0)}, "11": {("a100-1", 0)}})
+    report = build_report([x, y], since=T0, until=T0 + 3600, store=store, groups=groups)
+    rows = {r["job_id"]: r for r in report["shared_jobs"]}
+    assert (rows["10"]["solo_s"], rows["10"]["solo_source"]) == (100.0, "predictor")
+    assert rows["10"]["isd"] == pytest.approx(0.3) and rows["10"]["isd_low"] is None
+    # A prediction fills the GPU-hours, never PS or the slowdown totals.
+    t = report["totals"]
+    assert t["gpu_hours_exclusive"] == pytest.approx((100 + 40) / 3600)
+    assert t["ps"] is None and t["isd_n"] == 0 and t["isd_against_prediction"] == 2

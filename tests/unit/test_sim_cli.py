@@ -25,7 +25,7 @@ def test_simulate_all_policies_writes_reports(tmp_path, capsys):
                  "--seed", "3", "--out", str(out)])
     assert code == 0
     printed = capsys.readouterr().out
-    assert "relative to slurm-default" in printed and "gpushare" in printed
+    assert "Verdict:" in printed and "gpushare" in printed  # a site's history: the verdict
     doc = json.loads((out / "summary.json").read_text())
     assert [r["policy"] for r in doc["summary"]][0] == "slurm-default"
     assert len(doc["summary"]) == 7
@@ -57,3 +57,54 @@ def test_simulate_errors_are_one_line(tmp_path, capsys, args, message):
     assert main(argv) == 1
     err = capsys.readouterr().err.strip()
     assert message in err and "\n" not in err
+
+
+def test_simulate_on_a_sites_history_prints_a_verdict_at_80_columns(tmp_path, capsys,
+                                                                     monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    monkeypatch.setenv("GPUSHARE_CONFIG", str(tmp_path / "none.toml"))  # no store: public data
+    trace = tmp_path / "sacct.txt"
+    trace.write_text(EXPORT)
+    assert main(["simulate", "--trace", f"sacct:{trace}", "--cluster", "local", "--policy",
+                 "slurm-default,gpushare"]) == 0
+    printed = capsys.readouterr().out
+    assert all(len(line) <= 80 for line in printed.splitlines()), printed
+    assert "…" not in printed
+    verdict = next(line for line in printed.splitlines() if line.startswith("Verdict:"))
+    assert "turn sharing on for the gpu partitions" in verdict.lower()
+    assert "GPU-h" in printed
+    assert "public data" in printed  # each job's memory: no store, so public data
+
+
+def test_simulate_json_names_each_jobs_inputs(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("GPUSHARE_CONFIG", str(tmp_path / "none.toml"))
+    trace = tmp_path / "sacct.txt"
+    trace.write_text(EXPORT)
+    assert main(["simulate", "--trace", f"sacct:{trace}", "--cluster", "local", "--policy",
+                 "slurm-default,gpushare", "--limit", "5", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert len(doc["inputs"]) == 30 and doc["verdict"]
+    assert {i["memory_from"] for i in doc["inputs"]} == {"public data"}
+
+
+def test_site_verdict_and_units():
+    import pandas as pd
+
+    from slurm_gpushare.sim.site import human_hours, human_seconds, verdict
+
+    summary = pd.DataFrame([
+        {"policy": "slurm-default", "gpu_hours": 10.0, "jct_mean_s": 3600.0,
+         "queue_mean_s": 600.0, "oom_kills": 0},
+        {"policy": "gpushare", "gpu_hours": 8.0, "jct_mean_s": 3744.0, "queue_mean_s": 300.0,
+         "oom_kills": 0}])
+    assert verdict(summary, ["gpu"]) == (
+        "Turn sharing on for gpu: expected 2.00 GPU-h saved (20.0%), mean JCT +4%, mean "
+        "queueing -5.0 min, OOM kills 0 (whole GPUs: 0).")
+    summary.loc[1, "jct_mean_s"] = 4000.0
+    assert verdict(summary, ["gpu"]).startswith("Turn sharing on for gpu but watch its costs")
+    summary.loc[1, "gpu_hours"] = 11.0
+    assert verdict(summary, ["gpu"]).startswith("Do not turn sharing on for gpu")
+    assert (human_seconds(45), human_seconds(900), human_seconds(3 * 86400)) == (
+        "45 s", "15.0 min", "3.0 d")
+    assert (human_hours(0.0042), human_hours(2.5), human_hours(120.4)) == ("0.0042", "2.50",
+                                                                           "120")

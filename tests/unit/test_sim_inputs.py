@@ -38,11 +38,11 @@ def test_sacct_pipe_export(tmp_path):
 
 def test_sacct_json_export(tmp_path):
     doc = {"jobs": [
-        {"job_id": 7, "user": "ann", "allocation_nodes": 1,
+        {"job_id": 7, "user": "ann", "allocation_nodes": 1, "state": {"current": "COMPLETED"},
          "time": {"submission": 100, "start": 130, "end": 230, "elapsed": 100},
          "tres": {"allocated": [{"type": "gres", "name": "gpu", "count": 2},
                                 {"type": "cpu", "name": None, "count": 4}]}},
-        {"job_id": 8, "time": {"submission": 90, "start": 90, "end": 100, "elapsed": 10},
+        {"job_id": 8, "state": {"current": "COMPLETED"}, "time": {"submission": 90, "start": 90, "end": 100, "elapsed": 10},
          "tres": {"allocated": [{"type": "cpu", "count": 1}]}}]}
     path = tmp_path / "sacct.json"
     path.write_text(json.dumps(doc))
@@ -58,12 +58,51 @@ def test_sacct_errors(tmp_path):
     bad.write_text("not an export\n")
     with pytest.raises(traces.TraceError):
         traces.load_sacct(bad)
+    # Plain sacct -P (its default fields): the error names what is missing and how to export.
+    plain = tmp_path / "plain.txt"
+    plain.write_text("JobID|JobName|Partition|Account|AllocCPUS|State|ExitCode\n"
+                     "5|train|gpu|phys|1|COMPLETED|0:0\n")
+    with pytest.raises(traces.TraceError) as err:
+        traces.load_sacct(plain)
+    message = str(err.value)
+    assert "lacks Submit, Start, End or ElapsedRaw, AllocTRES or ReqTRES" in message
+    assert "sacct -a -D -P" in message and "\n" not in message
+
+
+def test_sacct_jobs_take_their_own_telemetry_from_the_store(tmp_path):
+    """Array task 68_3 (JobIDRaw 72) shared a GPU: its memory is its own measured peak, its
+    run time alone the median of its own solo runs; job 80 has no telemetry: public data."""
+    from slurm_gpushare.daemon.fingerprint import Fingerprinter
+    from slurm_gpushare.daemon.store import Store
+
+    keys = Fingerprinter(b"k" * 32).job_keys(user="ann", script="#!/bin/sh\nx\n",
+                                              name="x").as_list()
+    tag = "gpushare:v1:share:id=d1:shard=8:types=a100:why=history-share"
+    export = tmp_path / "sacct.psv"
+    export.write_text(
+        "JobID|JobIDRaw|State|Submit|Start|End|AllocTRES|AdminComment\n"
+        f"68_3|72|COMPLETED|1000|1000|1200|gres/gpu:a100=0,gres/shard=8,node=1|{tag}\n"
+        "80|80|COMPLETED|1000|1010|1110|gres/gpu=1,node=1|\n")
+    with Store(tmp_path / "s.db") as store:
+        for job_id, seconds in (("1", 100.0), ("2", 140.0), ("3", 120.0)):
+            store.ingest_summary({"v": 1, "job_id": job_id, "gpu_index": 0, "shared": False,
+                                  "duration_s": seconds, "coruns": [], "keys": keys})
+        store.record_decision({"decision_id": "d1", "action": "share", "code": "history-share",
+                               "share_gib": 8, "keys": keys, "job_id": "72"})
+        store.ingest_summary({"v": 1, "job_id": "72", "gpu_index": 0, "shared": True,
+                              "duration_s": 200.0, "mgmap_max_mib": 6000.0, "keys": keys})
+        frame = traces.load_sacct(export, store=store).set_index("job_id")
+    task, plain = frame.loc["68_3"], frame.loc["80"]
+    assert (task.store_id, task.mem_mib, task.duration) == ("72", 6000.0, 120.0)
+    assert (task.memory_from, task.runtime_from) == ("own telemetry", "own solo runs (3)")
+    assert np.isnan(plain.mem_mib) and plain.duration == 100.0
+    assert (plain.memory_from, plain.runtime_from) == ("public data", "sacct")
 
 
 def test_builtin_cluster_specs():
     local = load_cluster("local")
-    assert local.n_gpus == 8 and local.type_names == ("v100", "a100")
-    assert list(local.gpu_mem_gib) == [16] * 4 + [80] * 4
+    assert local.n_gpus == 10 and local.type_names == ("v100", "a100", "t4")
+    assert sorted(local.gpu_mem_gib) == [16] * 6 + [80] * 4
     philly = load_cluster("philly")
     assert set(philly.type_names) == {"k80", "p100", "v100"}
     openb = load_cluster("openb")

@@ -232,10 +232,38 @@ def test_tags_and_scontrol_lines_are_read_safely():
     kept = decision_from_tag(Tag.decode("gpushare:v1:keep:id=0a1b2c3d:why=first-run"))
     assert kept["action"] == "keep" and "whole GPU" in kept["reason"]
     assert "[first-run]" in render_rows(decision_rows(kept))
+    mps = decision_from_tag(Tag.decode(
+        "gpushare:v1:share:id=0a1b2c3d:mps=25:mem=4096:types=t4:why=history-share"))
+    headline = dict(decision_rows(mps))["decision"]
+    assert headline == "runs as an MPS share: 25% of a GPU (gres/mps, memory limit 4.0 GiB) on t4"
+    shard = decision_from_tag(Tag.decode(
+        "gpushare:v1:share:id=0a1b2c3d:shard=22:types=a100:why=hint-share"))
+    assert "22 GiB of GPU memory (gres/shard) on a100" in dict(decision_rows(shard))["decision"]
     fields = parse_scontrol_line("JobId=5 AdminComment=gpushare:v1:x Comment=a b gpushare=off "
                                  "AdminComment=fake StdErr=/x")
     assert fields["AdminComment"] == "gpushare:v1:x"
     assert fields["Comment"] == "a b gpushare=off" and fields["StdErr"] == "/x"
+
+
+def test_explain_asks_the_daemon_for_an_array_task_by_its_own_id(monkeypatch):
+    """68_3 is job 72 to the daemon (its decision, telemetry and co-runners are under 72)."""
+    from slurm_gpushare.user import explain
+
+    asked = []
+    monkeypatch.setattr(explain, "slurm_job", lambda job_id: {
+        "JobId": "72", "ArrayJobId": "68", "ArrayTaskId": "3", "JobState": "RUNNING"})
+    monkeypatch.setattr(explain, "job_outcome", lambda job_id: None)
+
+    def query(socket_path, message, timeout=2.0):
+        asked.append(message["job_id"])
+        return {"ok": True, "job": {}, "co_runners": [{"job_id": "73", "class": 1}],
+                "record": {"action": "share", "code": "history-share", "share_gib": 8,
+                           "gpu_types": ["a100"], "decision_id": "d1"}}
+
+    monkeypatch.setattr(explain, "query", query)
+    report = explain.explain_job("68_3", socket_path="/nonexistent")
+    assert asked == ["72"] and report["numeric_id"] == "72"
+    assert "73 (class 1)" in explain.format_report(report)
 
 
 # ---- on the real test cluster -------------------------------------------------------------------------

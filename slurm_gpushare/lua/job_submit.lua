@@ -117,11 +117,29 @@ local function default_partition(part_list)
   return nil
 end
 
+-- The script's argv (job_desc.argv is a table indexed from 0), bounded like the script.
+local function read_argv(job_desc)
+  local argv = job_desc.argv
+  if type(argv) ~= "table" then return nil end
+  local out, size = {}, 0
+  for i = 0, 255 do
+    local arg = argv[i]
+    if type(arg) ~= "string" then break end
+    size = size + #arg
+    if size > settings.max_script_bytes then break end
+    out[#out + 1] = arg
+  end
+  if #out == 0 then return nil end
+  return out
+end
+
 local function read_request(job_desc, part_list, submit_uid)
   local script = job_desc.script
   if type(script) == "string" and #script > settings.max_script_bytes then
     script = string.sub(script, 1, settings.max_script_bytes)
   end
+  local het_offset = job_desc.het_job_offset
+  if type(het_offset) ~= "number" or het_offset >= 4294967294 then het_offset = nil end
   return {
     uid = job_desc.user_id,
     user = job_desc.user_name,
@@ -137,6 +155,12 @@ local function read_request(job_desc, part_list, submit_uid)
     ntasks_per_tres = job_desc.ntasks_per_tres,
     features = job_desc.features,
     exc_nodes = job_desc.exc_nodes,
+    req_nodes = job_desc.req_nodes,
+    reservation = job_desc.reservation,
+    array_inx = job_desc.array_inx,
+    het_job_offset = het_offset,
+    -- job_desc.script is set for sbatch only; srun and salloc allocations carry none.
+    batch = type(job_desc.script) == "string" and #job_desc.script > 0,
     time_limit = job_desc.time_limit,
     min_nodes = job_desc.min_nodes,
     max_nodes = job_desc.max_nodes,
@@ -144,6 +168,7 @@ local function read_request(job_desc, part_list, submit_uid)
     shared = job_desc.shared,
     -- Sent only to be digested (keyed hash) or scanned for opt-out/hint tokens; never stored.
     script = script,
+    argv = read_argv(job_desc),
     name = job_desc.name,
     comment = job_desc.comment,
   }

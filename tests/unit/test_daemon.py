@@ -19,7 +19,7 @@ from slurm_gpushare.daemon.protocol import request as request_once
 
 REPO = Path(__file__).resolve().parents[2]
 JOB = {"uid": 1000, "user": "alice", "partition": "gpu", "tres_per_node": "gres:gpu:1",
-       "min_nodes": 4294967294, "shared": 65534}
+       "min_nodes": 4294967294, "shared": 65534, "batch": True}
 
 
 def exchange(sock, payload: bytes) -> dict:

@@ -275,7 +275,7 @@ class TestCluster:
             f"AccountingStoragePort={self.ports['slurmdbd']}",
             # 22.05 authenticates to slurmdbd with the munge socket named here, not AuthInfo's.
             f"AccountingStoragePass={self.munge_socket}",
-            "AccountingStorageTRES=gres/gpu,gres/shard",
+            "AccountingStorageTRES=gres/gpu,gres/shard,gres/mps",
         ]
         if job_submit:
             lines.append("JobSubmitPlugins=lua")

@@ -121,8 +121,8 @@ def test_a_broken_copy_gets_the_right_findings_and_fixes(live_env, tmp_path, cap
         ("gres-types", "GresTypes=gpu has neither shard nor mps"):
             f"in {conf} set: GresTypes=gpu,mps,shard",
         ("select-type", None): None,
-        ("accounting-tres", "AccountingStorageTRES=(unset) lacks gres/shard"):
-            f"in {conf} set: AccountingStorageTRES=gres/gpu,gres/shard",
+        ("accounting-tres", "AccountingStorageTRES=(unset) lacks gres/mps, gres/shard"):
+            f"in {conf} set: AccountingStorageTRES=gres/gpu,gres/mps,gres/shard",
         ("shard-count", "v100-1 has 30 shards; 32 expected (2 x 16 GiB v100, one shard per GiB)"):
             f"in {conf} set: NodeName=v100-1 NodeHostname=localhost "
             f"Port={live_env.ports['slurmd_base']} CPUs=8 "

@@ -289,6 +289,8 @@ class TestCluster:
         lines += [
             "PartitionName=gpu Nodes=ALL Default=YES MaxTime=INFINITE State=UP",
             "PartitionName=gpu-excl Nodes=ALL MaxTime=INFINITE State=UP",
+            # Sharing on, but only some GPU types: a rewrite must not name the others.
+            "PartitionName=gpu-v100 Nodes=v100-[1-2] MaxTime=INFINITE State=UP",
         ]
         return "\n".join(lines) + "\n"
 
@@ -358,7 +360,7 @@ class TestCluster:
             f'state_dir = "{self.root}/predictor"\n'
             f'secret_file = "{self.root}/predictor/secret"\n\n'
             "[policy]\n"
-            'sharing_partitions = ["gpu"]\n'
+            'sharing_partitions = ["gpu", "gpu-v100"]\n'
             'first_run = "whole-gpu"\n'
             "default_share_gib = 8\n\n"
             "[hook]\n"

@@ -30,7 +30,8 @@ ONE_LINE = ("JobId=12 ArrayJobId=12 ArrayTaskId=2 JobName=wrap UserId=root(0) Jo
 
 
 def test_an_array_id_gives_only_its_own_tasks_gpus(monkeypatch):
-    monkeypatch.setattr(cmd, "output", lambda argv, **kw: DETAIL if "-d" in argv else "t4-1")
+    # scontrol show hostnames <one node> prints that node.
+    monkeypatch.setattr(cmd, "output", lambda argv, **kw: DETAIL if "-d" in argv else argv[-1])
     assert jobs.gpu_indices("12", "a100-1") == [0]
     assert jobs.gpu_indices("12", "t4-1") == []  # tasks 0 and 1 are other jobs
     assert jobs.gpu_indices("12_1", "t4-1") == [1]

@@ -297,8 +297,41 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
   return slurm.SUCCESS
 end
 
+-- Update fields a share's decision rests on (its partition, its GPU request, its constraint,
+-- its node lists).
+local DECIDING_FIELDS = { "partition", "tres_per_job", "tres_per_node", "tres_per_socket",
+                          "tres_per_task", "features", "req_nodes", "exc_nodes" }
+
+-- `scontrol update` of a job that was turned into a share: an update of a field the decision
+-- rests on is refused, with the reason, because 22.05 cannot apply it consistently: a pending
+-- job's gres list keeps its shard/mps entry, so a GPU update is either rejected ("Invalid
+-- generic resource") or, spelled gres/gpu, shown but not used (sacct AllocTRES still has the
+-- shard); a move to a partition where sharing is off, or new features or node lists, would run
+-- the share where it was never decided. Every other update, and every update of other jobs,
+-- goes through untouched. Any error here lets the update through, as Slurm alone would.
 function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
-  -- `scontrol update` goes through untouched: a running share is not re-decided.
+  local ok, changed = pcall(function()
+    local tag = job_rec and job_rec.admin_comment
+    if type(tag) ~= "string" or not string.match(tag, "^gpushare:v%d+:share:") then return nil end
+    local names = {}
+    for _, name in ipairs(DECIDING_FIELDS) do
+      if job_desc[name] ~= nil then names[#names + 1] = name end
+    end
+    if #names == 0 then return nil end
+    return table.concat(names, ",")
+  end)
+  if ok and changed then
+    local job_id = tostring(job_rec.job_id)
+    slurm.log_user("gpushare: job %s runs as a GPU share; changing %s would leave it " ..
+                   "inconsistent. Cancel it and resubmit (with --comment gpushare=off for a " ..
+                   "whole GPU).", job_id, changed)
+    slurm.log_info("gpushare: update of share job %s refused (uid %s): %s", job_id,
+                   tostring(modify_uid), changed)
+    return slurm.ERROR
+  end
+  if not ok then
+    slurm.log_error("gpushare: update let through: hook error: %s", tostring(changed))
+  end
   return slurm.SUCCESS
 end
 

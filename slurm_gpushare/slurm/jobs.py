@@ -41,15 +41,14 @@ def own_records(out: str, job_id: str) -> list[str]:
     """
     records = [r for r in re.split(r"\n(?=JobId=)", out.strip()) if r.strip()] if out else []
     array = re.fullmatch(r"(\d+)_(\d+)", job_id)
+    het = re.fullmatch(r"(\d+)\+(\d+)", job_id)
     if array:
         wanted = re.compile(rf"\bArrayJobId={array.group(1)}\s+ArrayTaskId={array.group(2)}\b")
+    elif het:  # a heterogeneous job's component: its own JobId, named by leader + offset
+        wanted = re.compile(rf"\bHetJobId={het.group(1)}\s+HetJobOffset={het.group(2)}\b")
     else:
-        wanted = re.compile(rf"^JobId={re.escape(job_id.split('+')[0])}\b")
-    own = [r for r in records if wanted.search(r)]
-    if "+" in job_id:  # het component: JobId is the leader's, HetJobOffset names it
-        offset = job_id.split("+", 1)[1]
-        own = [r for r in own if re.search(rf"\bHetJobOffset={offset}\b", r)]
-    return own
+        wanted = re.compile(rf"^JobId={job_id}\b")
+    return [r for r in records if wanted.search(r)]
 
 
 def lookup_job(job_id: str, timeout: float = 5.0) -> SlurmJob | None:

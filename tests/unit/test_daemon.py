@@ -154,8 +154,18 @@ def served(tmp_path):
             'first_run = "default-share"\n[gpu_types.v100]\nmemory_gib = 16\n')
 
     write(8)
+    # No Slurm here: sinfo/squeue stand-ins give the daemon's view one v100 node, without
+    # which it would keep every job (it cannot check where a share could run).
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sinfo").write_text("#!/bin/sh\necho 'v100-1|v100|gpu*|gpu:v100:2|idle'\n")
+    (bin_dir / "squeue").write_text("#!/bin/sh\nexit 0\n")
+    for tool in ("sinfo", "squeue"):
+        (bin_dir / tool).chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
     proc = subprocess.Popen([sys.executable, "-m", "slurm_gpushare", "serve", "--config",
-                             str(config)], cwd=str(REPO), stderr=subprocess.PIPE, text=True)
+                             str(config)], cwd=str(REPO), stderr=subprocess.PIPE, text=True,
+                            env=env)
     deadline = time.monotonic() + 20
     while not sock.exists():
         assert proc.poll() is None, proc.stderr.read()

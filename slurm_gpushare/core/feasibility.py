@@ -129,11 +129,10 @@ def render(expr: Expr, parent: str = "") -> str:
 
 @dataclass(frozen=True)
 class Placement:
-    """Where a share of the job could run: types (best first, as given), their nodes, and the
-    user's constraint in canonical form; or why nothing can be said (``code`` set)."""
+    """Where a share of the job could run: types (best first, as given) and the user's
+    constraint in canonical form; or why nothing can be said (``code`` set)."""
 
     types: tuple[str, ...] = ()
-    nodes: tuple[str, ...] = ()
     constraint: str = ""
     code: str = ""
     reason: str = ""
@@ -153,7 +152,7 @@ def _state_usable(state: str, in_reservation: bool) -> bool:
 
 def check(request, fits: Sequence[GpuType], view, *,
           reservations: Mapping[str, Sequence[str]] | None = None) -> Placement:
-    """The types among ``fits`` where a share of ``request`` can run, with the nodes that serve.
+    """The types among ``fits`` where a share of ``request`` can run.
 
     ``view`` is the policy's ClusterView or None. Without a view only the constraint is checked
     (the simulator's traces carry no node lists); the daemon always passes its view, and an
@@ -168,7 +167,7 @@ def check(request, fits: Sequence[GpuType], view, *,
     constraint = render(expr, "and") if expr is not None else ""
     if view is None:
         return Placement(types=tuple(g.name for g in fits), constraint=constraint)
-    nodes = list(view.nodes())
+    nodes = view.nodes()
     if not nodes:
         return Placement(code="not-checkable",
                          reason="the service has not read the cluster's nodes yet")
@@ -187,45 +186,68 @@ def check(request, fits: Sequence[GpuType], view, *,
         reserved = set(known[request.reservation])
     partitions = [p for p in request.partition.split(",") if p]
     feature_of = {g.name: g.feature for g in fits}
-    by_name = {n.name: n for n in nodes}
+    by_name = {n.name: n for n in nodes if n.name in required} if required else {}
     if required - by_name.keys():
         return Placement(code="no-valid-type", reason="--nodelist names nodes without a "
                                                       "sharing GPU type")
+
+    # Runs on the submit path for every eligible job: the per-node tests that do not depend on
+    # the node's name are answered once per kind of node (type, partitions, features, state),
+    # and a type is settled by its first usable node.
+    verdict_of_kind: dict[tuple, str] = {}
+
+    def kind_verdict(node) -> str:
+        kind = (node.gpu_type, node.partitions, getattr(node, "features", ()),
+                getattr(node, "state", ""))
+        verdict = verdict_of_kind.get(kind)
+        if verdict is None:
+            features = set(kind[2] or ()) | {feature_of[node.gpu_type]}
+            if node.partitions and partitions and not any(p in node.partitions
+                                                          for p in partitions):
+                verdict = "partition"
+            elif not _state_usable(kind[3], reserved is not None):
+                verdict = "state"
+            elif not satisfies(expr, features):
+                verdict = "--constraint"
+            else:
+                verdict = ""
+            verdict_of_kind[kind] = verdict
+        return verdict
 
     def why_not(node) -> str:
         """Empty when the node can take a share of this job; else why not."""
         if node.gpu_type not in feature_of:
             return "type"
-        if node.partitions and partitions and not any(p in node.partitions for p in partitions):
-            return "partition"
         if node.name in excluded:
             return "--exclude"
         if required and node.name not in required:
             return "--nodelist"
         if reserved is not None and node.name not in reserved:
             return "reservation"
-        if not _state_usable(getattr(node, "state", ""), reserved is not None):
-            return "state"
-        features = set(getattr(node, "features", ()) or ()) | {feature_of[node.gpu_type]}
-        if not satisfies(expr, features):
-            return "--constraint"
-        return ""
+        return kind_verdict(node)
 
-    verdicts = {n.name: why_not(n) for n in nodes}
-    if required and any(verdicts[name] for name in required):
-        bad = sorted(f"{name} ({verdicts[name]})" for name in required if verdicts[name])
-        return Placement(code="no-valid-type",
-                         reason=f"--nodelist node(s) cannot take a share: {', '.join(bad)}")
-    usable = [n for n in nodes if not verdicts[n.name]]
-    types = tuple(g.name for g in fits if any(n.gpu_type == g.name for n in usable))
-    dropped = {}
-    for g in fits:
-        if g.name not in types:
-            reasons = sorted({verdicts[n.name] for n in nodes if n.gpu_type == g.name})
-            dropped[g.name] = ", ".join(reasons) or "no node"
+    if required:
+        bad = sorted(f"{name} ({why})" for name in required
+                     if (why := why_not(by_name[name])))
+        if bad:
+            return Placement(code="no-valid-type",
+                             reason=f"--nodelist node(s) cannot take a share: {', '.join(bad)}")
+    usable_types: set[str] = set()
+    reasons: dict[str, set[str]] = {name: set() for name in feature_of}
+    # With --nodelist only its nodes can serve (all of them passed above).
+    for node in (by_name.values() if required else nodes):
+        if node.gpu_type not in feature_of or node.gpu_type in usable_types:
+            continue
+        why = why_not(node)
+        if why:
+            reasons[node.gpu_type].add(why)
+        else:
+            usable_types.add(node.gpu_type)
+    types = tuple(g.name for g in fits if g.name in usable_types)
+    dropped = {g.name: ", ".join(sorted(reasons[g.name])) or "no node"
+               for g in fits if g.name not in usable_types}
     if not types:
         detail = "; ".join(f"{t}: {why}" for t, why in dropped.items())
         return Placement(code="no-valid-type", dropped=dropped,
                          reason=f"no node of a type the job fits can take it ({detail})")
-    return Placement(types=types, nodes=tuple(sorted(n.name for n in usable)),
-                     constraint=constraint, dropped=dropped)
+    return Placement(types=types, constraint=constraint, dropped=dropped)

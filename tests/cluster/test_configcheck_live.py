@@ -162,7 +162,8 @@ def test_gen_config_from_sinfo_matches_the_cluster(live_env, capsys):
                  str(live_env.daemon_config)]) == 0
     out = capsys.readouterr().out
     for node in live_env.nodes:
-        shards = node.gpus * node.memory_gib
+        # One shard per GiB, or 100 MPS units per GPU on MPS nodes (t4-1), as the cluster has.
+        count = node.sharing_count
         assert re.search(rf"NodeName=\S*{node.gpu_type}\S* Gres=gpu:{node.gpu_type}:{node.gpus},"
-                         rf"shard:{shards} Features={node.features}\n", out), out
-        assert re.search(rf"Name=shard Count={shards}\n", out)
+                         rf"{node.sharing}:{count} Features={node.features}\n", out), out
+        assert re.search(rf"Name={node.sharing} Count={count}\n", out)

@@ -160,4 +160,5 @@ class SlurmClusterView:
                 self.refresh()
             except Exception:  # noqa: BLE001 -- a bad snapshot keeps the previous one
                 log.exception("cluster-view-refresh-failed")
-            self._stop.wait(self.interval_s)
+            # Until the nodes are known every decision keeps its job: ask again soon.
+            self._stop.wait(self.interval_s if self._nodes else min(1.0, self.interval_s))

@@ -155,12 +155,13 @@ def served(tmp_path):
 
     write(8)
     # No Slurm here: sinfo/squeue stand-ins give the daemon's view one v100 node, without
-    # which it would keep every job (it cannot check where a share could run).
+    # which it would keep every job (it cannot check where a share could run); no reservations.
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "sinfo").write_text("#!/bin/sh\necho 'v100-1|v100|gpu*|gpu:v100:2|idle'\n")
     (bin_dir / "squeue").write_text("#!/bin/sh\nexit 0\n")
-    for tool in ("sinfo", "squeue"):
+    (bin_dir / "scontrol").write_text("#!/bin/sh\nexit 0\n")  # no reservations
+    for tool in ("sinfo", "squeue", "scontrol"):
         (bin_dir / tool).chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
     proc = subprocess.Popen([sys.executable, "-m", "slurm_gpushare", "serve", "--config",

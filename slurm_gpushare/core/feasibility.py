@@ -23,8 +23,9 @@ from slurm_gpushare.core.hostlist import expand_hostlist
 
 # sinfo %t states (suffix flags such as ``*`` not responding, ``~`` powered off, stripped first)
 # in which a node takes no new job.
+# ("plnd", planned by backfill, and "idle~", powered off, do take jobs.)
 UNUSABLE_STATES = frozenset({"down", "drain", "drng", "fail", "failg", "maint", "inval", "futr",
-                             "unk", "npc", "reboot", "resv", "plnd", "pow_dn", "powering_down"})
+                             "unk", "npc", "reboot", "resv", "pow_dn", "powering_down"})
 
 
 class ConstraintError(ValueError):
@@ -145,8 +146,8 @@ def _state_usable(state: str, in_reservation: bool) -> bool:
         return True
     if state.endswith("*"):
         return False  # not responding
-    if base in ("resv", "maint", "plnd"):
-        return in_reservation
+    if base in ("resv", "maint"):
+        return in_reservation  # reserved nodes take only their reservation's jobs
     return base not in UNUSABLE_STATES
 
 

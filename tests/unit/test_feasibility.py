@@ -115,7 +115,7 @@ def test_nodes_that_take_no_jobs_are_not_candidates():
     assert decision.writes["features"] == "v100"
     assert "a100 (no usable node: state)" in decision.reason
     assert decide(job(), CONFIG, estimate=A100_ONLY, view=drained).code == "no-valid-type"
-    mixed = View(node("a100-1", "a100", state="mix"), node("a100-2", "a100", state="idle~"))
+    mixed = View(node("a100-1", "a100", state="plnd"), node("a100-2", "a100", state="idle~"))
     assert decide(job(), CONFIG, estimate=A100_ONLY, view=mixed).action == "share"
 
 

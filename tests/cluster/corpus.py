@@ -67,7 +67,9 @@ PLACEMENTS = {  # name -> (options, partition, constraint, node list, exclude)
     "partition-v100": (["-p", "gpu-v100"], "gpu-v100", "", "", ""),
 }
 # Memory the job uses (MiB) and whose history it finds: arguments of one script.
-HISTORIES = ("none", "on-v100", "on-a100", "other-args")
+# "hint-30G": a memory hint larger than v100/t4 (a share only fits a100), so every placement
+# without an a100 must keep the job (the issue's rejected/pending-forever reproductions).
+HISTORIES = ("none", "on-v100", "on-a100", "other-args", "hint-30G")
 SHAPES = ("plain", "array", "het")
 # Pending reasons that mean the job can never start as it is. ReqNodeNotAvail also shows
 # while a required node is busy or completing: it counts only for a job that never started.
@@ -166,7 +168,8 @@ class Corpus:
                 "on-v100": (2000, ["2000", self.nonce]),
                 "on-a100": (12000, ["12000", f"{self.nonce}a"]),
                 # The same script as on-v100's history, other arguments (and 6x the memory).
-                "other-args": (12000, ["12000", self.nonce])}[history]
+                "other-args": (12000, ["12000", self.nonce]),
+                "hint-30G": (2000, ["2000", f"{self.nonce}-hint"])}[history]
 
     def seed_history(self, timeout: float = 120) -> None:
         seeds = [(["-w", "v100-1"], self.history_args("on-v100")[1]),
@@ -208,7 +211,8 @@ class Corpus:
         place_opts, partition, *_ = PLACEMENTS[case.placement]
         case.mem_mib, case.args = self.history_args(case.history)
         case.name = f"corpus-{self.nonce}-{case.number}"
-        base = ["-J", case.name, *([] if "-p" in place_opts else ["-p", "gpu"])]
+        base = ["-J", case.name, *([] if "-p" in place_opts else ["-p", "gpu"]),
+                *(["--comment=gpushare:mem=30G"] if case.history == "hint-30G" else [])]
         if case.form == "sbatch":
             if case.shape == "het":
                 options = [*base, *gpu_opts, *place_opts, ":", "-p", "gpu", "--gres=gpu:1"]
@@ -362,6 +366,9 @@ def summary(cases: list[Case]) -> str:
         for level, counter in counts.items():
             lines.append(f"  {level:<20} {counter['share']:>6} {counter['kept']:>6} "
                          f"{counter['untouched']:>10} {counter['broken']:>7}")
+    whys = Counter((Tag.decode(r["AdminComment"]).why if r["AdminComment"] else "(no tag)")
+                   for c in cases for r in c.records)
+    lines.append("tags: " + ", ".join(f"{why} {n}" for why, n in whys.most_common()))
     broken = [c for c in cases if c.outcome == "broken"]
     for case in broken:
         lines.append(f"BROKEN #{case.number} {case.combination}: {'; '.join(case.problems)}")

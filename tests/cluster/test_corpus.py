@@ -13,7 +13,7 @@ pytestmark = pytest.mark.cluster
 def test_generated_corpus_accepted_runnable_and_accounted(cluster):
     cases = generate(150, seed=12)
     assert len(cases) >= 150
-    for factor, levels in (("form", 3), ("gpu", 6), ("placement", 7), ("history", 4),
+    for factor, levels in (("form", 3), ("gpu", 6), ("placement", 7), ("history", 5),
                            ("shape", 3)):
         assert len({getattr(c, factor) for c in cases}) == levels
     Corpus(cluster, seed=12).run(cases, timeout=420)

@@ -366,8 +366,9 @@ def summary(cases: list[Case]) -> str:
         for level, counter in counts.items():
             lines.append(f"  {level:<20} {counter['share']:>6} {counter['kept']:>6} "
                          f"{counter['untouched']:>10} {counter['broken']:>7}")
-    whys = Counter((Tag.decode(r["AdminComment"]).why if r["AdminComment"] else "(no tag)")
-                   for c in cases for r in c.records)
+    tags = [Tag.decode(r["AdminComment"]) if r["AdminComment"] else None
+            for c in cases for r in c.records]
+    whys = Counter(tag.why if tag else "(no tag)" for tag in tags)
     lines.append("tags: " + ", ".join(f"{why} {n}" for why, n in whys.most_common()))
     broken = [c for c in cases if c.outcome == "broken"]
     for case in broken:

@@ -168,10 +168,15 @@ def served(tmp_path):
                              str(config)], cwd=str(REPO), stderr=subprocess.PIPE, text=True,
                             env=env)
     deadline = time.monotonic() + 20
-    while not sock.exists():
-        assert proc.poll() is None, proc.stderr.read()
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    try:
+        while not sock.exists():
+            assert proc.poll() is None, proc.stderr.read()
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    except AssertionError:
+        proc.kill()  # a daemon that did not come up must not outlive the test
+        proc.wait()
+        raise
     yield proc, str(sock), log, write, config
     if proc.poll() is None:
         proc.kill()

@@ -326,7 +326,7 @@ class TestCluster:
             f"AccountingStoragePort={self.ports['slurmdbd']}",
             # 22.05 authenticates to slurmdbd with the munge socket named here, not AuthInfo's.
             f"AccountingStoragePass={self.munge_socket}",
-            "AccountingStorageTRES=gres/gpu,gres/shard",
+            "AccountingStorageTRES=gres/gpu,gres/shard,gres/mps",
         ]
         if job_submit:
             lines.append("JobSubmitPlugins=lua")
@@ -340,6 +340,8 @@ class TestCluster:
         lines += [
             "PartitionName=gpu Nodes=ALL Default=YES MaxTime=INFINITE State=UP",
             "PartitionName=gpu-excl Nodes=ALL MaxTime=INFINITE State=UP",
+            # Sharing on, but only some GPU types: a rewrite must not name the others.
+            "PartitionName=gpu-v100 Nodes=v100-[1-2] MaxTime=INFINITE State=UP",
         ]
         return "\n".join(lines) + "\n"
 
@@ -409,7 +411,7 @@ class TestCluster:
             f'state_dir = "{self.root}/predictor"\n'
             f'secret_file = "{self.root}/predictor/secret"\n\n'
             "[policy]\n"
-            'sharing_partitions = ["gpu"]\n'
+            'sharing_partitions = ["gpu", "gpu-v100"]\n'
             'first_run = "whole-gpu"\n'
             "default_share_gib = 8\n\n"
             "[hook]\n"

@@ -155,9 +155,31 @@ def run_workload(*, root: str, node: str, job_id: str, mem_mib: dict[str, float]
     return 0
 
 
+def smi(*, root: str, node: str, job_id: str) -> int:
+    """The board's ``nvidia-smi -L``: the GPUs this job (or step) can use, or exit 2 if none."""
+    indices = gpu_indices(job_id, node)
+    # A step of a heterogeneous job's group N sees the leader's id: its GPUs are component N's.
+    group = os.environ.get("SLURM_HET_GROUP") or os.environ.get("SLURM_PACK_GROUP")
+    if not indices and group is None and os.environ.get("SLURM_HET_SIZE"):
+        group = next((k for k in range(int(os.environ["SLURM_HET_SIZE"]))
+                      if gpu_indices(f"{job_id}+{k}", node)), None)
+    if not indices and group is not None:
+        indices = gpu_indices(f"{job_id}+{group}", node)
+    if not indices:
+        print(f"fakegpu: job {job_id} holds no GPU on {node}", file=sys.stderr)
+        return 2
+    board = read_board(root, node)
+    for gpu in board["gpus"]:
+        if int(gpu["index"]) in indices:
+            print(f"GPU {gpu['index']}: {gpu['name']} ({board['type']}, "
+                  f"{gpu['mem_total_mib']:.0f} MiB) on {node}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m devcluster.fakegpu")
     sub = parser.add_subparsers(dest="action", required=True)
+    sub.add_parser("smi", help="list the GPUs this job holds (like nvidia-smi -L)")
     run = sub.add_parser("run", help="use this job's fake GPU for a while")
     run.add_argument("--mem", action="append", default=[], metavar="TYPE:MIB",
                      help="memory the job needs on a GPU type (repeat per type)")
@@ -169,6 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     node, job_id = os.environ.get("SLURMD_NODENAME"), os.environ.get("SLURM_JOB_ID")
     if not (root and node and job_id):
         parser.error(f"needs {ROOT_ENV}, SLURMD_NODENAME and SLURM_JOB_ID (run it in a job)")
+    if args.action == "smi":
+        return smi(root=root, node=node, job_id=job_id)
     mem = {}
     for item in args.mem:
         gpu_type, _, value = item.partition(":")

@@ -317,14 +317,19 @@ class Checker:
                 self.add("select-type", "error", f"SelectType={select}: shared gres need "
                          "select/cons_tres", self._where_fix(where, "SelectType=select/cons_tres"),
                          where)
+            # Every sharing gres in use must be accounted, or its shares show no GPU at all
+            # in AllocTRES (and the reports miss them).
             tres = get("AccountingStorageTRES")
-            if "gres/shard" in _tokens(tres):
-                self.add("accounting-tres", "ok", f"AccountingStorageTRES has gres/shard ({where})",
-                         where=where)
+            wanted = [f"gres/{name}" for name in needed]
+            unaccounted = [t for t in wanted if t not in _tokens(tres)]
+            if not unaccounted:
+                self.add("accounting-tres", "ok", f"AccountingStorageTRES has "
+                         f"{', '.join(wanted)} ({where})", where=where)
             else:
                 self.add("accounting-tres", "error", f"AccountingStorageTRES={tres or '(unset)'} "
-                         "lacks gres/shard: shares are missing from AllocTRES and the reports",
-                         self._where_fix(where, self._accounting_line()), where)
+                         f"lacks {', '.join(unaccounted)}: shares are missing from AllocTRES "
+                         "and the reports", self._where_fix(where, self._accounting_line(wanted)),
+                         where)
             plugins = [p.split("/")[-1] for p in _tokens(get("JobSubmitPlugins"))]
             if "lua" in plugins:
                 self.add("job-submit", "ok", f"JobSubmitPlugins has lua ({where})", where=where)
@@ -334,9 +339,9 @@ class Checker:
                          " lacks lua: the hook never runs", self._where_fix(
                              where, f"JobSubmitPlugins={value}"), where)
 
-    def _accounting_line(self) -> str:
+    def _accounting_line(self, sharing: list[str]) -> str:
         current = _tokens(self.conf.get("AccountingStorageTRES"))
-        for token in ("gres/gpu", "gres/shard"):
+        for token in ("gres/gpu", *sharing):
             if token not in current:
                 current.append(token)
         return f"AccountingStorageTRES={','.join(current)}"

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Mapping, Protocol, Sequence
 
+from slurm_gpushare.core import feasibility
 from slurm_gpushare.core import tres as tresmod
 from slurm_gpushare.core.tag import Tag
 from slurm_gpushare.core.config import Config, GpuType
@@ -49,7 +50,8 @@ class NodeView:
     gpu_classes: tuple[tuple[int, ...], ...] = ()
     # Ids of the jobs sharing its GPUs, for a PairCompatibility (the daemon: decision ids).
     resident_jobs: tuple[str, ...] = ()
-    features: tuple[str, ...] = ()  # the node's features where the view knows them (daemon)
+    features: tuple[str, ...] = ()  # active features where the view knows them (the daemon)
+    state: str = ""  # sinfo %t state ("" = usable); see feasibility.UNUSABLE_STATES
 
 
 class ClusterView(Protocol):
@@ -156,18 +158,13 @@ def _partitions(request: JobRequest) -> list[str]:
     return [p for p in request.partition.split(",") if p]
 
 
-def _combine_features(user: str, types: Sequence[GpuType]) -> str | None:
-    """AND the user's constraint with an OR of the chosen types' features; None if unsafe."""
+def _combine_features(user: str, types: Sequence[GpuType]) -> str:
+    """AND the user's constraint (canonical, an AND operand: feasibility.check) with an OR of
+    the chosen types' features."""
     ours = "|".join(g.feature for g in types)
     if not user:
         return ours
-    if any(ch in user for ch in "[]*"):
-        return None  # matching-OR / counts: rewriting could change its meaning
-    if len(types) > 1:
-        ours = f"({ours})"
-    if "|" in user:
-        user = f"({user})"
-    return f"{user}&{ours}"
+    return f"{user}&({ours})" if len(types) > 1 else f"{user}&{ours}"
 
 
 MPS_PER_GPU = 100  # gres/mps Count per GPU: percent of one GPU
@@ -232,6 +229,15 @@ def decide(request: JobRequest, config: Config, *, estimate: JobEstimate | None 
         return keep("partition-off", f"sharing is off in partition {request.partition or '(none)'}")
     if request.opt_out:
         return keep("opt-out", "the user opted out of sharing")
+    # Forms of submission (docs/user-guide.md, "What happens to each kind of job").
+    if request.het_offset is not None:
+        return keep("het-job", "components of heterogeneous jobs keep what they asked for")
+    if not request.batch:
+        return keep("allocation", "srun/salloc allocations keep a whole GPU: their steps ask "
+                                  "for the GPU themselves, which a share cannot give")
+    if request.steps_ask_gpus:
+        return keep_tagged("steps-need-gpu", "the script's srun steps ask for GPUs themselves "
+                                             "(--gres=gpu, --gpus, -G): keeps a whole GPU")
 
     estimate = estimate or default_estimate(request, config)
     if estimate is None:
@@ -272,6 +278,13 @@ def decide(request: JobRequest, config: Config, *, estimate: JobEstimate | None 
         return keep_tagged("does-not-fit", f"{estimate.detail}: its GPU time does not fit a "
                                            "share of any type; keeps a whole GPU",
                            source=estimate.source)
+    # Only types on which Slurm can place the share: partitions, --constraint, --nodelist,
+    # --exclude, reservation and node states (else the rewrite is rejected or pends forever).
+    placement = feasibility.check(request, fits, view)
+    if placement.code:
+        return keep_tagged(placement.code, f"{placement.reason}; left as submitted",
+                           source=estimate.source)
+    fits = [g for g in fits if g.name in placement.types]
     # Fastest predicted type first (SchedTune's min-JCT choice); other types are offered only
     # where the same request (same gres, same count) is safe and within budget.
     fits.sort(key=lambda g: (estimate.runtime_s.get(g.name) is None,
@@ -281,9 +294,7 @@ def decide(request: JobRequest, config: Config, *, estimate: JobEstimate | None 
     slower = [g for g in fits[1:] if g.sharing != best.sharing
               or not needs[g.name] <= units <= capacity(g)]
     fits = [g for g in fits if g not in slower]
-    features = _combine_features(request.features, fits)
-    if features is None:
-        return keep("complex-features", "the job's --constraint is too complex to extend")
+    features = _combine_features(placement.constraint, fits)
 
     share = tresmod.TresToken(gpu.prefix or "gres:", best.sharing, None, units)
     writes = {"tres_per_node": tresmod.replace(request.tres_per_node, "gpu", share)}
@@ -314,6 +325,9 @@ def decide(request: JobRequest, config: Config, *, estimate: JobEstimate | None 
                    f"{config.policy.gpu_time_budget_pct:.0f}%)")
     if too_big:
         reason += f"; excluded {', '.join(g.name for g in too_big)} (does not fit)"
+    if placement.dropped:
+        reason += "; not on " + ", ".join(f"{t} (no usable node: {why})"
+                                          for t, why in placement.dropped.items())
     if slower:
         reason += (f"; not offered on {', '.join(g.name for g in slower)} "
                    f"(slower, and the same request would not suit it)")

@@ -36,6 +36,13 @@ class JobRequest:
     ntasks_per_tres: int | None = None
     features: str = ""
     exc_nodes: str = ""
+    req_nodes: str = ""  # --nodelist/-w
+    reservation: str = ""
+    # How it was submitted: a batch script (sbatch), or an allocation without one (srun, salloc).
+    batch: bool = True
+    array: bool = False  # an array job (one decision for all its tasks)
+    het_offset: int | None = None  # component of a heterogeneous job
+    steps_ask_gpus: bool = False  # the script's srun steps ask for GPUs themselves
     time_limit_min: int | None = None
     min_nodes: int | None = None
     max_nodes: int | None = None
@@ -46,6 +53,7 @@ class JobRequest:
     mem_hint_mib: int | None = None
     # Keyed digests (HMAC) filled by the daemon; see fingerprint handling.
     script_digest: str = ""
+    args_digest: str = ""  # the script's arguments
     name_digest: str = ""
 
     def to_dict(self) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""The daemon's view of the cluster: nodes, their GPU type, and the shares running on them.
+"""The daemon's view of the cluster: nodes (GPU type, partitions, features, state), reservations,
+and the shares running on them.
 
 Refreshed in the background every few seconds; decisions read the last snapshot and never wait
 for Slurm, which runs the hook under its own locks. Running shares come from ``squeue -t R``
@@ -13,9 +14,11 @@ from __future__ import annotations
 import logging
 import re
 import threading
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Mapping, Sequence
 
 from slurm_gpushare.core.config import Config
+from slurm_gpushare.core.hostlist import expand_hostlist
 from slurm_gpushare.core.policy import NodeView
 from slurm_gpushare.slurm import cmd
 from slurm_gpushare.slurm.jobs import lookup_job
@@ -23,23 +26,56 @@ from slurm_gpushare.slurm.jobs import lookup_job
 log = logging.getLogger("slurm_gpushare.daemon.clusterview")
 
 
-def read_nodes(config: Config, timeout: float = 10.0
-               ) -> dict[str, tuple[str, tuple[str, ...], int, tuple[str, ...]]]:
-    """node -> (GPU type, partitions, GPUs, features), the type found among the features."""
-    out = cmd.output(["sinfo", "-h", "-N", "-o", "%N|%f|%P|%G"], timeout=timeout)
-    if out is None:
-        return {}
+@dataclass(frozen=True)
+class NodeInfo:
+    gpu_type: str
+    partitions: tuple[str, ...]
+    gpus: int
+    features: tuple[str, ...]  # active features
+    state: str  # sinfo %t, e.g. "idle", "mix", "drain", "down*"
+
+
+def parse_sinfo_nodes(out: str, config: Config) -> dict[str, NodeInfo]:
+    """node -> NodeInfo from ``sinfo -h -N -o '%N|%b|%P|%G|%t'`` (one line per node and
+    partition); the GPU type is the configured type whose feature the node has."""
     by_feature = {g.feature: g.name for g in config.gpu_types}
-    nodes: dict[str, tuple[str, set[str], int, tuple[str, ...]]] = {}
+    nodes: dict[str, NodeInfo] = {}
     for line in out.splitlines():
-        name, features, partition, gres = (line.split("|") + ["", "", ""])[:4]
+        name, features, partition, gres, state = (line.split("|") + ["", "", "", ""])[:5]
+        if not name:
+            continue
         feature_list = tuple(f for f in features.split(",") if f and f != "(null)")
         gpu_type = next((by_feature[f] for f in feature_list if f in by_feature), "")
         gpus = sum(int(m.group(1)) for m in re.finditer(r"(?:^|,)gpu:(?:[^:,(]+:)?(\d+)", gres))
-        entry = nodes.setdefault(name, (gpu_type, set(), gpus, feature_list))
-        entry[1].add(partition.rstrip("*"))
-    return {name: (gpu_type, tuple(sorted(parts)), gpus, features)
-            for name, (gpu_type, parts, gpus, features) in nodes.items()}
+        old = nodes.get(name)
+        parts = (old.partitions if old else ()) + ((partition.rstrip("*"),) if partition else ())
+        nodes[name] = NodeInfo(gpu_type, tuple(sorted(set(parts))), gpus, feature_list, state)
+    return nodes
+
+
+def read_nodes(config: Config, timeout: float = 10.0) -> dict[str, NodeInfo]:
+    """The cluster's nodes, in one sinfo call (empty when Slurm does not answer)."""
+    out = cmd.output(["sinfo", "-h", "-N", "-o", "%N|%b|%P|%G|%t"], timeout=timeout)
+    return parse_sinfo_nodes(out, config) if out is not None else {}
+
+
+def parse_reservations(out: str) -> dict[str, tuple[str, ...]]:
+    """reservation -> nodes, from ``scontrol -o show reservation``."""
+    found = {}
+    for line in out.splitlines():
+        name = re.search(r"(?:^|\s)ReservationName=(\S+)", line)
+        nodes = re.search(r"(?:^|\s)Nodes=(\S+)", line)
+        if name:
+            listed = nodes.group(1) if nodes and nodes.group(1) != "(null)" else ""
+            found[name.group(1)] = tuple(expand_hostlist(listed)) if listed else ()
+    return found
+
+
+def read_reservations(timeout: float = 10.0) -> dict[str, tuple[str, ...]] | None:
+    out = cmd.output(["scontrol", "-o", "show", "reservation"], timeout=timeout)
+    if out is None:
+        return None
+    return parse_reservations(out)
 
 
 def running_shares(squeue_out: str) -> dict[str, str]:
@@ -89,6 +125,7 @@ class SlurmClusterView:
         # Every node's features and partitions (GPU nodes or not), for config checks on reload.
         self.all_features: frozenset[str] = frozenset()
         self.all_partitions: frozenset[str] = frozenset()
+        self._reservations: dict[str, tuple[str, ...]] = {}
         self._classes: dict[str, int | None] = {}  # job id -> class, read once per share
         self._decisions: dict[str, str] = {}  # job id -> decision id (the pair predictor's key)
         self._stop = threading.Event()
@@ -96,6 +133,10 @@ class SlurmClusterView:
 
     def nodes(self) -> Sequence[NodeView]:
         return self._nodes
+
+    def reservations(self) -> Mapping[str, tuple[str, ...]]:
+        """reservation name -> its nodes (feasibility.check reads it for --reservation)."""
+        return self._reservations
 
     def refresh(self) -> bool:
         node_info = read_nodes(self.config)
@@ -112,14 +153,17 @@ class SlurmClusterView:
         for job_id, node in shares.items():
             if self._decisions.get(job_id):
                 decisions.setdefault(node, []).append(self._decisions[job_id])
-        self.all_features = frozenset(f for info in node_info.values() for f in info[3])
-        self.all_partitions = frozenset(p for info in node_info.values() for p in info[1])
+        self.all_features = frozenset(f for info in node_info.values() for f in info.features)
+        self.all_partitions = frozenset(p for info in node_info.values() for p in info.partitions)
+        reservations = read_reservations()
+        if reservations is not None:
+            self._reservations = reservations
         self._nodes = tuple(
-            NodeView(name=name, gpu_type=gpu_type, partitions=parts, gpus=gpus,
-                     resident_classes=tuple(residents.get(name, ())),
-                     resident_jobs=tuple(decisions.get(name, ())), features=features)
-            for name, (gpu_type, parts, gpus, features) in sorted(node_info.items())
-            if gpu_type)
+            NodeView(name=name, gpu_type=info.gpu_type, partitions=info.partitions,
+                     gpus=info.gpus, resident_classes=tuple(residents.get(name, ())),
+                     resident_jobs=tuple(decisions.get(name, ())),
+                     features=info.features, state=info.state)
+            for name, info in sorted(node_info.items()) if info.gpu_type)
         return True
 
     def start(self) -> None:
@@ -135,4 +179,5 @@ class SlurmClusterView:
                 self.refresh()
             except Exception:  # noqa: BLE001 -- a bad snapshot keeps the previous one
                 log.exception("cluster-view-refresh-failed")
-            self._stop.wait(self.interval_s)
+            # Until the nodes are known every decision keeps its job: ask again soon.
+            self._stop.wait(self.interval_s if self._nodes else min(1.0, self.interval_s))

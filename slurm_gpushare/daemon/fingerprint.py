@@ -7,9 +7,14 @@ specific first:
 1. ``exact``: user + digest of the *normalised* script (comments, blank lines, trailing and
    repeated whitespace and the ``#SBATCH`` lines that change between resubmissions --
    ``--job-name``, ``--output``, ``--error``, ``--comment`` -- are dropped first, so an
-   edited comment or a renamed log file keeps the key);
+   edited comment or a renamed log file keeps the key) + digest of the script's arguments
+   (``argmem.sh 2000`` and ``argmem.sh 40000`` are different work). The working directory is
+   not part of it: the same script and arguments resubmitted elsewhere are the same work;
 2. ``name``: user + digest of the job name;
 3. ``user``: the user alone (the coarsest fallback).
+
+Only ``exact`` sizes a share (``JobKeys.sizing_keys``): a name or a user says nothing about the
+memory of *this* work. The coarser keys group records for reports and class priors.
 
 The secret lives in a file of mode 0600, created on first use with ``os.open(..., 0o600)``
 (never world-readable, not even for an instant). Without the secret nobody can test a guessed
@@ -104,10 +109,10 @@ class JobKeys:
     user: str = ""
 
     def sizing_keys(self) -> list[str]:
-        """The keys whose history may size a share: exact script, then job name, each at its
-        fixed position ("" where missing, which ``Store.history`` skips), so a summary's
-        ``matched_key`` says which key found it (0: script, 1: name)."""
-        return [self.exact, self.name]
+        """The keys whose history may size a share: the same script with the same arguments
+        (a job name never sizes one). Position 0 is always that key, so a summary's
+        ``matched_key`` says it matched by script."""
+        return [self.exact] if self.exact else []
 
     def as_list(self) -> list[str]:
         """Non-empty keys, most specific first (the order ``Store.history`` expects)."""
@@ -141,21 +146,28 @@ class Fingerprinter:
             return self._mac("script", normalise_script(text))
         if kind == "name":
             return self._mac("name", text.strip())
+        if kind == "args":
+            return self._mac("args", text)
         raise ValueError(f"unknown digest kind {kind!r}")
 
     def keys_from_digests(self, user: str, script_digest: str = "",
-                          name_digest: str = "") -> JobKeys:
+                          name_digest: str = "", args_digest: str = "") -> JobKeys:
         """Fingerprint keys from a user and the digests ``digest`` produced."""
+        # Without arguments the key is the one jobs without arguments always had.
+        script_parts = (script_digest, args_digest) if args_digest else (script_digest,)
         return JobKeys(
-            exact=self._mac("key:exact", user, script_digest) if user and script_digest else "",
+            exact=self._mac("key:exact", user, *script_parts) if user and script_digest else "",
             name=self._mac("key:name", user, name_digest) if user and name_digest else "",
             user=self._mac("key:user", user) if user else "",
         )
 
-    def job_keys(self, user: str, script: str = "", name: str = "") -> JobKeys:
-        """Fingerprint keys straight from the texts (which are not kept)."""
+    def job_keys(self, user: str, script: str = "", name: str = "",
+                 args: "list[str] | tuple[str, ...]" = ()) -> JobKeys:
+        """Fingerprint keys straight from the texts (which are not kept); ``args`` are the
+        script's arguments (argv without the script's path)."""
         return self.keys_from_digests(
             user,
             self.digest("script", script) if script else "",
             self.digest("name", name) if name else "",
+            self.digest("args", "\0".join(args)) if args else "",
         )

@@ -29,12 +29,28 @@ INFINITE16 = 0xFFFF
 STRING_FIELDS = (
     "user", "account", "partition", "qos", "tres_per_job", "tres_per_node", "tres_per_socket",
     "tres_per_task", "cpus_per_tres", "mem_per_tres", "features", "exc_nodes", "script", "name",
-    "comment",
+    "comment", "req_nodes", "reservation", "array_inx",
 )
 NUMBER_FIELDS = (
     "uid", "time_limit", "min_nodes", "max_nodes", "num_tasks", "shared", "ntasks_per_tres",
+    "het_job_offset",
 )
-JOB_FIELDS = STRING_FIELDS + NUMBER_FIELDS
+# ``argv``: the script's arguments (a list of strings, digested only); ``batch``: whether the
+# job came with a script (sbatch) or is an allocation (srun, salloc). Older hooks send neither:
+# a job with a script is then a batch job.
+JOB_FIELDS = STRING_FIELDS + NUMBER_FIELDS + ("argv", "batch")
+
+# srun options in a script that ask a step for whole GPUs, which a share cannot give.
+_STEP_GPU_OPTION = re.compile(
+    r"^\s*(?:[^#\n]*[\s;&|(])?srun\b[^\n]*\s(?:--gres[= ]\S*gpu|--gpus(?:-per-\w+)?[= ]|-G\s*\d)",
+    re.MULTILINE)
+
+
+def steps_ask_for_gpus(script: str) -> bool:
+    """Whether a script runs ``srun`` steps that ask for GPUs themselves (--gres=gpu, --gpus,
+    -G, --gpus-per-*): such steps need the job to hold whole GPUs."""
+    code = re.sub(r"(^|\s)#.*", "", script or "")  # shell comments say nothing
+    return bool(_STEP_GPU_OPTION.search(code))
 
 # Names Slurm gives jobs that were not named (sbatch reading stdin, --wrap, salloc/srun shells):
 # they would make unrelated jobs look like one, so they form no name key.
@@ -201,6 +217,16 @@ def parse_request(message: Any, *, opt_out_token: str = "gpushare=off",
     if numbers["uid"] is None:
         raise ProtocolError("job.uid is required")
     opt_out, hint = parse_comment(strings["comment"], opt_out_token, mem_hint_token)
+    argv = job.get("argv") or []
+    if isinstance(argv, dict):  # Lua tables with holes encode as objects
+        argv = [argv[k] for k in sorted(argv, key=lambda k: int(k) if str(k).isdigit() else 0)]
+    if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
+        raise ProtocolError("job.argv must be a list of strings")
+    batch = job.get("batch")
+    if batch is None:
+        batch = bool(strings["script"])
+    if not isinstance(batch, bool):
+        raise ProtocolError("job.batch must be true or false")
 
     def count(name, *markers):
         value = _unset(numbers[name], NO_VAL, NO_VAL16, INFINITE, INFINITE16, *markers)
@@ -216,12 +242,18 @@ def parse_request(message: Any, *, opt_out_token: str = "gpushare=off",
         cpus_per_tres=strings["cpus_per_tres"], mem_per_tres=strings["mem_per_tres"],
         ntasks_per_tres=count("ntasks_per_tres"),
         features=strings["features"], exc_nodes=strings["exc_nodes"],
+        req_nodes=strings["req_nodes"], reservation=strings["reservation"],
+        batch=batch, array=bool(strings["array_inx"]), het_offset=count("het_job_offset"),
+        steps_ask_gpus=steps_ask_for_gpus(strings["script"]),
         time_limit_min=count("time_limit"),
         min_nodes=count("min_nodes"), max_nodes=count("max_nodes"), num_tasks=count("num_tasks"),
         # job_desc.shared: 0 = --exclusive, 2 = --exclusive=user, 3 = --exclusive=mcs.
         exclusive=shared in (0, 2, 3),
         opt_out=opt_out, mem_hint_mib=hint,
         script_digest=digest("script", strings["script"]) if digest and strings["script"] else "",
+        # argv[0] is the script's path as typed (it may change between resubmissions); the
+        # arguments after it are part of the work.
+        args_digest=digest("args", "\0".join(argv[1:])) if digest and argv[1:] else "",
         name_digest=(digest("name", strings["name"])
                      if digest and strings["name"].strip() not in GENERIC_JOB_NAMES else ""),
     )

@@ -287,6 +287,12 @@ def serve(config_path: str | None) -> None:
     config = load_config(config_path)
     setup_logging(config)
     view = SlurmClusterView(config, interval_s=config.daemon.view_refresh_s)
+    # Read the nodes once before the sockets open: until then every decision would keep its
+    # job ("not-checkable"). A Slurm that does not answer only delays this by sinfo's timeout.
+    try:
+        view.refresh()
+    except Exception:  # noqa: BLE001 -- the background refresh keeps trying
+        log.exception("cluster-view-refresh-failed")
     view.start()
     service = Service(config, store=open_store(config), reader=open_store(config), view=view)
     stopping = threading.Event()

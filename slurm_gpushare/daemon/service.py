@@ -234,7 +234,8 @@ class Service:
         started = time.perf_counter()
         decision_id = secrets.token_hex(4)
         keys = self.fingerprinter.keys_from_digests(
-            request.user or str(request.uid), request.script_digest, request.name_digest)
+            request.user or str(request.uid), request.script_digest, request.name_digest,
+            request.args_digest)
         estimate, history = None, "no store"
         if self.estimator is not None:
             estimate, history = self.estimator.estimate(keys.sizing_keys(), config,

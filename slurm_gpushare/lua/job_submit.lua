@@ -156,11 +156,29 @@ local function default_partition(part_list)
   return nil
 end
 
+-- The script's argv (job_desc.argv is a table indexed from 0), bounded like the script.
+local function read_argv(job_desc)
+  local argv = job_desc.argv
+  if type(argv) ~= "table" then return nil end
+  local out, size = {}, 0
+  for i = 0, 255 do
+    local arg = argv[i]
+    if type(arg) ~= "string" then break end
+    size = size + #arg
+    if size > settings.max_script_bytes then break end
+    out[#out + 1] = arg
+  end
+  if #out == 0 then return nil end
+  return out
+end
+
 local function read_request(job_desc, part_list, submit_uid)
   local script = job_desc.script
   if type(script) == "string" and #script > settings.max_script_bytes then
     script = string.sub(script, 1, settings.max_script_bytes)
   end
+  local het_offset = job_desc.het_job_offset
+  if type(het_offset) ~= "number" or het_offset >= 4294967294 then het_offset = nil end
   return {
     uid = job_desc.user_id,
     user = job_desc.user_name,
@@ -176,6 +194,12 @@ local function read_request(job_desc, part_list, submit_uid)
     ntasks_per_tres = job_desc.ntasks_per_tres,
     features = job_desc.features,
     exc_nodes = job_desc.exc_nodes,
+    req_nodes = job_desc.req_nodes,
+    reservation = job_desc.reservation,
+    array_inx = job_desc.array_inx,
+    het_job_offset = het_offset,
+    -- job_desc.script is set for sbatch only; srun and salloc allocations carry none.
+    batch = type(job_desc.script) == "string" and #job_desc.script > 0,
     time_limit = job_desc.time_limit,
     min_nodes = job_desc.min_nodes,
     max_nodes = job_desc.max_nodes,
@@ -183,6 +207,7 @@ local function read_request(job_desc, part_list, submit_uid)
     shared = job_desc.shared,
     -- Sent only to be digested (keyed hash) or scanned for opt-out/hint tokens; never stored.
     script = script,
+    argv = read_argv(job_desc),
     name = job_desc.name,
     comment = job_desc.comment,
   }
@@ -367,8 +392,41 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
   return slurm.SUCCESS
 end
 
+-- Update fields a share's decision rests on (its partition, its GPU request, its constraint,
+-- its node lists).
+local DECIDING_FIELDS = { "partition", "tres_per_job", "tres_per_node", "tres_per_socket",
+                          "tres_per_task", "features", "req_nodes", "exc_nodes" }
+
+-- `scontrol update` of a job that was turned into a share: an update of a field the decision
+-- rests on is refused, with the reason, because 22.05 cannot apply it consistently: a pending
+-- job's gres list keeps its shard/mps entry, so a GPU update is either rejected ("Invalid
+-- generic resource") or, spelled gres/gpu, shown but not used (sacct AllocTRES still has the
+-- shard); a move to a partition where sharing is off, or new features or node lists, would run
+-- the share where it was never decided. Every other update, and every update of other jobs,
+-- goes through untouched. Any error here lets the update through, as Slurm alone would.
 function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
-  -- `scontrol update` goes through untouched: a running share is not re-decided.
+  local ok, changed = pcall(function()
+    local tag = job_rec and job_rec.admin_comment
+    if type(tag) ~= "string" or not string.match(tag, "^gpushare:v%d+:share:") then return nil end
+    local names = {}
+    for _, name in ipairs(DECIDING_FIELDS) do
+      if job_desc[name] ~= nil then names[#names + 1] = name end
+    end
+    if #names == 0 then return nil end
+    return table.concat(names, ",")
+  end)
+  if ok and changed then
+    local job_id = tostring(job_rec.job_id)
+    slurm.log_user("gpushare: job %s runs as a GPU share; changing %s would leave it " ..
+                   "inconsistent. Cancel it and resubmit (with --comment gpushare=off for a " ..
+                   "whole GPU).", job_id, changed)
+    slurm.log_info("gpushare: update of share job %s refused (uid %s): %s", job_id,
+                   tostring(modify_uid), changed)
+    return slurm.ERROR
+  end
+  if not ok then
+    slurm.log_error("gpushare: update let through: hook error: %s", tostring(changed))
+  end
   return slurm.SUCCESS
 end
 

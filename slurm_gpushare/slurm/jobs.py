@@ -33,12 +33,32 @@ class SlurmJob:
         return tag.decision_id if tag else ""
 
 
+def own_records(out: str, job_id: str) -> list[str]:
+    """The records of ``scontrol show job [-o] [-d] <job_id>`` output that are this job's own.
+
+    Asked for an array's id, scontrol answers with every task of the array; one of them (the
+    task that kept the array's id as its job id) is the job itself, the others are other jobs
+    with their own GPUs, telemetry and co-runs. ``<array>_<task>`` names one task.
+    """
+    records = [r for r in re.split(r"\n(?=JobId=)", out.strip()) if r.strip()] if out else []
+    array = re.fullmatch(r"(\d+)_(\d+)", job_id)
+    het = re.fullmatch(r"(\d+)\+(\d+)", job_id)
+    if array:
+        wanted = re.compile(rf"\bArrayJobId={array.group(1)}\s+ArrayTaskId={array.group(2)}\b")
+    elif het:  # a heterogeneous job's component: its own JobId, named by leader + offset
+        wanted = re.compile(rf"\bHetJobId={het.group(1)}\s+HetJobOffset={het.group(2)}\b")
+    else:
+        wanted = re.compile(rf"^JobId={job_id}\b")
+    return [r for r in records if wanted.search(r)]
+
+
 def lookup_job(job_id: str, timeout: float = 5.0) -> SlurmJob | None:
     if not re.fullmatch(r"\d+(_\d+)?(\+\d+)?", job_id):
         raise ValueError(f"not a job id: {job_id!r}")
     out = cmd.output(["scontrol", "-o", "show", "job", job_id], timeout=timeout, epoch_times=True)
-    if out and out.strip():
-        line = out.splitlines()[0]
+    own = own_records(out or "", job_id)
+    if own:
+        line = own[0]
         uid = re.search(r"\bUserId=\S*?\((\d+)\)", line)
         state = re.search(r"\bJobState=(\S+)", line)
         nodes = re.search(r"\bNodeList=(\S+)", line)
@@ -93,7 +113,7 @@ def gpu_indices(job_id: str, node: str, timeout: float = 10.0) -> list[int]:
     """
     out = cmd.output(["scontrol", "show", "job", "-d", job_id], timeout=timeout) or ""
     indices: set[int] = set()
-    for nodes, found in gres_placements(out):
+    for nodes, found in gres_placements("\n".join(own_records(out, job_id))):
         if nodes == node or node in expand_hostlist(nodes):
             indices.update(found)
     return sorted(indices)

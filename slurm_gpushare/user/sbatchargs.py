@@ -328,6 +328,7 @@ class Submission:
     values: dict[str, str | None]  # effective option values, last one wins
     script: str
     default_name: str
+    argv: list[str] = field(default_factory=list)  # job_desc.argv: script path, then arguments
 
     @classmethod
     def build(cls, command_line: CommandLine, script: str, *,
@@ -351,7 +352,9 @@ class Submission:
                 values["exclusive"] = option.value or ""
             else:
                 values[option.name] = option.value
-        return cls(values=values, script=script, default_name=default_name)
+        argv = ([command_line.script or "", *command_line.script_args]
+                if wrap is None and command_line.script_args else [])
+        return cls(values=values, script=script, default_name=default_name, argv=argv)
 
     def get(self, name: str) -> str | None:
         return self.values.get(name)
@@ -387,6 +390,8 @@ class Submission:
             job["ntasks_per_tres"] = _positive_int(tasks_per_gpu, "tasks per GPU")
         put("features", self.get("constraint"))
         put("exc_nodes", self.get("exclude"))
+        put("req_nodes", self.get("nodelist"))
+        put("reservation", self.get("reservation"))
         if self.get("time"):
             job["time_limit"] = time_minutes(self.get("time"))
         if self.get("nodes"):
@@ -401,6 +406,9 @@ class Submission:
             mode = (self.values["exclusive"] or "").lower()
             job["shared"] = {"oversubscribe": 1, "user": 2, "mcs": 3}.get(mode, 0)
         job["script"] = self.script
+        job["batch"] = True
+        if self.argv:
+            job["argv"] = list(self.argv)
         job["name"] = self.get("job-name") or self.default_name
         put("comment", self.get("comment"))
         return job

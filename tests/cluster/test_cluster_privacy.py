@@ -22,14 +22,18 @@ pytestmark = pytest.mark.cluster
 def test_no_script_name_or_comment_text_is_kept(cluster):
     token = uuid.uuid4().hex[:12]
     secrets = [f"resnet-secret-{token}", f"imagenet-private-{token}", f"lr0.0314{token}",
-               f"jobname-{token}", f"comment-{token}"]
+               f"jobname-{token}", f"comment-{token}", f"argument-{token}"]
     shebang, rest = cluster.training_script(work_s=1, util=20, mem_mib={"v100": 3000}).split("\n", 1)
     script = (f"{shebang}\n# model {secrets[0]} on {secrets[1]}\n"
               f"ARGS='--model {secrets[0]} --data {secrets[1]} --lr {secrets[2]}'\n{rest}")
+    # A script file with an argument: job_desc.argv carries it to the hook (a keyed digest).
+    path = cluster.root / "jobs" / f"private-{token}.sh"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(script)
     job_ids = []
     for _ in range(2):  # first run (profiled), then the resubmission decided from history
         job_id = cluster.sbatch("--gres=gpu:v100:1", f"--job-name={secrets[3]}",
-                                f"--comment={secrets[4]}", script=script)
+                                f"--comment={secrets[4]}", str(path), secrets[5], script="")
         assert cluster.wait_state(job_id, {"COMPLETED", "FAILED"}, timeout=90) == "COMPLETED"
         wait_ingested(cluster, job_id)
         job_ids.append(job_id)

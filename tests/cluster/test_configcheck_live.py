@@ -122,8 +122,8 @@ def test_a_broken_copy_gets_the_right_findings_and_fixes(live_env, tmp_path, cap
         ("gres-types", "GresTypes=gpu has neither shard nor mps"):
             f"in {conf} set: GresTypes=gpu,mps,shard",
         ("select-type", None): None,
-        ("accounting-tres", "AccountingStorageTRES=(unset) lacks gres/shard"):
-            f"in {conf} set: AccountingStorageTRES=gres/gpu,gres/shard",
+        ("accounting-tres", "AccountingStorageTRES=(unset) lacks gres/mps, gres/shard"):
+            f"in {conf} set: AccountingStorageTRES=gres/gpu,gres/mps,gres/shard",
         ("shard-count", "v100-1 has 30 shards; 32 expected (2 x 16 GiB v100, one shard per GiB)"):
             f"in {conf} set: NodeName=v100-1 NodeHostname=localhost "
             f"Port={live_env.ports['slurmd_base']} CPUs=8 "
@@ -163,7 +163,8 @@ def test_gen_config_from_sinfo_matches_the_cluster(live_env, capsys):
                  str(live_env.daemon_config)]) == 0
     out = capsys.readouterr().out
     for node in live_env.nodes:
-        shards = node.gpus * node.memory_gib
+        # One shard per GiB, or 100 MPS units per GPU on MPS nodes (t4-1), as the cluster has.
+        count = node.sharing_count
         assert re.search(rf"NodeName=\S*{node.gpu_type}\S* Gres=gpu:{node.gpu_type}:{node.gpus},"
-                         rf"shard:{shards} Features={node.features}\n", out), out
-        assert re.search(rf"Name=shard Count={shards}\n", out)
+                         rf"{node.sharing}:{count} Features={node.features}\n", out), out
+        assert re.search(rf"Name={node.sharing} Count={count}\n", out)

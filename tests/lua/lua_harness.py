@@ -22,7 +22,8 @@ HOOK = REPO / "slurm_gpushare" / "lua" / "job_submit.lua"
 STRING_FIELDS = {
     "account", "admin_comment", "comment", "features", "exc_nodes", "name", "partition", "qos",
     "script", "tres_per_job", "tres_per_node", "tres_per_socket", "tres_per_task",
-    "cpus_per_tres", "mem_per_tres", "user_name", "gres",
+    "cpus_per_tres", "mem_per_tres", "user_name", "gres", "req_nodes", "reservation",
+    "array_inx",
 }
 NO_VAL = 4294967294
 NO_VAL16 = 65534
@@ -234,10 +235,13 @@ class Hook:
         rc = self.g.slurm_job_submit(job_desc, parts, uid)
         return rc, dict(self._store.fields)
 
-    def modify(self, fields: dict, uid: int = 0):
+    def modify(self, fields: dict, uid: int = 0, job_rec: dict | None = None):
+        """``scontrol update``: ``fields`` are the update's (unset ones absent), ``job_rec``
+        the job as slurmctld holds it (read-only)."""
         self._store = Store(fields)
         job_desc = self.g.make_job_desc(self.strings)
-        rc = self.g.slurm_job_modify(job_desc, self.lua.table(), self.lua.table(), uid)
+        rec = self.lua.table_from(job_rec or {})
+        rc = self.g.slurm_job_modify(job_desc, rec, self.lua.table(), uid)
         return rc, dict(self._store.fields)
 
     def state(self) -> dict:

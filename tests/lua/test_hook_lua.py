@@ -223,6 +223,38 @@ def test_job_modify_changes_nothing(daemon, tmp_path):
     assert hook.modify(before) == (0, before)
 
 
+SHARE_REC = {"job_id": 42, "admin_comment": "gpushare:v1:share:id=ab:shard=8:types=v100:why=default-share"}
+
+
+@pytest.mark.parametrize("update", [
+    {"partition": "gpu-excl"}, {"tres_per_node": "gres/gpu:1"}, {"tres_per_node": "gres:gpu:1"},
+    {"features": ""}, {"features": "a100"}, {"req_nodes": "a100-1"}, {"exc_nodes": "v100-1"},
+    {"tres_per_job": "gres:gpu:1"},
+])
+def test_updates_a_share_rests_on_are_refused(tmp_path, update):
+    hook = hook_for(str(tmp_path / "none.sock"), tmp_path)
+    rc, after = hook.modify(dict(update), job_rec=SHARE_REC)
+    assert rc == -1 and after == update  # refused, nothing written
+    assert any("update of share job 42 refused" in line for _, line in hook.logs)
+
+
+@pytest.mark.parametrize("job_rec", [
+    {"job_id": 7},  # not decided by us
+    {"job_id": 7, "admin_comment": "gpushare:v1:keep:id=ab:why=first-run"},  # kept whole
+    {"job_id": 7, "admin_comment": "site note"},
+])
+def test_updates_of_other_jobs_go_through(tmp_path, job_rec):
+    hook = hook_for(str(tmp_path / "none.sock"), tmp_path)
+    assert hook.modify({"partition": "gpu-excl", "tres_per_node": "gres:gpu:2"},
+                       job_rec=job_rec)[0] == 0
+
+
+def test_other_updates_of_a_share_go_through(tmp_path):
+    hook = hook_for(str(tmp_path / "none.sock"), tmp_path)
+    assert hook.modify({"time_limit": 30, "name": "x"}, job_rec=SHARE_REC) == (
+        0, {"time_limit": 30, "name": "x"})
+
+
 def test_unset_numbers_are_not_mistaken_for_values(daemon, tmp_path):
     # min_nodes arrives as NO_VAL when the user gave no -N: that is not a multi-node job.
     hook = hook_for(daemon.socket, tmp_path)

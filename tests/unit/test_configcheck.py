@@ -81,6 +81,31 @@ def test_generated_fragments_pass_the_checks(tmp_path):
     assert [f for f in checker.findings if f.level != "ok"] == []
 
 
+def test_mps_types_are_generated_and_accounted(tmp_path):
+    config = parse_config({"gpu_types": {"a100": {"memory_gib": 80},
+                                         "t4": {"memory_gib": 16, "sharing": "mps"}},
+                           "policy": {"sharing_partitions": ["gpu"]}})
+    slurm, gres = generate_fragments([GpuNode("a1", "a100", 2), GpuNode("t1", "t4", 2)], config)
+    assert "GresTypes=gpu,shard,mps" in slurm
+    assert "AccountingStorageTRES=gres/gpu,gres/shard,gres/mps" in slurm
+    assert "NodeName=t1 Gres=gpu:t4:2,mps:200" in slurm and "NodeName=t1 Name=mps Count=200" in gres
+
+    def accounting(line):
+        (tmp_path / "slurm.conf").write_text(slurm.replace(
+            "AccountingStorageTRES=gres/gpu,gres/shard,gres/mps", line))
+        checker = Checker(tmp_path / "slurm.conf", None, live=None)
+        checker.config = config
+        checker.conf = SlurmConf.read(tmp_path / "slurm.conf")
+        checker.check_slurm_params()
+        return next(f for f in checker.findings if f.check == "accounting-tres")
+
+    assert accounting("AccountingStorageTRES=gres/gpu,gres/shard,gres/mps").level == "ok"
+    # MPS shares carry no gres/gpu: unaccounted, they vanish from AllocTRES.
+    missing = accounting("AccountingStorageTRES=gres/gpu,gres/shard")
+    assert missing.level == "error" and "lacks gres/mps" in missing.message
+    assert missing.fix.endswith("AccountingStorageTRES=gres/gpu,gres/shard,gres/mps")
+
+
 def test_gen_config_for_given_nodes_and_its_errors(tmp_path, capsys):
     toml = tmp_path / "gpushare.toml"
     toml.write_text("[gpu_types.a100]\nmemory_gib = 80\n")

@@ -19,7 +19,7 @@ from slurm_gpushare.daemon.protocol import request as request_once
 
 REPO = Path(__file__).resolve().parents[2]
 JOB = {"uid": 1000, "user": "alice", "partition": "gpu", "tres_per_node": "gres:gpu:1",
-       "min_nodes": 4294967294, "shared": 65534}
+       "min_nodes": 4294967294, "shared": 65534, "batch": True}
 
 
 def exchange(sock, payload: bytes) -> dict:
@@ -159,13 +159,29 @@ def served(tmp_path):
             'first_run = "default-share"\n[gpu_types.v100]\nmemory_gib = 16\n')
 
     write(8)
+    # No Slurm here: sinfo/squeue stand-ins give the daemon's view one v100 node, without
+    # which it would keep every job (it cannot check where a share could run); no reservations.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sinfo").write_text("#!/bin/sh\necho 'v100-1|v100|gpu*|gpu:v100:2|idle'\n")
+    (bin_dir / "squeue").write_text("#!/bin/sh\nexit 0\n")
+    (bin_dir / "scontrol").write_text("#!/bin/sh\nexit 0\n")  # no reservations
+    for tool in ("sinfo", "squeue", "scontrol"):
+        (bin_dir / tool).chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
     proc = subprocess.Popen([sys.executable, "-m", "slurm_gpushare", "serve", "--config",
-                             str(config)], cwd=str(REPO), stderr=subprocess.PIPE, text=True)
+                             str(config)], cwd=str(REPO), stderr=subprocess.PIPE, text=True,
+                            env=env)
     deadline = time.monotonic() + 90  # start-up is not what these tests time
-    while not sock.exists():
-        assert proc.poll() is None, proc.stderr.read()
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    try:
+        while not sock.exists():
+            assert proc.poll() is None, proc.stderr.read()
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    except AssertionError:
+        proc.kill()  # a daemon that did not come up must not outlive the test
+        proc.wait()
+        raise
     yield proc, str(sock), log, write, config
     if proc.poll() is None:
         proc.kill()

@@ -154,5 +154,10 @@ def test_user_guide_explains_every_reason_code_in_a_tag():
     codes = set(re.findall(r'keep_tagged\(\s*"([a-z-]+)"', policy))
     codes |= {f"{source}-share" for source in ("history", "hint", "default")}
     assert "first-run" in codes
+    codes |= set(re.findall(r'(?<![_\w])keep\(\s*"([a-z-]+)"', policy))  # untagged keeps
+    codes |= set(re.findall(r'return "([a-z-]+)"', policy))  # gpu_request's keep codes
+    feasibility = (REPO / "slurm_gpushare" / "core" / "feasibility.py").read_text()
+    codes |= set(re.findall(r'code="([a-z-]+)"', feasibility))
+    assert {"allocation", "no-valid-type", "constraint-unsupported"} <= codes
     for code in codes:
         assert f"`{code}`" in DOCS["user-guide.md"], f"user-guide.md lacks reason {code}"

@@ -80,7 +80,8 @@ def test_unknown_types_in_estimate_are_not_assumed_to_fit():
     ({"partition": "cpu"}, "partition-off"),
     ({"partition": ""}, "partition-off"),
     ({"opt_out": True}, "opt-out"),
-    ({"features": "[ib|eth]"}, "complex-features"),
+    ({"het_offset": 1}, "het-job"),
+    ({"batch": False}, "allocation"),
 ])
 def test_keep_cases(fields, code):
     decision = decide(request(**fields), CONFIG)

@@ -101,7 +101,8 @@ def test_job_fields_for_gpu_options():
         "tres_per_task": "gres:gpu:1", "cpus_per_tres": "gres:gpu:4",
         "mem_per_tres": "gres:gpu:2048", "features": "a100", "exc_nodes": "n[1-2]",
         "time_limit": 60,
-        "min_nodes": 1, "max_nodes": 2, "num_tasks": 2, "shared": 2, "name": "job.sh"}
+        "min_nodes": 1, "max_nodes": 2, "num_tasks": 2, "shared": 2, "name": "job.sh",
+        "batch": True}
 
 
 def test_explain_builds_every_field_the_hook_sends():
@@ -109,9 +110,11 @@ def test_explain_builds_every_field_the_hook_sends():
                                "--gpus-per-socket=1", "--gpus-per-task=1", "--cpus-per-gpu=1",
                                "--mem-per-gpu=1", "--ntasks-per-gpu=1", "-C", "f", "-x", "n1",
                                "-t", "1", "-N", "1", "-n", "1", "--exclusive", "-J", "j",
-                               "--comment=c", "job.sh"])
+                               "--comment=c", "-w", "n2", "--reservation=r", "job.sh", "arg"])
     job = Submission.build(line, "#!/bin/sh\n", environ={}).job_fields(uid=1, user="u")
-    assert set(job) == set(protocol.JOB_FIELDS)
+    # Array and het fields are the hook's alone: --explain models neither.
+    assert set(job) == set(protocol.JOB_FIELDS) - {"array_inx", "het_job_offset"}
+    assert job["argv"] == ["job.sh", "arg"] and job["req_nodes"] == "n2"
 
 
 def test_wrap_builds_sbatchs_script_and_name():

@@ -153,12 +153,12 @@ def test_generic_job_names_form_no_name_key():
         assert parsed.name_digest == expected
 
 
-def test_only_script_or_name_keys_size_a_share():
+def test_only_the_script_key_sizes_a_share():
     from slurm_gpushare.predict.history import observed_peaks
     from slurm_gpushare.daemon.fingerprint import Fingerprinter
 
-    keys = Fingerprinter(b"s" * 32).job_keys("alice", script="#!/bin/sh\ntrain\n", name="")
-    assert keys.sizing_keys() == [keys.exact, ""] and keys.user not in keys.sizing_keys()
+    keys = Fingerprinter(b"s" * 32).job_keys("alice", script="#!/bin/sh\ntrain\n", name="train")
+    assert keys.sizing_keys() == [keys.exact]  # never the name or the user
     run = {"gpu_model": "Tesla V100-SXM2-16GB", "mgmap_max_mib": 9000.0}
     # The most specific key's runs decide; runs that never touched the GPU say nothing.
     assert observed_peaks([{**run, "matched_key": 1, "mgmap_max_mib": 5000.0},
@@ -295,18 +295,14 @@ def test_a_node_with_a_clean_gpu_is_not_excluded():
     assert decision.writes["exc_nodes"] == "a2"
 
 
-def test_a_class_found_by_the_job_name_says_so():
-    """Without a script key the name key keeps its position, so the class's detail names it."""
+def test_a_job_known_only_by_its_name_has_no_sizing_history():
+    """A name says nothing about the work (issue: sized from another job): no key, no history."""
     from slurm_gpushare.daemon.fingerprint import Fingerprinter
     from slurm_gpushare.daemon.store import Store
-    from slurm_gpushare.predict.classes import default_classes
-    from slurm_gpushare.predict.knowledge import class_of_history
 
     keys = Fingerprinter(b"s" * 32).job_keys("alice", script="", name="train")
-    assert keys.sizing_keys() == ["", keys.name]
+    assert keys.sizing_keys() == []
     with Store(":memory:") as store:
         store.ingest_summary({"v": 1, "job_id": "1", "gpu_index": 0, "mgup_max": 50.0,
                               "mgmap_max_pct": 20.0, "mgtsamp_max": 10.0, "keys": [keys.name]})
-        history = store.history(keys.sizing_keys())
-    _, detail = class_of_history(default_classes(), history)
-    assert "matched by job name" in detail
+        assert store.history(keys.sizing_keys()) == []

@@ -16,7 +16,7 @@ from slurm_gpushare.core.types import Decision, JobRequest
 from slurm_gpushare.daemon.validity import config_problem, decision_problem
 
 JOB = {"uid": 1000, "user": "alice", "partition": "gpu", "tres_per_node": "gres:gpu:1",
-       "min_nodes": 4294967294, "shared": 65534}
+       "min_nodes": 4294967294, "shared": 65534, "batch": True}
 
 
 class View:

@@ -17,7 +17,7 @@ from slurm_gpushare.core.config import ConfigError, parse_config
 from slurm_gpushare.daemon.protocol import request as request_once
 
 JOB = {"uid": 1000, "user": "alice", "partition": "gpu", "tres_per_node": "gres:gpu:1",
-       "min_nodes": 4294967294, "shared": 65534}
+       "min_nodes": 4294967294, "shared": 65534, "batch": True}
 
 
 def connect(path):

@@ -15,6 +15,9 @@ from typing import Any
 DEFAULT_CONFIG_PATH = "/etc/slurm-gpushare/gpushare.toml"
 CONFIG_ENV = "GPUSHARE_CONFIG"
 FIRST_RUN_POLICIES = ("whole-gpu", "default-share")
+PRIORITY_LEVERS = ("none", "sjf")
+# Largest nice the hook may set either way (Slurm's own limit is 2^31 - 3; the hook checks this).
+MAX_NICE = 1_000_000
 
 
 class ConfigError(ValueError):
@@ -84,6 +87,17 @@ class PolicyConfig:
     # A running share seen above its memory (shards set no hardware limit): "log" it, or also
     # "requeue" the job (scontrol requeue), so its co-runners keep their memory.
     on_share_exceeded: str = "log"
+    # Queue order: "none" leaves the job's nice alone; "sjf" sets it from the job's predicted
+    # run time (its own history only), so that multifactor priority starts short jobs first
+    # while age and fair-share keep working (docs/admin.md, "Shortest job first").
+    priority: str = "none"
+    # Partitions where the priority lever applies; empty: the sharing partitions.
+    priority_partitions: tuple[str, ...] = ()
+    # nice = sjf_nice_per_decade x log10(predicted run time / sjf_reference_s), within
+    # +-sjf_nice_max: shorter than the reference gets a boost, longer a penalty.
+    sjf_reference_s: float = 3600.0
+    sjf_nice_per_decade: int = 500
+    sjf_nice_max: int = 1000
 
 
 @dataclass(frozen=True)
@@ -178,6 +192,14 @@ def parse_config(raw: dict[str, Any], path: str = "") -> Config:
         raise ConfigError(f"[policy] first_run must be one of {', '.join(FIRST_RUN_POLICIES)}")
     if config.policy.default_share_gib <= 0:
         raise ConfigError("[policy] default_share_gib must be positive")
+    if config.policy.priority not in PRIORITY_LEVERS:
+        raise ConfigError(f"[policy] priority must be one of {', '.join(PRIORITY_LEVERS)}")
+    if not 0 <= config.policy.sjf_nice_max <= MAX_NICE:
+        raise ConfigError(f"[policy] sjf_nice_max must be between 0 and {MAX_NICE}")
+    if config.policy.sjf_nice_per_decade < 0:
+        raise ConfigError("[policy] sjf_nice_per_decade must not be negative")
+    if config.policy.sjf_reference_s <= 0:
+        raise ConfigError("[policy] sjf_reference_s must be positive")
     if config.hook.timeout_ms <= 0:
         raise ConfigError("[hook] timeout_ms must be positive")
     return config

@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Mapping, Protocol, Sequence
 
 from slurm_gpushare.core import tres as tresmod
@@ -176,6 +176,47 @@ def units_needed(gpu_type: GpuType, memory_mib: float, util_pct: float | None,
 def decide(request: JobRequest, config: Config, *, estimate: JobEstimate | None = None,
            view: ClusterView | None = None, knowledge: Compatibility | None = None,
            decision_id: str = "") -> Decision:
+    """The sharing decision, then the job's place in the queue (``priority = "sjf"``)."""
+    decision = share_or_keep(request, config, estimate=estimate, view=view,
+                             knowledge=knowledge, decision_id=decision_id)
+    nice = sjf_nice(request, config, estimate)
+    if not nice:
+        return decision
+    runtime = min(s for s in estimate.runtime_s.values() if s and s > 0)
+    return replace(decision, writes={**decision.writes, "nice": str(nice)},
+                   reason=f"{decision.reason}; nice {nice:+d} (predicted run time "
+                          f"{_duration(runtime)}, shortest job first)",
+                   details={**decision.details, "nice": nice})
+
+
+def sjf_nice(request: JobRequest, config: Config, estimate: JobEstimate | None) -> int | None:
+    """The nice adjustment of the SJF lever, or None where it does not apply.
+
+    Only from the job's own history (no history: its priority is left alone), on the fastest
+    type it was predicted for; log-scaled, because run times span orders of magnitude and a
+    factor of two in the estimate should move a job a little, not to the other end of the queue.
+    """
+    policy = config.policy
+    if policy.priority != "sjf" or estimate is None or estimate.source != "history":
+        return None
+    runtimes = [s for s in estimate.runtime_s.values() if s and s > 0]
+    partitions = _partitions(request)
+    where = set(policy.priority_partitions or policy.sharing_partitions)
+    if not runtimes or not partitions or not all(p in where for p in partitions):
+        return None
+    nice = round(policy.sjf_nice_per_decade * math.log10(min(runtimes) / policy.sjf_reference_s))
+    return max(-policy.sjf_nice_max, min(policy.sjf_nice_max, nice))
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 3600:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def share_or_keep(request: JobRequest, config: Config, *, estimate: JobEstimate | None = None,
+                  view: ClusterView | None = None, knowledge: Compatibility | None = None,
+                  decision_id: str = "") -> Decision:
     """Keep the job as submitted, or turn its one whole GPU into a share of GPU memory.
 
     Jobs that cannot or must not share (no GPU, several GPUs, multi-node, exclusive, partition

@@ -84,6 +84,9 @@ class PolicyConfig:
     # shards that its peak utilisation is of this budget, so co-runners' utilisations cannot
     # add up past it (Slurm enforces it with the shard counts). 0 sizes by memory only.
     gpu_time_budget_pct: float = 100.0
+    # Share only under pressure: a job that would share keeps its whole GPU while a GPU of a
+    # type it fits on is idle (the daemon's view of the cluster). false: share whenever it fits.
+    keep_whole_when_idle: bool = True
     # A running share seen above its memory (shards set no hardware limit): "log" it, or also
     # "requeue" the job (scontrol requeue), so its co-runners keep their memory.
     on_share_exceeded: str = "log"

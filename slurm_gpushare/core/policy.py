@@ -47,6 +47,7 @@ class NodeView:
     # Classes per GPU where the view knows them (the simulator); () where it does not (the
     # daemon: squeue shows a share's node, not its GPU index).
     gpu_classes: tuple[tuple[int, ...], ...] = ()
+    idle_gpus: int | None = None  # GPUs holding no job at all; None: unknown
 
 
 class ClusterView(Protocol):
@@ -96,6 +97,17 @@ def incompatible_nodes(job_class: int | None, fits: Sequence[GpuType], partition
     if len(excluded) == len(candidates):
         return [], len(candidates)
     return sorted(excluded), len(candidates)
+
+
+def idle_types(fits: Sequence[GpuType], partitions: Sequence[str],
+               view: ClusterView | None) -> list[str]:
+    """The job's fitting types with an idle GPU in one of its partitions (the view's word)."""
+    if view is None:
+        return []
+    types = {g.name for g in fits}
+    idle = {n.gpu_type for n in view.nodes() if n.idle_gpus and n.gpu_type in types
+            and (not n.partitions or any(p in n.partitions for p in partitions))}
+    return [g.name for g in fits if g.name in idle]
 
 
 def _keep(code: str, reason: str, decision_id: str = "", **details) -> Decision:
@@ -301,10 +313,26 @@ def share_or_keep(request: JobRequest, config: Config, *, estimate: JobEstimate 
     fits.sort(key=lambda g: (estimate.runtime_s.get(g.name) is None,
                              estimate.runtime_s.get(g.name, 0.0)))
     best = fits[0]
-    units = max(needs[best.name], 1)
-    slower = [g for g in fits[1:] if g.sharing != best.sharing
-              or not needs[g.name] <= units <= capacity(g)]
+    if best.sharing == "shard" and budget <= 0:
+        # A shard is 1 GiB on every type, so one count means the same memory everywhere: ask
+        # for the most any fitting type needs and offer every type it fits on, so the job
+        # never waits for one type while another it fits on has room.
+        same = [g for g in fits if g.sharing == "shard"]
+        units = max(max(needs[g.name] for g in same), 1)
+        slower = [g for g in fits if g.sharing != "shard" or units > capacity(g)]
+    else:
+        # MPS percent and GPU-time sized shards mean different things on different types:
+        # other types are offered only where the best type's count suits them too.
+        units = max(needs[best.name], 1)
+        slower = [g for g in fits[1:] if g.sharing != best.sharing
+                  or not needs[g.name] <= units <= capacity(g)]
     fits = [g for g in fits if g not in slower]
+    if config.policy.keep_whole_when_idle:
+        idle = idle_types(fits, partitions, view)
+        if idle:
+            return keep_tagged("idle-gpu", f"a {idle[0]} GPU is idle: runs on a whole GPU "
+                                           "(shares only when GPUs are scarce)",
+                               source=estimate.source, idle_types=idle)
     features = _combine_features(request.features, fits)
     if features is None:
         return keep("complex-features", "the job's --constraint is too complex to extend")

@@ -1,5 +1,6 @@
 """The daemon's view of the cluster: nodes, their GPU type, and the shares running on them.
 
+Also the idle GPUs per node (for "share only under pressure"), from the same running jobs.
 Refreshed in the background every few seconds; decisions read the last snapshot and never wait
 for Slurm, which runs the hook under its own locks. Running shares come from ``squeue -t R``
 (jobs whose TRES ask for shard or mps); each share's interference class is read once from its
@@ -13,9 +14,12 @@ from __future__ import annotations
 import logging
 import re
 import threading
+from dataclasses import replace
 from typing import Sequence
 
+from slurm_gpushare.core import tres as tresmod
 from slurm_gpushare.core.config import Config
+from slurm_gpushare.core.hostlist import expand_hostlist
 from slurm_gpushare.core.policy import NodeView
 from slurm_gpushare.slurm import cmd
 from slurm_gpushare.slurm.jobs import lookup_job
@@ -55,6 +59,40 @@ def running_shares(squeue_out: str) -> dict[str, str]:
     return shares
 
 
+def idle_gpus_per_node(nodes: dict[str, tuple[str, tuple[str, ...], int]], squeue_out: str,
+                       up: set[str]) -> dict[str, int]:
+    """node -> GPUs holding no job, from running jobs (``squeue -h -t R -o '%i|%N|%b'``).
+
+    Whole-GPU jobs take their count on each of their nodes; a share is counted as taking a GPU
+    of its own (it may share one with another share: idle GPUs are never over-counted). Nodes
+    not in ``up`` (down, drained, reserved for maintenance) have none.
+    """
+    busy: dict[str, int] = {}
+    for line in squeue_out.splitlines():
+        parts = line.strip().split("|", 2)
+        if len(parts) != 3 or not parts[1]:
+            continue
+        try:
+            tokens = tresmod.parse(parts[2])
+        except tresmod.TresError:
+            continue
+        used = sum(t.count for t in tresmod.find(tokens, "gpu"))
+        if any(t.name in ("shard", "mps") for t in tokens):
+            used += 1
+        if used:
+            for node in expand_hostlist(parts[1]):
+                busy[node] = busy.get(node, 0) + used
+    return {name: (max(0, gpus - busy.get(name, 0)) if name in up else 0)
+            for name, (_, _, gpus) in nodes.items()}
+
+
+def nodes_up(timeout: float = 10.0) -> set[str] | None:
+    """Nodes that can start jobs now (sinfo states idle, mixed, allocated)."""
+    out = cmd.output(["sinfo", "-h", "-N", "-t", "idle,mixed,allocated", "-o", "%N"],
+                     timeout=timeout)
+    return None if out is None else {line.strip() for line in out.splitlines() if line.strip()}
+
+
 def resident_classes(shares: dict[str, str], classes: dict[str, int | None]) -> dict[str, list[int]]:
     """node -> classes of the running shares on it (shares of unknown class are left out)."""
     residents: dict[str, list[int]] = {}
@@ -84,6 +122,17 @@ class SlurmClusterView:
     def nodes(self) -> Sequence[NodeView]:
         return self._nodes
 
+    def claim_idle(self, gpu_types: Sequence[str]) -> None:
+        """A job was kept whole for an idle GPU of one of these types: count one such GPU as
+        taken until the next refresh, so a burst of submissions does not send every job after
+        the same idle GPU (the rest share instead)."""
+        nodes = list(self._nodes)
+        for i, node in enumerate(nodes):
+            if node.idle_gpus and node.gpu_type in gpu_types:
+                nodes[i] = replace(node, idle_gpus=node.idle_gpus - 1)
+                self._nodes = tuple(nodes)
+                return
+
     def refresh(self) -> bool:
         node_info = read_nodes(self.config)
         queue = cmd.output(["squeue", "-h", "-t", "R", "-o", "%i|%N|%b"], timeout=20.0)
@@ -94,9 +143,12 @@ class SlurmClusterView:
         for job_id in shares.keys() - self._classes.keys():
             self._classes[job_id] = class_of_job(job_id)
         residents = resident_classes(shares, self._classes)
+        up = nodes_up()
+        idle = idle_gpus_per_node(node_info, queue, up) if up is not None else {}
         self._nodes = tuple(
             NodeView(name=name, gpu_type=gpu_type, partitions=parts, gpus=gpus,
-                     resident_classes=tuple(residents.get(name, ())))
+                     resident_classes=tuple(residents.get(name, ())),
+                     idle_gpus=idle.get(name))
             for name, (gpu_type, parts, gpus) in sorted(node_info.items()) if gpu_type)
         return True
 

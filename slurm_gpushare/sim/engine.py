@@ -51,6 +51,7 @@ class Request:
     exclude: frozenset[int] = frozenset()  # node indices it must avoid
     est_runtime: float = 0.0  # for backfill and ordering
     code: str = ""  # why (for gpushare: the decision's code)
+    nice: int = 0  # for gpushare: the decision's nice (the SJF lever)
 
     def __post_init__(self):
         key = (self.types.tobytes(), None if self.shards is None else self.shards.tobytes())
@@ -601,7 +602,12 @@ class Engine:
         a = 0
         done = 0
         last_report = 0
+        j_ver, j_state = self.j_ver, self.j_state
         while True:
+            # Events of re-planned or finished jobs are dropped here, not at their time: a
+            # stale event must not move the clock (it stretched the timeline past the last end).
+            while heap and (heap[0][4] != j_ver[heap[0][3]] or j_state[heap[0][3]] != "running"):
+                heapq.heappop(heap)
             t_arr = submit[a] if a < J else math.inf
             t_ev = heap[0][0] if heap else math.inf
             now = min(t_arr, t_ev)

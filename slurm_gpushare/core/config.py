@@ -82,8 +82,11 @@ class PolicyConfig:
     hint_margin: float = 0.10
     # GPU-time budget per GPU, in % of one GPU: a share also takes that part of the GPU's
     # shards that its peak utilisation is of this budget, so co-runners' utilisations cannot
-    # add up past it (Slurm enforces it with the shard counts). 0 sizes by memory only.
-    gpu_time_budget_pct: float = 100.0
+    # add up past it (Slurm enforces it with the shard counts). 0 (the default) sizes by memory
+    # only: a shard count then means the same on every type, and which jobs may share a GPU is
+    # the interference model's call (node exclusion). A peak utilisation is a poor proxy for
+    # interference (busy jobs can pair well, idle-looking ones badly), so it is off by default.
+    gpu_time_budget_pct: float = 0.0
     # Share only under pressure: a job that would share keeps its whole GPU while a GPU of a
     # type it fits on is idle (the daemon's view of the cluster). false: share whenever it fits.
     keep_whole_when_idle: bool = True

@@ -100,10 +100,12 @@ class PolicyConfig:
     # Partitions where the priority lever applies; empty: the sharing partitions.
     priority_partitions: tuple[str, ...] = ()
     # nice = sjf_nice_per_decade x log10(predicted run time / sjf_reference_s), within
-    # +-sjf_nice_max: shorter than the reference gets a boost, longer a penalty.
+    # +-sjf_nice_max: shorter than the reference gets a boost, longer a penalty. The default
+    # bound spans four decades either way (under a second to over a year): it keeps the order
+    # of every real job and only stops runaway values.
     sjf_reference_s: float = 3600.0
     sjf_nice_per_decade: int = 500
-    sjf_nice_max: int = 1000
+    sjf_nice_max: int = 2000
 
 
 @dataclass(frozen=True)

@@ -83,6 +83,7 @@ class Result:
     counters: dict
     wall_s: float = 0.0
     codes: dict = field(default_factory=dict)
+    cpu_s: float = 0.0  # this process's CPU time: unlike wall_s, not inflated by other load
 
 
 class Engine:
@@ -594,7 +595,7 @@ class Engine:
 
     def run(self) -> Result:
         import time as _time
-        wall = _time.perf_counter()
+        wall, cpu = _time.perf_counter(), _time.process_time()
         submit = self.submit
         heap = self.heap
         J = self.J
@@ -662,7 +663,9 @@ class Engine:
                 self.j_state[j] = CUTOFF
             elif self.j_state[j] in ("queued", PENDING):
                 self.j_state[j] = CUTOFF if until < math.inf else self.j_state[j]
-        return self._result(_time.perf_counter() - wall)
+        result = self._result(_time.perf_counter() - wall)
+        result.cpu_s = _time.process_time() - cpu
+        return result
 
     def _result(self, wall: float) -> Result:
         work = self.work

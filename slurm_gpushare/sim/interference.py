@@ -138,9 +138,14 @@ class GavelPairs:
                 missing = np.isnan(table)
                 if not missing.any():
                     continue
-                suffers = np.nanmean(table, axis=1)  # how fast a runs next to anyone
-                hurts = np.nanmean(table, axis=0)  # how fast anyone runs next to b
-                fill = np.clip(np.outer(suffers, hurts) / np.nanmean(table), 0.05, 1.0)
+                mean = np.nanmean(table)
+                counts = (~missing).sum(axis=1), (~missing).sum(axis=0)
+                sums = np.nansum(table, axis=1), np.nansum(table, axis=0)
+                # How fast a runs next to anyone, how fast anyone runs next to b (a kind that
+                # failed with every partner on this GPU: the GPU's mean).
+                suffers = np.where(counts[0] > 0, sums[0] / np.maximum(counts[0], 1), mean)
+                hurts = np.where(counts[1] > 0, sums[1] / np.maximum(counts[1], 1), mean)
+                fill = np.clip(np.outer(suffers, hurts) / mean, 0.05, 1.0)
                 table[missing] = fill[missing]
         self.pair = pair
         self.failed_pairs = failed_pairs

@@ -327,12 +327,13 @@ class GpuShare(Policy):
     AGE_WEIGHT, MAX_AGE_S = 1000.0, 7 * 86400.0
 
     def __init__(self, knowledge: ClassPairTable, gpu_time_budget_pct: float = 0.0,
-                 priority: str = "none", keep_whole_when_idle: bool = True):
+                 priority: str = "none", keep_whole_when_idle: bool = True, **settings):
         self.knowledge = knowledge
-        # The daemon's [policy] settings.
+        # The daemon's [policy] settings (``settings``: any other PolicyConfig field).
         self.gpu_time_budget_pct = gpu_time_budget_pct
         self.priority = priority
         self.keep_whole_when_idle = keep_whole_when_idle
+        self.settings = settings
         if priority == "sjf":
             self.name = "gpushare-sjf"
 
@@ -343,7 +344,8 @@ class GpuShare(Policy):
             policy=PolicyConfig(sharing_partitions=(cluster.partition,),
                                 gpu_time_budget_pct=self.gpu_time_budget_pct,
                                 priority=self.priority,
-                                keep_whole_when_idle=self.keep_whole_when_idle),
+                                keep_whole_when_idle=self.keep_whole_when_idle,
+                                **self.settings),
             gpu_types=tuple(GpuType(t.name, t.memory_gib, feature=t.name, model=t.model or t.name,
                                     sharing="shard")
                             for t in cluster.types))
@@ -354,7 +356,9 @@ class GpuShare(Policy):
         self.type_names = cluster.type_names
         self.all_types = engine.work.allowed.shape[1]
         self.decisions: list = []
-        self.util = job_kind_utilisation(engine.work.kinds, self.type_names)
+        # Peak utilisations matter only to a GPU-time budget (and cost a slow import).
+        self.util = (job_kind_utilisation(engine.work.kinds, self.type_names)
+                     if self.gpu_time_budget_pct > 0 else {})
 
     def request(self, j: int, engine) -> JobRequest:
         """The job as the hook would send it: ``sbatch -p <sharing partition> --gres=gpu:N``."""

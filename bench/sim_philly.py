@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/sim_philly.py [--seeds 0-4] [--policies a,b,...] [--limit N]
                                          [--out bench/sim_philly.json]
+    .venv/bin/python bench/sim_philly.py --merge seed0.json seed1.json ... --out all.json
 
 Cluster: ``slurm_gpushare/data/clusters/philly.toml`` (heterogeneous V100/P100/K80); co-run
 speeds: Gavel's measured pairs. A seed draws what the trace lacks (job kind, memory, run-time
@@ -91,7 +92,17 @@ def main(argv=None) -> int:
     parser.add_argument("--gpu-time-budget", type=float, default=0.0,
                         help="the gpushare policies' gpu_time_budget_pct (0: the default, memory only)")
     parser.add_argument("--out", default=str(ROOT / "bench" / "sim_philly.json"))
+    parser.add_argument("--merge", nargs="+", metavar="JSON",
+                        help="combine the seeds of earlier runs (same settings) into --out")
     args = parser.parse_args(argv)
+    if args.merge:
+        docs = [json.loads(Path(p).read_text()) for p in args.merge]
+        doc = {**docs[0], "command": "; ".join(d["command"] for d in docs),
+               "seeds": sorted((s for d in docs for s in d["seeds"]), key=lambda s: s["seed"])}
+        doc["checks"] = checks(doc["seeds"])
+        Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")
+        print(json.dumps(doc["checks"], indent=2))
+        return 0
     data_dir = args.data_dir or default_data_dir()
     cluster = load_cluster(args.cluster)
     policies = [p for p in args.policies.split(",") if p]

@@ -15,6 +15,9 @@ GiB on which types), queue order and placement; the engine does the rest:
 - Speeds: a GPU's co-runners run at the speeds the interference model gives; whenever a GPU's
   co-runners change, every job on it is re-planned (progress so far is banked at the old
   speed, a new completion event is pushed, the old one is invalidated by a version number).
+  Invalidated events are dropped as soon as they reach the top of the heap, without moving
+  the clock (they used to stretch the timeline past the last real event, which understated
+  the allocation of sharing policies).
 - OOM: when a job starts, if the real peak memory of the jobs on a GPU exceeds it, the newcomer
   overflows: it is killed ``oom_delay`` s later (or at its end if sooner), counted, and requeued
   with its original priority; the policy re-admits it knowing it was killed (a whole GPU).

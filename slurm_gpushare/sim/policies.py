@@ -429,7 +429,9 @@ POLICY_NAMES = ("slurm-default", "random-pack", "first-fit-share", "schedtune", 
 
 
 def make_policy(name: str, knowledge: ClassPairTable, seed: int = 0, *,
-                gpu_time_budget_pct: float = 0.0) -> Policy:
+                gpu_time_budget_pct: float = 0.0, gpushare_settings: dict | None = None) -> Policy:
+    """``gpushare_settings``: other [policy] settings of the gpushare policies (e.g.
+    ``{"keep_whole_when_idle": False}``)."""
     if name == "slurm-default":
         return SlurmDefault()
     if name == "random-pack":
@@ -442,8 +444,9 @@ def make_policy(name: str, knowledge: ClassPairTable, seed: int = 0, *,
         return ClassPair(knowledge)
     if name == "sjf-bsbf":
         return SjfBsbf(knowledge)
+    settings = dict(gpushare_settings or {})
     if name == "gpushare":
-        return GpuShare(knowledge, gpu_time_budget_pct)
+        return GpuShare(knowledge, gpu_time_budget_pct, **settings)
     if name == "gpushare-sjf":
-        return GpuShare(knowledge, gpu_time_budget_pct, priority="sjf")
+        return GpuShare(knowledge, gpu_time_budget_pct, **{**settings, "priority": "sjf"})
     raise ValueError(f"unknown policy {name!r} (one of {', '.join(POLICY_NAMES)})")

@@ -1,10 +1,21 @@
-"""Benchmark: the Philly trace (82,248 jobs) under every policy, one run; records its figures.
+"""Benchmark: the Philly trace (82,247 jobs) under each policy over several seeds; records JSON.
 
-    .venv/bin/python bench/sim_philly.py [--seed N] [--limit N] [--out bench/sim_philly.json]
+    .venv/bin/python bench/sim_philly.py [--seeds 0-4] [--policies a,b,...] [--limit N]
+                                         [--out bench/sim_philly.json]
+    .venv/bin/python bench/sim_philly.py --merge seed0.json seed1.json ... --out all.json
 
 Cluster: ``slurm_gpushare/data/clusters/philly.toml`` (heterogeneous V100/P100/K80); co-run
-speeds: Gavel's measured pairs. Writes each policy's figures, the figures relative to
-slurm-default, and the wall time per policy (the goal: <= 30 s each on a 2-core machine).
+speeds: Gavel's measured pairs. A seed draws what the trace lacks (job kind, memory, run-time
+estimate errors); every policy of a seed replays the same jobs with the same estimates. Writes
+per seed each policy's figures, the figures relative to slurm-default and the wall time per
+policy; then per policy the mean, min and max over seeds, and the goals the project is judged
+by (``checks``):
+
+- gpushare at its default settings with the SJF lever on (``gpushare-sjf``) against
+  ``sjf-bsbf`` on mean and p95 JCT: on average and seed by seed;
+- with the lever off (``gpushare``): mean JCT against slurm-default, average over seeds;
+- OOM kills of every policy; wall time of every policy (goal <= 30 s on a 2-core machine),
+  and CPU time (what the wall time would be on an otherwise idle core).
 """
 
 from __future__ import annotations
@@ -17,51 +28,115 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from slurm_gpushare.core.hostlist import expand_ranges  # noqa: E402
 from slurm_gpushare.sim.cluster import load_cluster  # noqa: E402
 from slurm_gpushare.sim.report import _records, print_tables  # noqa: E402
 from slurm_gpushare.sim.run import default_data_dir, load_workload, run_policies  # noqa: E402
-from slurm_gpushare.sim.policies import POLICY_NAMES  # noqa: E402
 from slurm_gpushare.sim.workload import WorkloadOptions  # noqa: E402
+
+DEFAULT_POLICIES = "slurm-default,sjf-bsbf,gpushare,gpushare-sjf"
+WALL_GOAL_S = 30.0
+
+
+def spread(values) -> dict:
+    values = [float(v) for v in values]
+    return {"mean": float(np.mean(values)), "min": float(np.min(values)),
+            "max": float(np.max(values)), "per_seed": values}
+
+
+def checks(seeds: list[dict]) -> dict:
+    """The goals, from the per-seed figures."""
+    out = {}
+    rel = [{r["policy"]: r for r in s["relative_to_slurm_default"]} for s in seeds]
+    summ = [{r["policy"]: r for r in s["summary"]} for s in seeds]
+    if all("gpushare-sjf" in s and "sjf-bsbf" in s for s in summ):
+        for metric in ("jct_mean_s", "jct_p95_s"):
+            ours = [s["gpushare-sjf"][metric] for s in summ]
+            theirs = [s["sjf-bsbf"][metric] for s in summ]
+            wins = sum(a < b for a, b in zip(ours, theirs))
+            out[f"gpushare-sjf_vs_sjf-bsbf_{metric}"] = {
+                "gpushare-sjf": spread(ours), "sjf-bsbf": spread(theirs),
+                "seeds_won": wins, "seeds": len(ours),
+                "better_on_average": bool(np.mean(ours) < np.mean(theirs)),
+                "goal_met": bool(np.mean(ours) < np.mean(theirs) and wins >= min(4, len(ours)))}
+    if all("gpushare" in r for r in rel):
+        change = [r["gpushare"]["jct_mean_s"] for r in rel]
+        out["gpushare_vs_slurm-default_jct_mean"] = {
+            **spread(change), "goal": -0.40, "goal_met": bool(np.mean(change) <= -0.40)}
+    kills = {p: int(sum(s[p]["oom_kills"] for s in summ)) for p in summ[0]}
+    out["oom_kills_total"] = kills
+    walls = {p: max(s["wall_s_per_policy"][p] for s in seeds) for p in seeds[0]["wall_s_per_policy"]}
+    cpus = {p: max(s["cpu_s_per_policy"][p] for s in seeds) for p in seeds[0]["cpu_s_per_policy"]}
+    out["wall_s_max"] = walls
+    out["cpu_s_max"] = cpus
+    out["wall_goal_met"] = {p: w <= WALL_GOAL_S for p, w in walls.items()}
+    out["cpu_goal_met"] = {p: c <= WALL_GOAL_S for p, c in cpus.items()}
+    return out
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seeds", default="0-4", help="seeds, e.g. 0-4 or 0,3")
+    parser.add_argument("--policies", default=DEFAULT_POLICIES)
     parser.add_argument("--limit", type=int, default=None)
     parser.add_argument("--load", type=float, default=1.0)
+    parser.add_argument("--runtime-error", type=float, default=WorkloadOptions.runtime_error,
+                        help="sigma of the log-normal run-time estimate error (every policy)")
     parser.add_argument("--cluster", default="philly")
     parser.add_argument("--data-dir", default=None)
-    parser.add_argument("--gpu-time-budget", type=float, default=100.0,
-                        help="the gpushare policy's gpu_time_budget_pct (0: memory only)")
+    parser.add_argument("--gpu-time-budget", type=float, default=0.0,
+                        help="the gpushare policies' gpu_time_budget_pct (0: the default, memory only)")
     parser.add_argument("--out", default=str(ROOT / "bench" / "sim_philly.json"))
+    parser.add_argument("--merge", nargs="+", metavar="JSON",
+                        help="combine the seeds of earlier runs (same settings) into --out")
     args = parser.parse_args(argv)
+    if args.merge:
+        docs = [json.loads(Path(p).read_text()) for p in args.merge]
+        doc = {**docs[0], "command": "; ".join(d["command"] for d in docs),
+               "seeds": sorted((s for d in docs for s in d["seeds"]), key=lambda s: s["seed"])}
+        doc["checks"] = checks(doc["seeds"])
+        Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")
+        print(json.dumps(doc["checks"], indent=2))
+        return 0
     data_dir = args.data_dir or default_data_dir()
     cluster = load_cluster(args.cluster)
-    started = time.perf_counter()
-    work = load_workload("philly", cluster, data_dir,
-                         WorkloadOptions(seed=args.seed, limit=args.limit, load=args.load))
-    load_s = time.perf_counter() - started
-    outcome = run_policies(cluster, work, list(POLICY_NAMES), data_dir=data_dir, seed=args.seed,
-                           gpu_time_budget_pct=args.gpu_time_budget)
-    print_tables(outcome.summary, outcome.relative,
-                 title=f"Philly on {cluster.summary()} ({len(work)} jobs, seed {args.seed})")
+    policies = [p for p in args.policies.split(",") if p]
+    seeds = []
+    for seed in expand_ranges(args.seeds):
+        started = time.perf_counter()
+        work = load_workload("philly", cluster, data_dir,
+                             WorkloadOptions(seed=seed, limit=args.limit, load=args.load,
+                                             runtime_error=args.runtime_error))
+        load_s = time.perf_counter() - started
+        outcome = run_policies(cluster, work, policies, data_dir=data_dir, seed=seed,
+                               gpu_time_budget_pct=args.gpu_time_budget)
+        print_tables(outcome.summary, outcome.relative,
+                     title=f"Philly on {cluster.summary()} ({len(work)} jobs, seed {seed})")
+        seeds.append({
+            "seed": seed, "jobs": len(work), "trace_load_s": round(load_s, 2),
+            "wall_s_per_policy": {r.policy: round(r.wall_s, 2) for r in outcome.results},
+            "cpu_s_per_policy": {r.policy: round(r.cpu_s, 2) for r in outcome.results},
+            "summary": _records(outcome.summary),
+            "relative_to_slurm_default": _records(outcome.relative),
+            "decision_codes": {r.policy: r.codes for r in outcome.results},
+        })
     doc = {
-        "what": "Philly trace, every policy, Gavel measured co-run speeds",
-        "gpu_time_budget_pct": args.gpu_time_budget,
-        "command": "python bench/sim_philly.py " + " ".join(argv or sys.argv[1:]),
-        "cluster": cluster.summary(), "jobs": len(work), "seed": args.seed, "load": args.load,
+        "what": "Philly trace, several seeds, Gavel measured co-run speeds",
+        "command": "python bench/sim_philly.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "cluster": cluster.summary(), "load": args.load, "runtime_error": args.runtime_error,
+        "gpu_time_budget_pct": args.gpu_time_budget, "policies": policies,
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                     "platform": platform.platform()},
-        "trace_load_s": round(load_s, 2),
-        "wall_s_per_policy": {r.policy: round(r.wall_s, 2) for r in outcome.results},
-        "summary": _records(outcome.summary),
-        "relative_to_slurm_default": _records(outcome.relative),
-        "decision_codes": {r.policy: r.codes for r in outcome.results},
+        "checks": checks(seeds),
+        "seeds": seeds,
     }
     Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")
+    print(json.dumps(doc["checks"], indent=2))
     print(f"wrote {args.out}")
     return 0
 

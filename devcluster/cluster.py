@@ -413,7 +413,12 @@ class TestCluster:
             "[policy]\n"
             'sharing_partitions = ["gpu", "gpu-v100"]\n'
             'first_run = "whole-gpu"\n'
-            "default_share_gib = 8\n\n"
+            "default_share_gib = 8\n"
+            "# Shares on an idle cluster, so tests see how jobs are sized; the burst test turns\n"
+            "# the default (share only under pressure) back on.\n"
+            "keep_whole_when_idle = false\n"
+            '# The SJF lever, so tests can read the nice it sets in scontrol show job.\n'
+            'priority = "sjf"\n\n'
             "[hook]\n"
             "timeout_ms = 50\n"
             "breaker_failures = 3\n"

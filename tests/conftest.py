@@ -95,6 +95,13 @@ class MisbehavingServer:
                          b'"writes": {"tres_per_node": "gres:gpu:1,gres:shard:4"}}}\n',
             "keep-with-writes": b'{"v": 1, "ok": true, "rid": RID, "decision": {"action": '
                                 b'"keep", "writes": {"tres_per_node": "gres:gpu:2"}}}\n',
+            "keep-with-nice": b'{"v": 1, "ok": true, "rid": RID, "decision": {"action": '
+                              b'"keep", "writes": {"nice": "-250"}}}\n',
+            "share-with-nice": b'{"v": 1, "ok": true, "rid": RID, "decision": {"action": "share", '
+                               b'"writes": {"tres_per_node": "gres:shard:4", "nice": "300", '
+                               b'"admin_comment": "gpushare:v1:share:id=ab:shard=4:why=x"}}}\n',
+            "nice-too-big": b'{"v": 1, "ok": true, "rid": RID, "decision": {"action": '
+                            b'"keep", "writes": {"nice": "5000000"}}}\n',
             "close": b"",
         }
         try:

@@ -39,7 +39,7 @@ from slurm_gpushare.sim.workload import WorkloadOptions, build_workload
               help="Co-location cap (default: the cluster spec's).")
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Public data sets (default: $GPUSHARE_DATA or ../shared/data).")
-@click.option("--gpu-time-budget", "gpu_time_budget", type=click.FloatRange(min=0), default=100.0,
+@click.option("--gpu-time-budget", "gpu_time_budget", type=click.FloatRange(min=0), default=0.0,
               show_default=True, help="The gpushare policy's [policy] gpu_time_budget_pct "
               "(0: shares sized by memory only).")
 @click.option("--no-plots", is_flag=True, help="Skip the PNG plots.")

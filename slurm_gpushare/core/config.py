@@ -15,6 +15,9 @@ from typing import Any
 DEFAULT_CONFIG_PATH = "/etc/slurm-gpushare/gpushare.toml"
 CONFIG_ENV = "GPUSHARE_CONFIG"
 FIRST_RUN_POLICIES = ("whole-gpu", "default-share")
+PRIORITY_LEVERS = ("none", "sjf")
+# Largest nice the hook may set either way (Slurm's own limit is 2^31 - 3; the hook checks this).
+MAX_NICE = 1_000_000
 
 
 class ConfigError(ValueError):
@@ -89,14 +92,33 @@ class PolicyConfig:
     hint_margin: float = 0.10
     # GPU-time budget per GPU, in % of one GPU: a share also takes that part of the GPU's
     # shards that its peak utilisation is of this budget, so co-runners' utilisations cannot
-    # add up past it (Slurm enforces it with the shard counts). 0 sizes by memory only.
-    gpu_time_budget_pct: float = 100.0
+    # add up past it (Slurm enforces it with the shard counts). 0 (the default) sizes by memory
+    # only: a shard count then means the same on every type, and which jobs may share a GPU is
+    # the interference model's call (node exclusion). A peak utilisation is a poor proxy for
+    # interference (busy jobs can pair well, idle-looking ones badly), so it is off by default.
+    gpu_time_budget_pct: float = 0.0
+    # Share only under pressure: a job that would share keeps its whole GPU while a GPU of a
+    # type it fits on is idle (the daemon's view of the cluster). false: share whenever it fits.
+    keep_whole_when_idle: bool = True
     # A running share seen above its memory (shards set no hardware limit): "log" it, or also
     # "requeue" the job (scontrol requeue), so its co-runners keep their memory.
     on_share_exceeded: str = "log"
     # Requeues of one job for going above its share (each re-sized to its peak + hint_margin,
     # or a whole GPU); after that it is left to run.
     max_requeues: int = 2
+    # Queue order: "none" leaves the job's nice alone; "sjf" sets it from the job's predicted
+    # run time (its own history only), so that multifactor priority starts short jobs first
+    # while age and fair-share keep working (docs/admin.md, "Shortest job first").
+    priority: str = "none"
+    # Partitions where the priority lever applies; empty: the sharing partitions.
+    priority_partitions: tuple[str, ...] = ()
+    # nice = sjf_nice_per_decade x log10(predicted run time / sjf_reference_s), within
+    # +-sjf_nice_max: shorter than the reference gets a boost, longer a penalty. The default
+    # bound spans four decades either way (under a second to over a year): it keeps the order
+    # of every real job and only stops runaway values.
+    sjf_reference_s: float = 3600.0
+    sjf_nice_per_decade: int = 500
+    sjf_nice_max: int = 2000
 
 
 @dataclass(frozen=True)
@@ -202,6 +224,14 @@ def parse_config(raw: dict[str, Any], path: str = "") -> Config:
     if config.policy.first_run not in FIRST_RUN_POLICIES:
         raise ConfigError(f"[policy] first_run must be one of {', '.join(FIRST_RUN_POLICIES)}")
     _check_ranges(config)
+    if config.policy.priority not in PRIORITY_LEVERS:
+        raise ConfigError(f"[policy] priority must be one of {', '.join(PRIORITY_LEVERS)}")
+    if not 0 <= config.policy.sjf_nice_max <= MAX_NICE:
+        raise ConfigError(f"[policy] sjf_nice_max must be between 0 and {MAX_NICE}")
+    if config.policy.sjf_nice_per_decade < 0:
+        raise ConfigError("[policy] sjf_nice_per_decade must not be negative")
+    if config.policy.sjf_reference_s <= 0:
+        raise ConfigError("[policy] sjf_reference_s must be positive")
     return config
 
 

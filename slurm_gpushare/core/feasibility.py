@@ -140,7 +140,8 @@ class Placement:
     dropped: Mapping[str, str] = field(default_factory=dict)  # type -> why no node of it serves
 
 
-def _state_usable(state: str, in_reservation: bool) -> bool:
+def state_usable(state: str, in_reservation: bool = False) -> bool:
+    """Whether a node in this sinfo %t state can start a job now."""
     base = state.rstrip("*~#!%$@^-+").lower()
     if not base:
         return True
@@ -206,7 +207,7 @@ def check(request, fits: Sequence[GpuType], view, *,
             if node.partitions and partitions and not any(p in node.partitions
                                                           for p in partitions):
                 verdict = "partition"
-            elif not _state_usable(kind[3], reserved is not None):
+            elif not state_usable(kind[3], reserved is not None):
                 verdict = "state"
             elif not satisfies(expr, features):
                 verdict = "--constraint"

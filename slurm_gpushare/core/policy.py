@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Mapping, Protocol, Sequence
 
 from slurm_gpushare.core import feasibility
@@ -52,6 +52,7 @@ class NodeView:
     resident_jobs: tuple[str, ...] = ()
     features: tuple[str, ...] = ()  # active features where the view knows them (the daemon)
     state: str = ""  # sinfo %t state ("" = usable); see feasibility.UNUSABLE_STATES
+    idle_gpus: int | None = None  # GPUs holding no job at all; None: unknown
 
 
 class ClusterView(Protocol):
@@ -114,6 +115,17 @@ def incompatible_nodes(job_class: int | None, fits: Sequence[GpuType], partition
     if len(excluded) == len(candidates):
         return [], len(candidates)
     return sorted(excluded), len(candidates)
+
+
+def idle_types(fits: Sequence[GpuType], partitions: Sequence[str],
+               view: ClusterView | None) -> list[str]:
+    """The job's fitting types with an idle GPU in one of its partitions (the view's word)."""
+    if view is None:
+        return []
+    types = {g.name for g in fits}
+    idle = {n.gpu_type for n in view.nodes() if n.idle_gpus and n.gpu_type in types
+            and (not n.partitions or any(p in n.partitions for p in partitions))}
+    return [g.name for g in fits if g.name in idle]
 
 
 def _keep(code: str, reason: str, decision_id: str = "", **details) -> Decision:
@@ -190,6 +202,47 @@ def decide(request: JobRequest, config: Config, *, estimate: JobEstimate | None 
            view: ClusterView | None = None,
            knowledge: Compatibility | PairCompatibility | None = None,
            decision_id: str = "") -> Decision:
+    """The sharing decision, then the job's place in the queue (``priority = "sjf"``)."""
+    decision = share_or_keep(request, config, estimate=estimate, view=view,
+                             knowledge=knowledge, decision_id=decision_id)
+    nice = sjf_nice(request, config, estimate)
+    if not nice:
+        return decision
+    runtime = min(s for s in estimate.runtime_s.values() if s and s > 0)
+    return replace(decision, writes={**decision.writes, "nice": str(nice)},
+                   reason=f"{decision.reason}; nice {nice:+d} (predicted run time "
+                          f"{_duration(runtime)}, shortest job first)",
+                   details={**decision.details, "nice": nice})
+
+
+def sjf_nice(request: JobRequest, config: Config, estimate: JobEstimate | None) -> int | None:
+    """The nice adjustment of the SJF lever, or None where it does not apply.
+
+    Only from the job's own history (no history: its priority is left alone), on the fastest
+    type it was predicted for; log-scaled, because run times span orders of magnitude and a
+    factor of two in the estimate should move a job a little, not to the other end of the queue.
+    """
+    policy = config.policy
+    if policy.priority != "sjf" or estimate is None or estimate.source != "history":
+        return None
+    runtimes = [s for s in estimate.runtime_s.values() if s and s > 0]
+    partitions = _partitions(request)
+    where = set(policy.priority_partitions or policy.sharing_partitions)
+    if not runtimes or not partitions or not all(p in where for p in partitions):
+        return None
+    nice = round(policy.sjf_nice_per_decade * math.log10(min(runtimes) / policy.sjf_reference_s))
+    return max(-policy.sjf_nice_max, min(policy.sjf_nice_max, nice))
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 3600:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def share_or_keep(request: JobRequest, config: Config, *, estimate: JobEstimate | None = None,
+                  view: ClusterView | None = None, knowledge: Compatibility | None = None,
+                  decision_id: str = "") -> Decision:
     """Keep the job as submitted, or turn its one whole GPU into a share of GPU memory.
 
     Jobs that cannot or must not share (no GPU, several GPUs, multi-node, exclusive, partition
@@ -290,10 +343,26 @@ def decide(request: JobRequest, config: Config, *, estimate: JobEstimate | None 
     fits.sort(key=lambda g: (estimate.runtime_s.get(g.name) is None,
                              estimate.runtime_s.get(g.name, 0.0)))
     best = fits[0]
-    units = max(needs[best.name], 1)
-    slower = [g for g in fits[1:] if g.sharing != best.sharing
-              or not needs[g.name] <= units <= capacity(g)]
+    if best.sharing == "shard" and budget <= 0:
+        # A shard is 1 GiB on every type, so one count means the same memory everywhere: ask
+        # for the most any fitting type needs and offer every type it fits on, so the job
+        # never waits for one type while another it fits on has room.
+        same = [g for g in fits if g.sharing == "shard"]
+        units = max(max(needs[g.name] for g in same), 1)
+        slower = [g for g in fits if g.sharing != "shard" or units > capacity(g)]
+    else:
+        # MPS percent and GPU-time sized shards mean different things on different types:
+        # other types are offered only where the best type's count suits them too.
+        units = max(needs[best.name], 1)
+        slower = [g for g in fits[1:] if g.sharing != best.sharing
+                  or not needs[g.name] <= units <= capacity(g)]
     fits = [g for g in fits if g not in slower]
+    if config.policy.keep_whole_when_idle:
+        idle = idle_types(fits, partitions, view)
+        if idle:
+            return keep_tagged("idle-gpu", f"a {idle[0]} GPU is idle: runs on a whole GPU "
+                                           "(shares only when GPUs are scarce)",
+                               source=estimate.source, idle_types=idle)
     features = _combine_features(placement.constraint, fits)
 
     share = tresmod.TresToken(gpu.prefix or "gres:", best.sharing, None, units)

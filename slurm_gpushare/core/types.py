@@ -15,7 +15,11 @@ WRITABLE_FIELDS = {
     "features": re.compile(r"^[A-Za-z0-9_&|()\[\]*,.\-]*$"),
     "exc_nodes": re.compile(r"^[A-Za-z0-9_,\[\]\-]*$"),
     "admin_comment": re.compile(r"^gpushare:v\d+:[A-Za-z0-9_:=+.,\-]*$"),
+    # The nice adjustment (signed integer), added by the hook to the job's own nice.
+    "nice": re.compile(r"^-?[0-9]{1,7}$"),
 }
+# What a kept job may get: its tag, and its place in the queue (the SJF lever).
+KEEP_WRITABLE = frozenset({"admin_comment", "nice"})
 
 
 @dataclass(frozen=True)
@@ -76,8 +80,8 @@ class Decision:
     def __post_init__(self):
         if self.action not in ("keep", "share"):
             raise ValueError(f"bad action {self.action!r}")
-        if self.action == "keep" and set(self.writes) - {"admin_comment"}:
-            raise ValueError("a keep decision writes at most its admin_comment tag")
+        if self.action == "keep" and set(self.writes) - KEEP_WRITABLE:
+            raise ValueError("a keep decision writes at most its admin_comment tag and nice")
         for name, value in self.writes.items():
             pattern = WRITABLE_FIELDS.get(name)
             if pattern is None or not isinstance(value, str) or not pattern.match(value):

@@ -1,6 +1,7 @@
 """The daemon's view of the cluster: nodes (GPU type, partitions, features, state), reservations,
 and the shares running on them.
 
+Also the idle GPUs per node (for "share only under pressure"), from the same running jobs.
 Refreshed in the background every few seconds; decisions read the last snapshot and never wait
 for Slurm, which runs the hook under its own locks. Running shares come from ``squeue -t R``
 (jobs whose TRES ask for shard or mps); each share's interference class is read once from its
@@ -14,10 +15,12 @@ from __future__ import annotations
 import logging
 import re
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Mapping, Sequence
 
+from slurm_gpushare.core import tres as tresmod
 from slurm_gpushare.core.config import Config
+from slurm_gpushare.core.feasibility import state_usable
 from slurm_gpushare.core.hostlist import expand_hostlist
 from slurm_gpushare.core.policy import NodeView
 from slurm_gpushare.slurm import cmd
@@ -93,6 +96,33 @@ def running_shares(squeue_out: str) -> dict[str, str]:
     return shares
 
 
+def idle_gpus_per_node(gpus_of: Mapping[str, int], squeue_out: str,
+                       up: set[str]) -> dict[str, int]:
+    """node -> GPUs holding no job, from running jobs (``squeue -h -t R -o '%i|%N|%b'``).
+
+    Whole-GPU jobs take their count on each of their nodes; a share is counted as taking a GPU
+    of its own (it may share one with another share: idle GPUs are never over-counted). Nodes
+    not in ``up`` (down, drained, reserved for maintenance) have none.
+    """
+    busy: dict[str, int] = {}
+    for line in squeue_out.splitlines():
+        parts = line.strip().split("|", 2)
+        if len(parts) != 3 or not parts[1]:
+            continue
+        try:
+            tokens = tresmod.parse(parts[2])
+        except tresmod.TresError:
+            continue
+        used = sum(t.count for t in tresmod.find(tokens, "gpu"))
+        if any(t.name in ("shard", "mps") for t in tokens):
+            used += 1
+        if used:
+            for node in expand_hostlist(parts[1]):
+                busy[node] = busy.get(node, 0) + used
+    return {name: (max(0, gpus - busy.get(name, 0)) if name in up else 0)
+            for name, gpus in gpus_of.items()}
+
+
 def resident_classes(shares: dict[str, str], classes: dict[str, int | None]) -> dict[str, list[int]]:
     """node -> classes of the running shares on it (shares of unknown class are left out)."""
     residents: dict[str, list[int]] = {}
@@ -138,6 +168,17 @@ class SlurmClusterView:
         """reservation name -> its nodes (feasibility.check reads it for --reservation)."""
         return self._reservations
 
+    def claim_idle(self, gpu_types: Sequence[str]) -> None:
+        """A job was kept whole for an idle GPU of one of these types: count one such GPU as
+        taken until the next refresh, so a burst of submissions does not send every job after
+        the same idle GPU (the rest share instead)."""
+        nodes = list(self._nodes)
+        for i, node in enumerate(nodes):
+            if node.idle_gpus and node.gpu_type in gpu_types:
+                nodes[i] = replace(node, idle_gpus=node.idle_gpus - 1)
+                self._nodes = tuple(nodes)
+                return
+
     def refresh(self) -> bool:
         node_info = read_nodes(self.config)
         queue = cmd.output(["squeue", "-h", "-t", "R", "-o", "%i|%N|%b"], timeout=20.0)
@@ -158,11 +199,13 @@ class SlurmClusterView:
         reservations = read_reservations()
         if reservations is not None:
             self._reservations = reservations
+        up = {name for name, info in node_info.items() if state_usable(info.state)}
+        idle = idle_gpus_per_node({name: info.gpus for name, info in node_info.items()}, queue, up)
         self._nodes = tuple(
             NodeView(name=name, gpu_type=info.gpu_type, partitions=info.partitions,
                      gpus=info.gpus, resident_classes=tuple(residents.get(name, ())),
                      resident_jobs=tuple(decisions.get(name, ())),
-                     features=info.features, state=info.state)
+                     features=info.features, state=info.state, idle_gpus=idle.get(name))
             for name, info in sorted(node_info.items()) if info.gpu_type)
         return True
 

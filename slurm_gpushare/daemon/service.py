@@ -265,6 +265,8 @@ class Service:
                gpu_types=list(decision.gpu_types), writes=dict(decision.writes),
                job_class=estimate.job_class if estimate else None, history=history,
                decide_us=elapsed_us)
+        if op == "decide" and decision.code == "idle-gpu" and hasattr(self.view, "claim_idle"):
+            self.view.claim_idle(decision.details.get("idle_types", ()))
         if op == "decide" and problem is None:
             self.records.put(self.store.record_decision, {
                 **decision.to_dict(), "ts": time.time(), "uid": request.uid,

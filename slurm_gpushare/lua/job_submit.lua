@@ -27,6 +27,11 @@ local has_json, cjson = pcall(require, "cjson")
 
 local PROTOCOL_VERSION = 1
 local NO_VAL16 = 65534 -- Slurm's "unset" for 16-bit fields; 32-bit ones use 4294967294
+local NO_VAL = 4294967294
+-- job_desc.nice carries NICE_OFFSET (slurm.h: 0x80000000): sbatch --nice=n sends NICE_OFFSET + n,
+-- an unset nice arrives as NO_VAL (job_mgr.c turns it into NICE_OFFSET after this plugin ran).
+local NICE_OFFSET = 2147483648
+local MAX_NICE = 1000000 -- the most the daemon may move a job either way (core/config.py)
 local GPU = { gpu = true }
 local SHARED = { shard = true, mps = true }
 
@@ -220,7 +225,22 @@ local WRITABLE = {
   { "features", "^[%w_&|()%[%]*,.%-]*$" },
   { "exc_nodes", "^[%w_,%[%]%-]*$" },
   { "admin_comment", "^gpushare:v%d+:[%w_:=+.,%-]*$" },
+  { "nice", "^%-?%d+$" },
 }
+-- A kept job may be tagged and reordered (nice), never changed otherwise.
+local KEEP_WRITABLE = { admin_comment = true, nice = true }
+
+-- The job's nice after the daemon's adjustment: added to the user's own --nice, if any.
+-- (The permission check for a negative nice ran before job_submit, in job_mgr.c, so the
+-- adjustment may lower it; it never goes below NICE_OFFSET - MAX_NICE.)
+local function adjusted_nice(current, adjustment)
+  local base = NICE_OFFSET
+  if type(current) == "number" and current > 0 and current < NO_VAL then base = current end
+  local value = base + adjustment
+  if value < NICE_OFFSET - MAX_NICE then value = NICE_OFFSET - MAX_NICE end
+  if value > NICE_OFFSET + MAX_NICE then value = NICE_OFFSET + MAX_NICE end
+  return value
+end
 
 -- Check a reply completely before anything is written. Returns decision or nil, why.
 local function validate(reply, request)
@@ -233,7 +253,6 @@ local function validate(reply, request)
   local writes = decision.writes
   if writes == nil or writes == cjson.null then writes = {} end
   if type(writes) ~= "table" then return nil, "bad writes" end
-  local count = 0
   for name, value in pairs(writes) do
     local pattern
     for _, entry in ipairs(WRITABLE) do
@@ -243,12 +262,16 @@ local function validate(reply, request)
     if type(value) ~= "string" or not string.match(value, pattern) then
       return nil, "bad value for " .. name
     end
-    count = count + 1
+    if name == "nice" and math.abs(tonumber(value)) > MAX_NICE then
+      return nil, "nice out of range"
+    end
+    if decision.action == "keep" and not KEEP_WRITABLE[name] then
+      return nil, "keep that changes the job"
+    end
   end
   decision.writes = writes
   if decision.action == "keep" then
-    -- A kept job may only be tagged (so its telemetry becomes history), never changed.
-    if count > (writes.admin_comment and 1 or 0) then return nil, "keep that changes the job" end
+    -- A kept job may only be tagged (so its telemetry becomes history) and reordered.
     return decision
   end
   -- The share itself must be a parsable shard/mps request and no GPU may remain.
@@ -372,8 +395,13 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
     if note ~= "" then slurm.log_info("gpushare: breaker open%s", note) end
 
     -- All checks passed: write every field now, in one go.
+    local nice
+    if decision.writes.nice ~= nil then
+      nice = adjusted_nice(job_desc.nice, tonumber(decision.writes.nice))
+    end
     for _, entry in ipairs(WRITABLE) do
       local value = decision.writes[entry[1]]
+      if entry[1] == "nice" then value = nice end
       if value ~= nil then job_desc[entry[1]] = value end
     end
     if decision.action == "keep" then

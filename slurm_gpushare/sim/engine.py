@@ -15,6 +15,9 @@ GiB on which types), queue order and placement; the engine does the rest:
 - Speeds: a GPU's co-runners run at the speeds the interference model gives; whenever a GPU's
   co-runners change, every job on it is re-planned (progress so far is banked at the old
   speed, a new completion event is pushed, the old one is invalidated by a version number).
+  Invalidated events are dropped as soon as they reach the top of the heap, without moving
+  the clock (they used to stretch the timeline past the last real event, which understated
+  the allocation of sharing policies).
 - OOM: when a job starts, if the real peak memory of the jobs on a GPU exceeds it, the newcomer
   overflows: it is killed ``oom_delay`` s later (or at its end if sooner), counted, and requeued
   with its original priority; the policy re-admits it knowing it was killed (a whole GPU).
@@ -51,6 +54,7 @@ class Request:
     exclude: frozenset[int] = frozenset()  # node indices it must avoid
     est_runtime: float = 0.0  # for backfill and ordering
     code: str = ""  # why (for gpushare: the decision's code)
+    nice: int = 0  # for gpushare: the decision's nice (the SJF lever)
 
     def __post_init__(self):
         key = (self.types.tobytes(), None if self.shards is None else self.shards.tobytes())
@@ -82,6 +86,7 @@ class Result:
     counters: dict
     wall_s: float = 0.0
     codes: dict = field(default_factory=dict)
+    cpu_s: float = 0.0  # this process's CPU time: unlike wall_s, not inflated by other load
 
 
 class Engine:
@@ -593,7 +598,7 @@ class Engine:
 
     def run(self) -> Result:
         import time as _time
-        wall = _time.perf_counter()
+        wall, cpu = _time.perf_counter(), _time.process_time()
         submit = self.submit
         heap = self.heap
         J = self.J
@@ -601,7 +606,12 @@ class Engine:
         a = 0
         done = 0
         last_report = 0
+        j_ver, j_state = self.j_ver, self.j_state
         while True:
+            # Events of re-planned or finished jobs are dropped here, not at their time: a
+            # stale event must not move the clock (it stretched the timeline past the last end).
+            while heap and (heap[0][4] != j_ver[heap[0][3]] or j_state[heap[0][3]] != "running"):
+                heapq.heappop(heap)
             t_arr = submit[a] if a < J else math.inf
             t_ev = heap[0][0] if heap else math.inf
             now = min(t_arr, t_ev)
@@ -656,7 +666,9 @@ class Engine:
                 self.j_state[j] = CUTOFF
             elif self.j_state[j] in ("queued", PENDING):
                 self.j_state[j] = CUTOFF if until < math.inf else self.j_state[j]
-        return self._result(_time.perf_counter() - wall)
+        result = self._result(_time.perf_counter() - wall)
+        result.cpu_s = _time.process_time() - cpu
+        return result
 
     def _result(self, wall: float) -> Result:
         work = self.work

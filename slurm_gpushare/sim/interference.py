@@ -7,7 +7,9 @@ at all. Two ground truths are provided, and the policies' own knowledge is a ``C
 
 - ``GavelPairs``: Gavel's measured throughputs (OSDI'20, ``gavel/simulation_throughputs.json``)
   on K80, P100 and V100, by job type, pairs at scale 1. A pair recorded as ``[0, 0]`` failed to
-  co-run (Gavel's harness ran out of memory): the model answers ``None`` ("does not fit").
+  co-run in Gavel's harness (out of memory there); since whether a co-run fits is the memory
+  model's call in the simulator, such pairs get a speed filled in from the measured ones
+  (``failed_pairs="fail"``: the model answers ``None``, "does not fit").
   On V100, 69 pairs have a shared throughput exactly equal to the alone value: such entries
   look filled in, not measured, so they take the median measured speed on that GPU instead.
 - ``ClassPairs``: speeds by class pair, from a ``ClassPairTable``: Ray et al.'s measured pairs
@@ -121,8 +123,32 @@ class GavelPairs:
 
     name = "gavel"
 
-    def __init__(self, gavel: GavelData):
-        self.pair = gavel.pair
+    def __init__(self, gavel: GavelData, *, failed_pairs: str = "fill"):
+        # Gavel's [0, 0] pairs failed in Gavel's harness (out of memory there); in the simulator
+        # whether a co-run fits is the memory model's call (each job's own peak memory), so by
+        # default such a pair gets a speed instead: a rank-1 fill from what was measured,
+        # speed(a next to b) = mean speed of a with any partner x mean speed of b's partners
+        # / the GPU's mean speed. ``failed_pairs="fail"`` keeps them as failing co-runs.
+        if failed_pairs not in ("fill", "fail"):
+            raise ValueError("failed_pairs must be 'fill' or 'fail'")
+        pair = gavel.pair.copy()
+        if failed_pairs == "fill":
+            for p in range(pair.shape[0]):
+                table = pair[p]
+                missing = np.isnan(table)
+                if not missing.any():
+                    continue
+                mean = np.nanmean(table)
+                counts = (~missing).sum(axis=1), (~missing).sum(axis=0)
+                sums = np.nansum(table, axis=1), np.nansum(table, axis=0)
+                # How fast a runs next to anyone, how fast anyone runs next to b (a kind that
+                # failed with every partner on this GPU: the GPU's mean).
+                suffers = np.where(counts[0] > 0, sums[0] / np.maximum(counts[0], 1), mean)
+                hurts = np.where(counts[1] > 0, sums[1] / np.maximum(counts[1], 1), mean)
+                fill = np.clip(np.outer(suffers, hurts) / mean, 0.05, 1.0)
+                table[missing] = fill[missing]
+        self.pair = pair
+        self.failed_pairs = failed_pairs
 
     def speeds(self, profile, kinds, classes):
         if len(kinds) == 1:

@@ -33,12 +33,15 @@ Policies:
   ``JobRequest`` as the hook would send it, the job's safe memory estimate and run times, a
   view of the simulated cluster, the same class-pair knowledge as the class-aware policies);
   a share goes where Slurm would put ``gres/shard``: the first node in weight order of an
-  allowed type, not in ``exc_nodes``, with enough free shards.
+  allowed type, not in ``exc_nodes``, with enough free shards. Queue in priority order with
+  the decision's nice and Slurm's age factor; ``gpushare-sjf`` is the same with the SJF lever
+  on (``policy.priority = "sjf"``).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 
@@ -254,16 +257,18 @@ class SimView:
     def __init__(self, engine, partition: str):
         self.engine, self.partition = engine, partition
         names = engine.cluster.type_names
-        self._views = [daemon_policy.NodeView(n.name, names[n.gpu_type], (partition,), ())
+        self._views = [daemon_policy.NodeView(n.name, names[n.gpu_type], (partition,), (),
+                                              gpus=n.gpus, idle_gpus=n.gpus)
                        for n in engine.cluster.nodes]
         self._masks = np.zeros(len(self._views), np.int64)
+        self._idle = engine.n_gpus.copy()
         self._version, self._nodes = -1, tuple(self._views)
 
     def nodes(self):
         engine = self.engine
         if self._version != engine.version:
             masks = np.bitwise_or.reduceat(engine.g_classmask, engine.n_first)
-            for i in np.flatnonzero(masks != self._masks):
+            for i in np.flatnonzero((masks != self._masks) | (engine.n_free != self._idle)):
                 classes = tuple(c for c in range(engine.n_classes) if masks[i] >> c & 1)
                 first, count = int(engine.n_first[i]), int(engine.n_gpus[i])
                 per_gpu = tuple(tuple(c for c in range(engine.n_classes)
@@ -272,8 +277,10 @@ class SimView:
                 old = self._views[i]
                 self._views[i] = daemon_policy.NodeView(old.name, old.gpu_type, old.partitions,
                                                         classes, gpus=count,
-                                                        gpu_classes=per_gpu)
+                                                        gpu_classes=per_gpu,
+                                                        idle_gpus=int(engine.n_free[i]))
             self._masks, self._nodes, self._version = masks, tuple(self._views), engine.version
+            self._idle = engine.n_free.copy()
         return self._nodes
 
 
@@ -305,21 +312,40 @@ def job_kind_utilisation(kinds, type_names) -> dict[int, float]:
 
 
 class GpuShare(Policy):
-    """Calls ``slurm_gpushare.core.policy.decide`` -- the daemon's code -- for every submission."""
+    """Calls ``slurm_gpushare.core.policy.decide`` -- the daemon's code -- for every submission.
+
+    The queue is ordered as Slurm's priority/multifactor orders it with the decision's nice
+    (``priority = "sjf"``; 0 otherwise) and the age factor of a site with
+    ``PriorityWeightAge=1000``, ``PriorityMaxAge=7-0`` (other factors equal for all jobs):
+    priority = 1000 x age / 7 days - nice. Age grows alike for every waiting job, so the order
+    is fixed at submission: by nice + 1000 x submit time / 7 days. (The age cap at 7 days is
+    not modelled.) FCFS with EASY backfill, as Slurm's backfill scheduler.
+    """
 
     name = "gpushare"
     shares = True
+    AGE_WEIGHT, MAX_AGE_S = 1000.0, 7 * 86400.0
 
-    def __init__(self, knowledge: ClassPairTable, gpu_time_budget_pct: float = 100.0):
+    def __init__(self, knowledge: ClassPairTable, gpu_time_budget_pct: float = 0.0,
+                 priority: str = "none", keep_whole_when_idle: bool = True, **settings):
         self.knowledge = knowledge
-        self.gpu_time_budget_pct = gpu_time_budget_pct  # the daemon's [policy] setting
+        # The daemon's [policy] settings (``settings``: any other PolicyConfig field).
+        self.gpu_time_budget_pct = gpu_time_budget_pct
+        self.priority = priority
+        self.keep_whole_when_idle = keep_whole_when_idle
+        self.settings = settings
+        if priority == "sjf":
+            self.name = "gpushare-sjf"
 
     def prepare(self, engine):
         super().prepare(engine)
         cluster = engine.cluster
         self.config = Config(
             policy=PolicyConfig(sharing_partitions=(cluster.partition,),
-                                gpu_time_budget_pct=self.gpu_time_budget_pct),
+                                gpu_time_budget_pct=self.gpu_time_budget_pct,
+                                priority=self.priority,
+                                keep_whole_when_idle=self.keep_whole_when_idle,
+                                **self.settings),
             gpu_types=tuple(GpuType(t.name, t.memory_gib, feature=t.name, model=t.model or t.name,
                                     sharing="shard")
                             for t in cluster.types))
@@ -330,7 +356,9 @@ class GpuShare(Policy):
         self.type_names = cluster.type_names
         self.all_types = engine.work.allowed.shape[1]
         self.decisions: list = []
-        self.util = job_kind_utilisation(engine.work.kinds, self.type_names)
+        # Peak utilisations matter only to a GPU-time budget (and cost a slow import).
+        self.util = (job_kind_utilisation(engine.work.kinds, self.type_names)
+                     if self.gpu_time_budget_pct > 0 else {})
 
     def request(self, j: int, engine) -> JobRequest:
         """The job as the hook would send it: ``sbatch -p <sharing partition> --gres=gpu:N``."""
@@ -361,18 +389,22 @@ class GpuShare(Policy):
         decision = daemon_policy.decide(self.request(j, engine), self.config,
                                         estimate=self.estimate(j, engine), view=self.view,
                                         knowledge=self.compat, decision_id=f"sim-{j}")
+        nice = int(decision.writes.get("nice", 0))
         if decision.action == "keep":
-            return self.whole(j, engine, decision.code)
+            return replace(self.whole(j, engine, decision.code), nice=nice)
         allowed = engine.work.allowed[j]
         types = np.array([name in decision.gpu_types for name in self.type_names]) & allowed
         if not types.any():  # the user's own constraint and the decision's types do not meet
-            return self.whole(j, engine, "no-common-type")
+            return replace(self.whole(j, engine, "no-common-type"), nice=nice)
         shards = np.full(len(self.type_names), int(decision.share_gib), np.int64)
         exclude = frozenset(self.node_index[name]
                             for name in expand_hostlist(decision.writes.get("exc_nodes", ""))
                             if name in self.node_index)
         est = float(np.where(types, engine.work.runtime_pred[j], 0.0).max())
-        return Request(False, types, shards, exclude, est, decision.code)
+        return Request(False, types, shards, exclude, est, decision.code, nice)
+
+    def key(self, j, engine):
+        return (engine.j_req[j].nice + self.AGE_WEIGHT * engine.submit[j] / self.MAX_AGE_S, j)
 
     def place(self, j, req, engine, exclude):
         """As Slurm places gres/shard: the first node (weight order) with room, then its first
@@ -393,11 +425,13 @@ class GpuShare(Policy):
 
 
 POLICY_NAMES = ("slurm-default", "random-pack", "first-fit-share", "schedtune", "class-pair",
-                "sjf-bsbf", "gpushare")
+                "sjf-bsbf", "gpushare", "gpushare-sjf")
 
 
 def make_policy(name: str, knowledge: ClassPairTable, seed: int = 0, *,
-                gpu_time_budget_pct: float = 100.0) -> Policy:
+                gpu_time_budget_pct: float = 0.0, gpushare_settings: dict | None = None) -> Policy:
+    """``gpushare_settings``: other [policy] settings of the gpushare policies (e.g.
+    ``{"keep_whole_when_idle": False}``)."""
     if name == "slurm-default":
         return SlurmDefault()
     if name == "random-pack":
@@ -410,6 +444,9 @@ def make_policy(name: str, knowledge: ClassPairTable, seed: int = 0, *,
         return ClassPair(knowledge)
     if name == "sjf-bsbf":
         return SjfBsbf(knowledge)
+    settings = dict(gpushare_settings or {})
     if name == "gpushare":
-        return GpuShare(knowledge, gpu_time_budget_pct)
+        return GpuShare(knowledge, gpu_time_budget_pct, **settings)
+    if name == "gpushare-sjf":
+        return GpuShare(knowledge, gpu_time_budget_pct, **{**settings, "priority": "sjf"})
     raise ValueError(f"unknown policy {name!r} (one of {', '.join(POLICY_NAMES)})")

@@ -53,12 +53,14 @@ class Outcome:
 def run_policies(cluster: Cluster, work: Workload, policies: list[str], *, data_dir: str | Path,
                  seed: int = 0, interference: str = "gavel", knowledge: str = "gavel",
                  options: EngineOptions | None = None, task_mix=None, progress=None,
-                 gpu_time_budget_pct: float = 100.0) -> Outcome:
+                 gpu_time_budget_pct: float = 0.0, gpushare_settings: dict | None = None
+                 ) -> Outcome:
     model = make_model(interference, str(data_dir))
     table = knowledge_table(data_dir, knowledge)
     results, rows, jobs, timelines = [], [], [], []
     for name in policies:
-        policy = make_policy(name, table, seed, gpu_time_budget_pct=gpu_time_budget_pct)
+        policy = make_policy(name, table, seed, gpu_time_budget_pct=gpu_time_budget_pct,
+                             gpushare_settings=gpushare_settings)
         engine = Engine(cluster, work, policy, model, options=options,
                         progress=progress(name) if progress else None)
         result = engine.run()

@@ -25,7 +25,9 @@ same trace, cluster and seed give the same jobs under every policy.
   error: 1.5% average, 8.98% max); the **safe** estimate adds ``memory_margin`` (10%), so it
   covers the truth whenever the error stays inside the clip. Policies that share "aggressively"
   use the prediction without margin.
-- **Predicted run time** per type: truth x exp(N(0, ``runtime_error``)) (5%).
+- **Predicted run time** per type: truth x exp(N(0, ``runtime_error``)) (0.5: off by more than
+  x1.65 for a third of the jobs), one draw per job. Every policy orders and backfills with these
+  same estimates (no policy sees true run times).
 - **Interference class**: the class of the job's Gavel kind (``interference.gavel_classes``:
   terciles of the pressure each kind puts on its partners), standing in for the telemetry
   K-means class that a trace without telemetry cannot give.
@@ -61,7 +63,10 @@ class WorkloadOptions:
     memory_margin: float = 0.10
     memory_error: float = 0.03
     memory_error_max: float = 0.09
-    runtime_error: float = 0.05
+    # Run-time estimates (every ordering policy and every backfill use the same ones):
+    # truth x exp(N(0, runtime_error)) per job; 0.5 puts a third of the estimates off by
+    # more than x1.65 -- what a prediction from a job's own earlier runs may miss by.
+    runtime_error: float = 0.5
 
 
 @dataclass

@@ -260,3 +260,42 @@ def test_unset_numbers_are_not_mistaken_for_values(daemon, tmp_path):
     hook = hook_for(daemon.socket, tmp_path)
     _, after = hook.submit(job_fields(min_nodes=NO_VAL))
     assert after["tres_per_node"] == "gres:shard:8"
+
+
+# --- the SJF lever: nice ---------------------------------------------------------------------
+
+NICE_OFFSET = 2 ** 31
+
+
+def test_kept_job_gets_its_nice_and_nothing_else(misbehaving, tmp_path):
+    # An unset nice arrives as NO_VAL (job_mgr.c makes it NICE_OFFSET after job_submit).
+    server = misbehaving("keep-with-nice")
+    hook = hook_for(server.path, tmp_path)
+    before = job_fields(nice=NO_VAL)
+    rc, after = hook.submit(before)
+    assert rc == 0
+    assert after == {**before, "nice": NICE_OFFSET - 250}
+
+
+def test_nice_adds_to_the_users_own_nice(misbehaving, tmp_path):
+    server = misbehaving("share-with-nice")
+    hook = hook_for(server.path, tmp_path)
+    before = job_fields(nice=NICE_OFFSET + 100)  # sbatch --nice=100
+    _, after = hook.submit(before)
+    assert after == {**before, "nice": NICE_OFFSET + 400, "tres_per_node": "gres:shard:4",
+                     "admin_comment": "gpushare:v1:share:id=ab:shard=4:why=x"}
+
+
+def test_nice_without_a_nice_field_starts_from_zero(misbehaving, tmp_path):
+    server = misbehaving("keep-with-nice")
+    hook = hook_for(server.path, tmp_path)
+    before = job_fields()
+    _, after = hook.submit(before)
+    assert after == {**before, "nice": NICE_OFFSET - 250}
+
+
+def test_nice_out_of_range_leaves_the_job_as_submitted(misbehaving, tmp_path):
+    server = misbehaving("nice-too-big")
+    hook = hook_for(server.path, tmp_path)
+    before = job_fields(nice=NO_VAL)
+    assert hook.submit(before) == (0, before)

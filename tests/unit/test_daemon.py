@@ -156,7 +156,8 @@ def served(tmp_path):
             f'[daemon]\nsocket = "{sock}"\nlog_file = "{log}"\nsecret_file = "{tmp_path}/secret"\n'
             f'query_socket = "{tmp_path}/q.sock"\nstate_dir = "{tmp_path}/state"\n'
             f'[policy]\nsharing_partitions = ["gpu"]\ndefault_share_gib = {default_share}\n'
-            'first_run = "default-share"\n[gpu_types.v100]\nmemory_gib = 16\n')
+            'first_run = "default-share"\nkeep_whole_when_idle = false\n'
+            '[gpu_types.v100]\nmemory_gib = 16\n')
 
     write(8)
     # No Slurm here: sinfo/squeue stand-ins give the daemon's view one v100 node, without

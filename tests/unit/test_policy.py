@@ -166,25 +166,32 @@ def test_only_the_script_key_sizes_a_share():
     assert observed_peaks([{**run, "matched_key": 0, "mgmap_max_mib": 0}]) == {}
 
 
+BUDGET_CONFIG = parse_config({
+    "policy": {"sharing_partitions": ["gpu"], "default_share_gib": 8, "first_run": "default-share",
+               "gpu_time_budget_pct": 100},
+    "gpu_types": {"v100": {"memory_gib": 16}, "a100": {"memory_gib": 80}},
+})
+
+
 def test_gpu_time_sizes_the_share_and_picks_the_fastest_type():
     # 7 GiB and 50% of a GPU's time: on an 80 GiB A100 that is 40 shards; the A100 is faster.
     estimate = JobEstimate(source="history", memory_mib={"v100": 7000, "a100": 7400},
                            runtime_s={"v100": 100.0, "a100": 60.0}, util_pct=50.0)
-    decision = decide(request(), CONFIG, estimate=estimate)
+    decision = decide(request(), BUDGET_CONFIG, estimate=estimate)
     assert decision.writes["tres_per_node"] == "gres:shard:40"
     assert decision.gpu_types == ("a100",)  # 40 shards would not fit a 16 GiB V100
     assert "sized by GPU time" in decision.reason and "not offered on v100" in decision.reason
     # Faster on the V100 instead: 8 shards there (50% of 16), and 8 would undercut the A100.
     estimate = JobEstimate(source="history", memory_mib={"v100": 7000, "a100": 7400},
                            runtime_s={"v100": 50.0, "a100": 60.0}, util_pct=50.0)
-    decision = decide(request(), CONFIG, estimate=estimate)
+    decision = decide(request(), BUDGET_CONFIG, estimate=estimate)
     assert (decision.writes["tres_per_node"], decision.gpu_types) == ("gres:shard:8", ("v100",))
 
 
 def test_memory_bound_jobs_are_offered_on_every_type_that_fits():
     estimate = JobEstimate(source="history", memory_mib={"v100": 12000, "a100": 12000},
                            util_pct=10.0)
-    decision = decide(request(), CONFIG, estimate=estimate)
+    decision = decide(request(), BUDGET_CONFIG, estimate=estimate)
     # 12 GiB dominates 10% of either GPU (2 and 8 shards): one count suits both types.
     assert decision.writes["tres_per_node"] == "gres:shard:12"
     assert set(decision.gpu_types) == {"v100", "a100"}
@@ -200,7 +207,7 @@ def test_gpu_time_budget_zero_sizes_by_memory_only():
 
 def test_mps_types_get_a_percent_share_with_a_memory_limit_in_the_tag():
     config = parse_config({
-        "policy": {"sharing_partitions": ["gpu"]},
+        "policy": {"sharing_partitions": ["gpu"], "gpu_time_budget_pct": 100},
         "gpu_types": {"t4": {"memory_gib": 16, "sharing": "mps"},
                       "v100": {"memory_gib": 16}}})
     estimate = JobEstimate(source="history", memory_mib={"t4": 4000, "v100": 3900},

@@ -28,7 +28,7 @@ def test_simulate_all_policies_writes_reports(tmp_path, capsys):
     assert "Verdict:" in printed and "gpushare" in printed  # a site's history: the verdict
     doc = json.loads((out / "summary.json").read_text())
     assert [r["policy"] for r in doc["summary"]][0] == "slurm-default"
-    assert len(doc["summary"]) == 7
+    assert len(doc["summary"]) == 8
     assert all(r["done"] == 30 for r in doc["summary"])
     for name in ("summary.csv", "relative.csv", "jobs.csv.gz", "jct_cdf.png", "queue_length.png"):
         assert (out / name).stat().st_size > 0

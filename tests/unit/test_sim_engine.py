@@ -212,15 +212,39 @@ def test_gpushare_calls_decide_with_the_safe_estimate(monkeypatch):
     assert [c[0].tres_per_node for c in calls] == ["gres:gpu:1", "gres:gpu:2"]
     assert calls[0][0].partition == "gpu"
     assert calls[0][1].memory_mib["v100"] == pytest.approx(5 * 1024 * 1.1)
-    assert r.codes == {"history-share": 1, "multi-gpu": 1}
+    # A GPU is idle at the first submission: shares only under pressure, so it runs whole.
+    assert r.codes == {"idle-gpu": 1, "multi-gpu": 1}
 
 
 def test_gpushare_shares_where_decide_says_and_keeps_otherwise():
     jobs = [{"solo": 100, "mem": 4}, {"submit": 1, "solo": 100, "mem": 4},
             {"submit": 2, "solo": 100, "mem": 15}]
-    _, r = run(cluster(((1, 1, "v100"),), cap=4), jobs, "gpushare")
+    always = policies.GpuShare(table(), keep_whole_when_idle=False)
+    _, r = run(cluster(((1, 1, "v100"),), cap=4), jobs, always)
     assert list(r.jobs["start"]) == [0, 1, 200]   # two shares co-run; the big job keeps a GPU
     assert list(r.jobs["shared"]) == [True, True, False]
+
+
+def test_gpushare_shares_only_under_pressure():
+    # Two GPUs: the first two jobs find an idle GPU and run whole; the third becomes a share
+    # (no GPU idle) and starts on the first GPU that has room for it.
+    jobs = [{"solo": 100, "mem": 4}, {"submit": 1, "solo": 100, "mem": 4},
+            {"submit": 2, "solo": 100, "mem": 4}, {"submit": 3, "solo": 100, "mem": 4}]
+    _, r = run(cluster(((1, 2, "v100"),), cap=4), jobs, "gpushare")
+    assert r.codes == {"idle-gpu": 2, "history-share": 2}
+    assert list(r.jobs["start"]) == [0, 1, 100, 100]
+    assert list(r.jobs["shared"]) == [False, False, True, True]
+
+
+def test_gpushare_sjf_orders_by_nice_with_age():
+    # One GPU busy until 100; then a 10 h job (submitted first) and a 6 min job wait: the lever
+    # starts the short one first; without it, first come first served.
+    jobs = [{"solo": 100, "mem": 15}, {"submit": 1, "solo": 36000, "mem": 15},
+            {"submit": 2, "solo": 360, "mem": 15}]
+    _, r = run(cluster(((1, 1, "v100"),)), jobs, "gpushare-sjf")
+    assert list(r.jobs["start"]) == [0, 460, 100]
+    _, r = run(cluster(((1, 1, "v100"),)), jobs, "gpushare")
+    assert list(r.jobs["start"]) == [0, 100, 36100]
 
 
 def test_gpushare_honours_exc_nodes(monkeypatch):

@@ -178,7 +178,12 @@ def test_gavel_pairs_and_the_more_than_two_rule():
     three = model.speeds(2, [a, b, a], [0, 0, 0])
     assert three[1] == pytest.approx(gavel.pair[2, b, a] ** 2)
     failed = np.argwhere(np.isnan(gavel.pair[0]))[0]
-    assert model.speeds(0, list(failed), [0, 0]) is None
+    # A failed [0, 0] pair gets a speed (the memory model decides whether co-runs fit) ...
+    filled = model.speeds(0, list(failed), [0, 0])
+    assert filled is not None and all(0.05 <= s <= 1.0 for s in filled)
+    assert not np.isnan(model.pair).any()
+    # ... or stays a failing co-run when asked to.
+    assert GavelPairs(gavel, failed_pairs="fail").speeds(0, list(failed), [0, 0]) is None
     assert sorted(np.bincount(gavel_classes(gavel)).tolist()) == [8, 9, 9]
 
 

@@ -1,0 +1,107 @@
+"""Placement in decide(): one shard count on every type it fits, shares only under pressure."""
+
+from __future__ import annotations
+
+from slurm_gpushare.core.config import parse_config
+from slurm_gpushare.core.policy import JobEstimate, NodeView, decide
+from slurm_gpushare.core.types import JobRequest
+from slurm_gpushare.daemon.clusterview import idle_gpus_per_node
+
+
+def config(**policy):
+    return parse_config({
+        "policy": {"sharing_partitions": ["gpu"], "gpu_time_budget_pct": 0, **policy},
+        "gpu_types": {"t4": {"memory_gib": 16}, "v100": {"memory_gib": 32},
+                      "a100": {"memory_gib": 80}},
+    })
+
+
+def request(**fields) -> JobRequest:
+    return JobRequest(**{"uid": 1000, "partition": "gpu", "tres_per_node": "gres:gpu:1", **fields})
+
+
+def history(**memory_gib) -> JobEstimate:
+    return JobEstimate(source="history", job_class=0,
+                       memory_mib={t: gib * 1024 for t, gib in memory_gib.items()},
+                       runtime_s={"t4": 900.0, "v100": 400.0, "a100": 200.0})
+
+
+class View:
+    def __init__(self, *nodes):
+        self._nodes = nodes
+
+    def nodes(self):
+        return self._nodes
+
+
+def test_one_count_offered_on_every_type_it_fits():
+    # 5.2 GiB on a100 (the fastest), 6.5 GiB on the others: one count of 7 shards = 7 GiB
+    # everywhere, on every type, not only the fastest.
+    decision = decide(request(), config(), estimate=history(t4=6.5, v100=6.5, a100=5.2))
+    assert decision.writes["tres_per_node"] == "gres:shard:7"
+    assert decision.gpu_types == ("a100", "v100", "t4")
+    assert decision.writes["features"] == "a100|v100|t4"
+
+
+def test_a_type_too_small_for_the_one_count_is_left_out():
+    decision = decide(request(), config(), estimate=history(t4=15.5, v100=20, a100=20))
+    assert decision.writes["tres_per_node"] == "gres:shard:20"
+    assert decision.gpu_types == ("a100", "v100")
+
+
+def test_an_idle_gpu_of_a_fitting_type_keeps_the_job_whole():
+    busy = NodeView("a1", "a100", ("gpu",), gpus=4, idle_gpus=0)
+    idle_t4 = NodeView("t1", "t4", ("gpu",), gpus=2, idle_gpus=1)
+    estimate = history(t4=6, v100=6, a100=6)
+    decision = decide(request(), config(), estimate=estimate, view=View(busy, idle_t4),
+                      decision_id="x")
+    assert decision.action == "keep" and decision.code == "idle-gpu"
+    assert decision.writes == {"admin_comment": "gpushare:v1:keep:id=x:why=idle-gpu"}
+    assert "t4 GPU is idle" in decision.reason
+    # Under pressure (nothing idle) it shares, on every type.
+    full = View(busy, NodeView("t1", "t4", ("gpu",), gpus=2, idle_gpus=0))
+    assert decide(request(), config(), estimate=estimate, view=full).action == "share"
+    # An idle GPU the job does not fit on, or in another partition, is no reason to wait whole.
+    other = View(busy, NodeView("t1", "t4", ("debug",), gpus=2, idle_gpus=2))
+    assert decide(request(), config(), estimate=estimate, view=other).action == "share"
+    too_small = history(t4=20, v100=20, a100=20)
+    assert decide(request(), config(), estimate=too_small,
+                  view=View(busy, idle_t4)).action == "share"
+    # The admin may share regardless.
+    assert decide(request(), config(keep_whole_when_idle=False), estimate=estimate,
+                  view=View(busy, idle_t4)).action == "share"
+
+
+def test_unknown_idle_count_does_not_keep_the_job_whole():
+    view = View(NodeView("t1", "t4", ("gpu",), gpus=2))
+    assert decide(request(), config(), estimate=history(t4=6, v100=6, a100=6),
+                  view=view).action == "share"
+
+
+def test_idle_gpus_per_node_from_running_jobs():
+    nodes = {"a1": 4, "t1": 2, "t2": 2, "v1": 2}
+    queue = "\n".join([
+        "10|a1|gres:gpu:2",          # two whole GPUs
+        "11|a1|gres:shard:8",        # a share: at most one more GPU
+        "12|t[1-2]|gres:gpu:2",      # a two-node job, two GPUs on each
+        "13|v1|gres/gpu:v100:1",     # 23.11+ prefix and a type
+        "14|v1|",                    # no GPU
+    ])
+    assert idle_gpus_per_node(nodes, queue, up={"a1", "t1", "t2"}) == {
+        "a1": 1, "t1": 0, "t2": 0, "v1": 0}
+
+
+def test_a_burst_claims_idle_gpus_one_by_one():
+    from slurm_gpushare.daemon.clusterview import SlurmClusterView
+
+    view = SlurmClusterView(config())
+    view._nodes = (NodeView("a1", "a100", ("gpu",), gpus=4, idle_gpus=0),
+                   NodeView("t1", "t4", ("gpu",), gpus=2, idle_gpus=2))
+    estimate = history(t4=6, v100=6, a100=6)
+    codes = []
+    for _ in range(4):
+        decision = decide(request(), config(), estimate=estimate, view=view)
+        codes.append(decision.code)
+        if decision.code == "idle-gpu":
+            view.claim_idle(decision.details["idle_types"])
+    assert codes == ["idle-gpu", "idle-gpu", "history-share", "history-share"]

@@ -176,8 +176,9 @@ class HistoryEstimator:
         detail = f"history: peak {seen}; {estimate.detail}" if estimate.detail else f"history: peak {seen}"
         if job_class is not None:
             detail += f"; {class_detail.split(' (')[0]}"
+        best = min(h.get("matched_key", 0) for h in history)
         utils = [s["mgup_max"] for s in history if s.get("mgup_max") is not None
-                 and s.get("matched_key", 0) == min(h.get("matched_key", 0) for h in history)]
+                 and s.get("matched_key", 0) == best]
         estimate = JobEstimate(source="history", memory_mib=estimate.memory_mib,
                                runtime_s=estimate.runtime_s, job_class=job_class, detail=detail,
                                excluded=verdict.excluded,

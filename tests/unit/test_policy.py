@@ -257,21 +257,23 @@ def test_no_exclusion_when_every_candidate_node_interferes():
 
 
 def test_resident_classes_come_from_running_shares():
-    from slurm_gpushare.daemon.clusterview import resident_classes, running_shares
+    from slurm_gpushare.daemon.clusterview import class_of_comment, running_shares
 
+    tag = "gpushare:v1:share:id=ab12:shard=8:types=a100:class={}:why=history"
     squeue = "\n".join([
-        "101|a100-1|gres:shard:8",
-        "102|a100-1|gres/shard:44,gres/nic:1",
-        "103|t4-1|gres:mps:25",
-        "104|v100-1|gres:gpu:1",          # a whole GPU: not a share
-        "105|a100-[1-2]|gres:shard:8",    # several nodes: not a share
-        "106|a100-2|gres:shard:8",        # a share of unknown class
+        "101|a100-1|gres:shard:8|" + tag.format(1),
+        "102|a100-1|gres/shard:44,gres/nic:1|" + tag.format(2),
+        "103|t4-1|gres:mps:25|" + tag.format(0) + " | and free text",
+        "104|v100-1|gres:gpu:1|(null)",          # a whole GPU: not a share
+        "105|a100-[1-2]|gres:shard:8|(null)",    # several nodes: not a share
+        "106|a100-2|gres:shard:8|(null)",        # a share of unknown class
         "garbage line",
     ])
     shares = running_shares(squeue)
-    assert shares == {"101": "a100-1", "102": "a100-1", "103": "t4-1", "106": "a100-2"}
-    classes = {"101": 1, "102": 2, "103": 0, "106": None}
-    assert resident_classes(shares, classes) == {"a100-1": [1, 2], "t4-1": [0]}
+    assert {job: node for job, (node, _c) in shares.items()} == {
+        "101": "a100-1", "102": "a100-1", "103": "t4-1", "106": "a100-2"}
+    classes = {job: class_of_comment(comment) for job, (_n, comment) in shares.items()}
+    assert classes == {"101": 1, "102": 2, "103": None, "106": None}  # 103: not a tag
 
 
 def test_a_node_with_a_clean_gpu_is_not_excluded():

@@ -242,14 +242,32 @@ class Store:
         job_class); idempotent by ``decision_id`` (one is made if missing). True if new."""
         clean = clean_decision(decision)
         with self._tx() as db:
-            cur = db.execute(
-                "INSERT OR IGNORE INTO decisions (decision_id, ts, cluster, job_id, action, code, "
-                "data) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (clean["decision_id"], clean["ts"], clean["cluster"], clean.get("job_id"),
-                 clean["action"], clean["code"], json.dumps(clean, sort_keys=True)))
-            if cur.rowcount == 1 and clean.get("job_id"):
-                self._link(db, clean["cluster"], clean["job_id"], clean.get("keys", []))
-            return cur.rowcount == 1
+            return self._insert_decision(db, clean)
+
+    def record_decisions(self, decisions: list[dict[str, Any]]) -> int:
+        """``record_decision`` for many, in one transaction; a refused record is skipped (and
+        raised after the others are kept). Returns how many were new."""
+        cleaned, refused = [], None
+        for decision in decisions:
+            try:
+                cleaned.append(clean_decision(decision))
+            except StoreError as exc:
+                refused = exc
+        with self._tx() as db:
+            new = sum(self._insert_decision(db, clean) for clean in cleaned)
+        if refused is not None:
+            raise refused
+        return new
+
+    def _insert_decision(self, db, clean: dict[str, Any]) -> bool:
+        cur = db.execute(
+            "INSERT OR IGNORE INTO decisions (decision_id, ts, cluster, job_id, action, code, "
+            "data) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (clean["decision_id"], clean["ts"], clean["cluster"], clean.get("job_id"),
+             clean["action"], clean["code"], json.dumps(clean, sort_keys=True)))
+        if cur.rowcount == 1 and clean.get("job_id"):
+            self._link(db, clean["cluster"], clean["job_id"], clean.get("keys", []))
+        return cur.rowcount == 1
 
     def link_decision(self, decision_id: str, job_id: str, cluster: str = "") -> bool:
         """Tie a decision made at submit time to the job id Slurm gave the job; links its

@@ -139,6 +139,8 @@ def main(argv=None) -> int:
                              job_class=c, util_pct=60.0, detail="bench") for c in (0, 1, 2)]
     request = JobRequest(uid=1000, partition="gpu", tres_per_node="gres:gpu:1")
 
+    commit = subprocess.run(["git", "-C", args.code, "rev-parse", "--short", "HEAD"],
+                            capture_output=True, text=True).stdout.strip() or "(not a checkout)"
     load_before = os.getloadavg()
     rounds = {name: [] for name in ("first_refresh_s", "first_refresh_calls", "steady_refresh_s",
                                     "steady_refresh_calls", "decide_p50_ms", "decide_p99_ms",
@@ -200,8 +202,6 @@ def main(argv=None) -> int:
               f"({rounds['first_refresh_calls'][-1]} calls), steady "
               f"{rounds['steady_refresh_s'][-1]:.3f}s, decide p50 {q['p50_ms']} ms, during "
               f"refresh p99 {b['p99_ms']} ms ({refreshes[0]} refreshes)", flush=True)
-    commit = subprocess.run(["git", "-C", args.code, "rev-parse", "--short", "HEAD"],
-                            capture_output=True, text=True).stdout.strip() or "(not a checkout)"
     run = {"command": "python bench/cluster_scale.py " + " ".join(argv or sys.argv[1:]),
            "code": args.code, "commit": commit, "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
            "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),

@@ -174,6 +174,10 @@ class Service:
                 return self._overrun(message)
             if op == "job":
                 return self._job(message, peer)
+            if not peer.admin and isinstance(message.get("job"), dict):
+                # Digests stand in for scripts only from the hook (admin socket).
+                message = {**message, "job": {k: v for k, v in message["job"].items()
+                                              if k != "script_digest"}}
             op, request = parse_request(message, opt_out_token=config.policy.opt_out_token,
                                         mem_hint_token=config.policy.mem_hint_token,
                                         digest=self.digest)
@@ -213,6 +217,8 @@ class Service:
                 "account": request.account, "partition": request.partition,
                 "keys": keys.as_list(),
                 "job_class": estimate.job_class if estimate else None})
+            if request.script_digest:  # the hook sends it instead of the script next time
+                return reply_ok(decision, script_digest=request.script_digest)
         return reply_ok(decision)
 
     def _ingest(self, message: dict[str, Any]) -> dict[str, Any]:

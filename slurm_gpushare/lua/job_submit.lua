@@ -63,9 +63,26 @@ local open_until = 0
 local request_id = 0
 local counters = { asked = 0, shared = 0, kept = 0, failed = 0, skipped = 0 }
 
+-- Scripts resubmitted unchanged (arrays, sweeps) travel once: afterwards the hook sends the
+-- keyed digest the daemon returned for them. Bounded; forgotten with the connection (a
+-- restarted daemon may hold another secret).
+local MAX_DIGESTS = 1024
+local digest_of, digests_held = {}, 0
+
 local function drop_connection()
   if conn then pcall(conn.close, conn) end
   conn = nil
+  digest_of, digests_held = {}, 0
+end
+
+local function remember_digest(script, digest)
+  if type(script) ~= "string" or type(digest) ~= "string" or #digest ~= 64
+      or not string.find(digest, "^%x+$") then
+    return
+  end
+  if digests_held >= MAX_DIGESTS then digest_of, digests_held = {}, 0 end
+  if digest_of[script] == nil then digests_held = digests_held + 1 end
+  digest_of[script] = digest
 end
 
 -- One round trip with a deadline over connect + send + receive. Returns reply table or nil, err.
@@ -122,6 +139,8 @@ local function read_request(job_desc, part_list, submit_uid)
   if type(script) == "string" and #script > settings.max_script_bytes then
     script = string.sub(script, 1, settings.max_script_bytes)
   end
+  local script_digest = script and digest_of[script]
+  if script_digest then script = nil end
   return {
     uid = job_desc.user_id,
     user = job_desc.user_name,
@@ -144,6 +163,7 @@ local function read_request(job_desc, part_list, submit_uid)
     shared = job_desc.shared,
     -- Sent only to be digested (keyed hash) or scanned for opt-out/hint tokens; never stored.
     script = script,
+    script_digest = script_digest,
     name = job_desc.name,
     comment = job_desc.comment,
   }
@@ -250,6 +270,7 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
     decision, why = validate(reply, request)
     if not decision then drop_connection(); return record_failure(uid, why) end
     failures = 0
+    remember_digest(request.job.script, reply.script_digest)
 
     -- All checks passed: write every field now, in one go.
     for _, entry in ipairs(WRITABLE) do
@@ -280,5 +301,5 @@ end
 -- For tests and `slurm-gpushare check-config`: the hook's own view of itself.
 function gpushare_hook_state()
   return { settings = settings, failures = failures, open_until = open_until,
-           counters = counters, connected = conn ~= nil }
+           counters = counters, connected = conn ~= nil, digests_held = digests_held }
 end

@@ -223,3 +223,30 @@ def test_unset_numbers_are_not_mistaken_for_values(daemon, tmp_path):
     hook = hook_for(daemon.socket, tmp_path)
     _, after = hook.submit(job_fields(min_nodes=NO_VAL))
     assert after["tres_per_node"] == "gres:shard:8"
+
+
+def test_a_resubmitted_script_travels_once_then_as_its_digest(daemon, tmp_path, monkeypatch):
+    from lua_harness import FakeSocket
+
+    sent = []
+    send = FakeSocket.send
+
+    def recording(self, data):
+        sent.append(data)
+        return send(self, data)
+
+    monkeypatch.setattr(FakeSocket, "send", recording)
+    hook = hook_for(daemon.socket, tmp_path)
+    before = job_fields()
+    first = hook.submit(before)
+    second = hook.submit(before)
+    # The same decision either way (same keys, so the same history and share).
+    assert first[1]["tres_per_node"] == second[1]["tres_per_node"] == "gres:shard:8"
+    import json
+
+    jobs = [json.loads(line)["job"] for line in sent]
+    assert "script" in jobs[0] and "script_digest" not in jobs[0]
+    assert "script" not in jobs[1] and len(jobs[1]["script_digest"]) == 64
+    assert hook.state()["digests_held"] == 1
+    other = hook.submit(job_fields(script="#!/bin/sh\nother\n"))
+    assert "script" in json.loads(sent[-1])["job"] and other[0] == 0

@@ -15,7 +15,7 @@ telemetry, ``scontrol`` answered by a fake ``cmd.run``):
 - the store's bytes per job and the query plans of the hot queries.
 
     .venv/bin/python bench/history_scale.py [--sizes 10000 100000 1000000] [--rounds 3]
-        [--label after] [--code DIR] [--out bench/results/history_scale.json]
+        [--label after] [--code DIR] [--cache DIR] [--out bench/results/history_scale.json]
 
 ``--code DIR`` runs the benchmark against another checkout of the package (e.g. the commit
 before a change, unpacked with ``git archive``); results are merged into ``--out`` under
@@ -168,9 +168,16 @@ class FakeScontrol:
 
 
 def timed(fn, *args) -> float:
-    started = time.perf_counter()
+    """Wall milliseconds of one call; its CPU milliseconds (this thread) go to ``CPU_MS``."""
+    started, cpu = time.perf_counter(), time.thread_time()
     fn(*args)
+    CPU_MS.append((time.thread_time() - cpu) * 1000)
     return (time.perf_counter() - started) * 1000
+
+
+# CPU time of the last timed calls: on a busy machine wall time mostly measures the wait for a
+# CPU; the thread's CPU time is what the code itself costs.
+CPU_MS: list[float] = []
 
 
 def summary_of(values: list[float]) -> dict:
@@ -185,7 +192,8 @@ def spread(per_round: list[float]) -> dict:
             "max": round(max(per_round), 4), "rounds": [round(v, 4) for v in per_round]}
 
 
-def bench_size(jobs: int, rounds: int, code, workdir: Path, rng_seed: int) -> dict:
+def bench_size(jobs: int, rounds: int, code, workdir: Path, rng_seed: int,
+               cache: Path | None) -> dict:
     parse_config, storemod, Service, cmd = code
     from slurm_gpushare.daemon.fingerprint import Fingerprinter
     from slurm_gpushare.core.tag import Tag
@@ -193,10 +201,24 @@ def bench_size(jobs: int, rounds: int, code, workdir: Path, rng_seed: int) -> di
     tmp = Path(tempfile.mkdtemp(prefix=f"hist{jobs}-", dir=workdir))
     try:
         config = config_for(parse_config, tmp)
-        fingerprinter = Fingerprinter.from_file(config.daemon.secret_file)
         path = tmp / "store.sqlite"
         started = time.perf_counter()
-        data = generate(path, jobs, storemod, fingerprinter, random.Random(rng_seed))
+        cached = cache / f"history-{jobs}-{rng_seed}" if cache else None
+        if cached and (cached / "done").exists():  # the same schema-1 store, made earlier
+            shutil.copy(cached / "secret", config.daemon.secret_file)
+            shutil.copy(cached / "store.sqlite", path)
+            data = json.loads((cached / "data.json").read_text())
+            data["scripts"] = {int(n): v for n, v in data["scripts"].items()}
+            fingerprinter = Fingerprinter.from_file(config.daemon.secret_file)
+        else:
+            fingerprinter = Fingerprinter.from_file(config.daemon.secret_file)
+            data = generate(path, jobs, storemod, fingerprinter, random.Random(rng_seed))
+            if cached:
+                cached.mkdir(parents=True, exist_ok=True)
+                shutil.copy(config.daemon.secret_file, cached / "secret")
+                shutil.copy(path, cached / "store.sqlite")
+                (cached / "data.json").write_text(json.dumps(data))
+                (cached / "done").write_text("")
         generate_s = time.perf_counter() - started
         started = time.perf_counter()
         store = storemod.Store(path)
@@ -218,22 +240,32 @@ def bench_size(jobs: int, rounds: int, code, workdir: Path, rng_seed: int) -> di
 
         hot_reply = decide(0)["decision"]
         figures = {name: [] for name in ("cold_hot", "cold_typical", "warm_hot", "warm_typical",
-                                         "ingest_per_s", "decisions_ms", "coruns_of_ms")}
+                                         "cold_hot_cpu", "cold_typical_cpu", "warm_hot_cpu",
+                                         "warm_typical_cpu", "ingest_per_s", "decisions_ms",
+                                         "coruns_of_ms")}
         samples = {name: [] for name in ("cold_hot", "cold_typical", "warm_hot", "warm_typical")}
         typical_ids = [n for n in data["scripts"] if n]
         next_job = data["next_job"]
         for _round in range(rounds):
             cold_hot, cold_typical, warm_hot, warm_typical = [], [], [], []
+            cpu = {name: [] for name in samples}
             for _ in range(10):
                 estimator.invalidate()
                 cold_hot.append(timed(decide, 0))
+                cpu["cold_hot"].append(CPU_MS[-1])
                 warm_hot.append(timed(decide, 0))
+                cpu["warm_hot"].append(CPU_MS[-1])
             for n in rng.sample(typical_ids, min(50, len(typical_ids))):
                 estimator.invalidate()
                 cold_typical.append(timed(decide, n))
+                cpu["cold_typical"].append(CPU_MS[-1])
                 warm_typical.append(timed(decide, n))
+                cpu["warm_typical"].append(CPU_MS[-1])
             for _ in range(190):
                 warm_hot.append(timed(decide, 0))
+                cpu["warm_hot"].append(CPU_MS[-1])
+            for name, values in cpu.items():
+                figures[name + "_cpu"].append(statistics.median(values))
             service.records.flush(60)
             # Ingest: new runs of the hot script, each sharing its GPU with an earlier job.
             count, started = 0, time.perf_counter()
@@ -282,6 +314,10 @@ def bench_size(jobs: int, rounds: int, code, workdir: Path, rng_seed: int) -> di
             "decision_cold_typical_ms": spread(figures["cold_typical"]),
             "decision_warm_hot_ms": spread(figures["warm_hot"]),
             "decision_warm_typical_ms": spread(figures["warm_typical"]),
+            "decision_cold_hot_cpu_ms": spread(figures["cold_hot_cpu"]),
+            "decision_cold_typical_cpu_ms": spread(figures["cold_typical_cpu"]),
+            "decision_warm_hot_cpu_ms": spread(figures["warm_hot_cpu"]),
+            "decision_warm_typical_cpu_ms": spread(figures["warm_typical_cpu"]),
             "decision_samples": {name: summary_of(values) for name, values in samples.items()},
             "ingest_per_s": spread(figures["ingest_per_s"]),
             "decisions_query_ms": spread(figures["decisions_ms"]),
@@ -300,6 +336,8 @@ def main(argv=None) -> int:
     parser.add_argument("--code", default=str(REPO), help="checkout whose package is measured")
     parser.add_argument("--workdir", default=tempfile.gettempdir())
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--cache", help="keep generated (schema 1) stores here and reuse them, "
+                                        "so runs against several checkouts read the same data")
     parser.add_argument("--out", default=str(REPO / "bench" / "results" / "history_scale.json"))
     args = parser.parse_args(argv)
 
@@ -312,7 +350,8 @@ def main(argv=None) -> int:
     load_before = os.getloadavg()
     sizes = {}
     for jobs in args.sizes:
-        sizes[str(jobs)] = bench_size(jobs, args.rounds, code, Path(args.workdir), args.seed)
+        sizes[str(jobs)] = bench_size(jobs, args.rounds, code, Path(args.workdir), args.seed,
+                                      Path(args.cache) if args.cache else None)
         print(json.dumps(sizes[str(jobs)], indent=1), flush=True)
     run = {"command": "python bench/history_scale.py " + " ".join(argv or sys.argv[1:]),
            "code": args.code, "commit": commit, "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -324,7 +363,9 @@ def main(argv=None) -> int:
     run["growth_smallest_to_largest"] = {
         name: round(largest[name]["median"] / smallest[name]["median"], 2)
         for name in ("decision_cold_hot_ms", "decision_cold_typical_ms", "decision_warm_hot_ms",
-                     "decision_warm_typical_ms", "decisions_query_ms", "coruns_of_ms")}
+                     "decision_warm_typical_ms", "decision_cold_hot_cpu_ms",
+                     "decision_cold_typical_cpu_ms", "decision_warm_hot_cpu_ms",
+                     "decision_warm_typical_cpu_ms", "decisions_query_ms", "coruns_of_ms")}
     run["growth_smallest_to_largest"]["ingest_slowdown"] = round(
         smallest["ingest_per_s"]["median"] / largest["ingest_per_s"]["median"], 2)
     out = Path(args.out)

@@ -88,9 +88,13 @@ def test_exclusions_are_memoised_per_snapshot(monkeypatch):
     assert incompatible_nodes(2, fits, ["gpu"], view, rule) == (["n0"], 5)
     assert len(asked) == first  # answered from the snapshot's memo
     assert incompatible_nodes(2, fits, ["gpu"], view, Rule()) == (["n0"], 5)  # another KB
+    assert incompatible_nodes(2, fits, ["gpu"], view, rule) == (["n0"], 5)
+    assert len(asked) > first  # asked again: the memo held the other KB's answer
     del shares["100"]
     view.refresh()  # a new snapshot: n0 has a clean GPU again
+    asked.clear()  # answered by the refresh already (it re-asks what the old snapshot was asked)
     assert incompatible_nodes(2, fits, ["gpu"], view, rule) == ([], 5)
+    assert asked == []
 
 
 def test_decisions_read_whole_snapshots_during_a_refresh(monkeypatch):

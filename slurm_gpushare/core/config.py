@@ -73,6 +73,9 @@ class DaemonConfig:
     cluster_name: str = ""
     # How often the view of running shares (squeue/sinfo) is refreshed, in the background.
     view_refresh_s: float = 5.0
+    # Runs, decisions and co-runs older than this are forgotten (checked daily on the writer
+    # thread; SQLite reuses the space). 0 keeps everything.
+    history_retention_days: float = 730.0
 
 
 @dataclass(frozen=True)

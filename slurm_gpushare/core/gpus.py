@@ -82,6 +82,7 @@ class Catalogue:
 
     def __init__(self, specs: Iterable[GpuSpec]):
         self._specs = {spec.model: spec for spec in specs}
+        self._found: dict[tuple[str, float | None], GpuSpec] = {}  # lookups already resolved
 
     def __iter__(self):
         return iter(self._specs.values())
@@ -104,6 +105,12 @@ class Catalogue:
         """The spec for ``name``; ``memory_gib`` picks among a family's memory sizes."""
         if name in self._specs:
             return self._specs[name]
+        found = self._found.get((name, memory_gib))
+        if found is None:
+            found = self._found[(name, memory_gib)] = self._resolve(name, memory_gib)
+        return found
+
+    def _resolve(self, name: str, memory_gib: float | None) -> GpuSpec:
         for spec in self._specs.values():
             if spec.model.lower() == name.lower():
                 return spec

@@ -91,6 +91,15 @@ def incompatible_nodes(job_class: int | None, fits: Sequence[GpuType], partition
     if view is None or knowledge is None or (job_class is None and not pairwise):
         return [], 0
     types = {g.name for g in fits}
+    nodes = view.nodes()
+    # A view snapshot that never changes (the daemon's) keeps the answers given on it: every
+    # decision of a class would otherwise loop over all of a large cluster's nodes.
+    memo = getattr(nodes, "memo", None)
+    memo_key = (job_class, tuple(sorted(types)), tuple(partitions))
+    if memo is not None:
+        hit = memo.get(memo_key)
+        if hit is not None and hit[0] is knowledge:
+            return list(hit[1]), hit[2]
     answers: dict[tuple[int | str, str], bool] = {}
 
     def clashes(resident: int | str, gpu_type: str) -> bool:
@@ -109,12 +118,14 @@ def incompatible_nodes(job_class: int | None, fits: Sequence[GpuType], partition
         bad = sum(clashes(r, node.gpu_type) for r in residents(node))
         return bad > 0 and bad >= max(node.gpus, 1)
 
-    candidates = [n for n in view.nodes() if n.gpu_type in types
+    candidates = [n for n in nodes if n.gpu_type in types
                   and (not n.partitions or any(p in n.partitions for p in partitions))]
-    excluded = [n.name for n in candidates if residents(n) and blocked(n)]
+    excluded = sorted(n.name for n in candidates if residents(n) and blocked(n))
     if len(excluded) == len(candidates):
-        return [], len(candidates)
-    return sorted(excluded), len(candidates)
+        excluded = []
+    if memo is not None:
+        memo[memo_key] = (knowledge, tuple(excluded), len(candidates))
+    return excluded, len(candidates)
 
 
 def idle_types(fits: Sequence[GpuType], partitions: Sequence[str],

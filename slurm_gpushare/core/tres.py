@@ -9,6 +9,7 @@ tools may send a bare ``gpu:1``. A count may carry a K/M/G suffix (``shard:2K``)
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -44,6 +45,11 @@ def parse(tres: str | None) -> list[TresToken]:
     """Split a TRES request string into tokens; ``None``/empty gives ``[]``."""
     if not tres:
         return []
+    return list(_parse(tres))
+
+
+@functools.lru_cache(maxsize=4096)  # every decision parses the same few strings again
+def _parse(tres: str) -> tuple[TresToken, ...]:
     tokens = []
     for raw in tres.split(","):
         raw = raw.strip()
@@ -76,7 +82,7 @@ def parse(tres: str | None) -> list[TresToken]:
             else:
                 gtype = rest[0]
         tokens.append(TresToken(prefix, name, gtype or None, count, "=" if equals else ":"))
-    return tokens
+    return tuple(tokens)
 
 
 def find(tokens: list[TresToken], name: str) -> list[TresToken]:

@@ -1,20 +1,22 @@
-"""The daemon's view of the cluster: nodes (GPU type, partitions, features, state), reservations,
-and the shares running on them.
+"""The daemon's view of the cluster: nodes, their GPU type, and the shares running on them.
 
-Also the idle GPUs per node (for "share only under pressure"), from the same running jobs.
 Refreshed in the background every few seconds; decisions read the last snapshot and never wait
-for Slurm, which runs the hook under its own locks. Running shares come from ``squeue -t R``
-(jobs whose TRES ask for shard or mps); each share's interference class is read once from its
-AdminComment tag (``...:class=N:...``, ``scontrol show job``) and cached. Not ``squeue --json``:
-in 22.05 it ignores filters and returns every job slurmctld holds (24 MB for 7,700 jobs), and
-parsing that holds the GIL long enough to make decisions miss the hook's deadline.
+for Slurm, which runs the hook under its own locks. One refresh is three Slurm calls whatever the
+cluster's size: ``sinfo`` for the nodes (features, state, partitions), ``squeue -t R -O ...``
+for the running jobs, whose AdminComment tag gives each share's interference class and decision
+id (one call, not one ``scontrol show job`` per share), and ``scontrol show reservation``. Not ``squeue --json``: in 22.05 it ignores filters and returns
+every job slurmctld holds (24 MB for 7,700 jobs), and parsing that holds the GIL long enough to
+make decisions miss the hook's deadline. The snapshot is built off to the side and swapped in
+whole; decisions made on one snapshot memoise their node exclusions in it (``Snapshot.memo``).
 """
 
 from __future__ import annotations
 
 import logging
 import re
+import sys
 import threading
+import time
 from dataclasses import dataclass, replace
 from typing import Mapping, Sequence
 
@@ -22,11 +24,33 @@ from slurm_gpushare.core import tres as tresmod
 from slurm_gpushare.core.config import Config
 from slurm_gpushare.core.feasibility import state_usable
 from slurm_gpushare.core.hostlist import expand_hostlist
-from slurm_gpushare.core.policy import NodeView
+from slurm_gpushare.core.policy import NodeView, incompatible_nodes
+from slurm_gpushare.core.tag import Tag
 from slurm_gpushare.slurm import cmd
-from slurm_gpushare.slurm.jobs import lookup_job
 
 log = logging.getLogger("slurm_gpushare.daemon.clusterview")
+
+SINFO_NODES = ["sinfo", "-h", "-N", "-o", "%N|%b|%P|%G|%t"]
+# Running jobs with their AdminComment (free text: last, split off at most 3 times). A field
+# size of 0 prints the value unpadded and uncut.
+SQUEUE_RUNNING = ["squeue", "-h", "-t", "R", "-O",
+                  "JobID:0|,NodeList:0|,tres-per-node:0|,admin_comment:0"]
+_SHARED = re.compile(r"(^|[,:/])(shard|mps)[:/]")
+_GPUS = re.compile(r"(?:^|,)gpu:(?:[^:,(]+:)?(\d+)")
+# Decisions share the GIL with the refresh thread: it hands the GIL over after this long, and
+# yields it outright every YIELD_EVERY lines it reads (the OS may run it again before a waiting
+# decision otherwise, on a busy host).
+GIL_SWITCH_S = 0.001
+YIELD_EVERY = 500
+
+
+class Snapshot(tuple):
+    """The nodes as one refresh saw them (never changed), plus answers computed from them."""
+
+    def __new__(cls, nodes=()):
+        snapshot = super().__new__(cls, nodes)
+        snapshot.memo = {}  # policy.incompatible_nodes' answers on this snapshot
+        return snapshot
 
 
 @dataclass(frozen=True)
@@ -49,7 +73,7 @@ def parse_sinfo_nodes(out: str, config: Config) -> dict[str, NodeInfo]:
             continue
         feature_list = tuple(f for f in features.split(",") if f and f != "(null)")
         gpu_type = next((by_feature[f] for f in feature_list if f in by_feature), "")
-        gpus = sum(int(m.group(1)) for m in re.finditer(r"(?:^|,)gpu:(?:[^:,(]+:)?(\d+)", gres))
+        gpus = sum(int(m.group(1)) for m in _GPUS.finditer(gres))
         old = nodes.get(name)
         parts = (old.partitions if old else ()) + ((partition.rstrip("*"),) if partition else ())
         nodes[name] = NodeInfo(gpu_type, tuple(sorted(set(parts))), gpus, feature_list, state)
@@ -58,7 +82,7 @@ def parse_sinfo_nodes(out: str, config: Config) -> dict[str, NodeInfo]:
 
 def read_nodes(config: Config, timeout: float = 10.0) -> dict[str, NodeInfo]:
     """The cluster's nodes, in one sinfo call (empty when Slurm does not answer)."""
-    out = cmd.output(["sinfo", "-h", "-N", "-o", "%N|%b|%P|%G|%t"], timeout=timeout)
+    out = cmd.output(SINFO_NODES, timeout=timeout)
     return parse_sinfo_nodes(out, config) if out is not None else {}
 
 
@@ -96,53 +120,66 @@ def running_shares(squeue_out: str) -> dict[str, str]:
     return shares
 
 
+@dataclass(frozen=True)
+class RunningJob:
+    """What one ``SQUEUE_RUNNING`` line says: the GPUs it holds on each of its nodes and, for a
+    share (one node, a sharing gres), its class and decision id from its tag."""
+
+    nodes: tuple[str, ...]
+    gpus: int  # GPUs it keeps from others on each node (a share counts as one)
+    share_class: int | None = None
+    decision_id: str = ""
+    shared: bool = False
+
+
+def parse_running(line: str) -> RunningJob | None:
+    parts = line.split("|", 3)
+    if len(parts) < 3 or not parts[1].strip():
+        return None
+    node_list, tres = parts[1].strip(), parts[2]
+    try:
+        tokens = tresmod.parse(tres)
+    except tresmod.TresError:
+        return None
+    gpus = sum(t.count for t in tresmod.find(tokens, "gpu"))
+    shared = bool(_SHARED.search(tres))
+    if shared:
+        gpus += 1  # it may share its GPU with another share: never over-count idle GPUs
+    if not gpus:
+        return None
+    nodes = (node_list,) if "," not in node_list and "[" not in node_list \
+        else tuple(expand_hostlist(node_list))
+    if shared and len(nodes) == 1:
+        tag = Tag.decode(parts[3].strip() if len(parts) == 4 else "")
+        return RunningJob(nodes, gpus, tag.job_class if tag else None,
+                          tag.decision_id if tag else "", True)
+    return RunningJob(nodes, gpus)
+
+
 def idle_gpus_per_node(gpus_of: Mapping[str, int], squeue_out: str,
                        up: set[str]) -> dict[str, int]:
-    """node -> GPUs holding no job, from running jobs (``squeue -h -t R -o '%i|%N|%b'``).
-
-    Whole-GPU jobs take their count on each of their nodes; a share is counted as taking a GPU
-    of its own (it may share one with another share: idle GPUs are never over-counted). Nodes
-    not in ``up`` (down, drained, reserved for maintenance) have none.
-    """
+    """node -> GPUs holding no job, from running jobs (``SQUEUE_RUNNING`` lines, or the first
+    three fields of them). Whole-GPU jobs take their count on each of their nodes; a share is
+    counted as taking a GPU of its own. Nodes not in ``up`` (down, drained, reserved for
+    maintenance) have none."""
     busy: dict[str, int] = {}
     for line in squeue_out.splitlines():
-        parts = line.strip().split("|", 2)
-        if len(parts) != 3 or not parts[1]:
-            continue
-        try:
-            tokens = tresmod.parse(parts[2])
-        except tresmod.TresError:
-            continue
-        used = sum(t.count for t in tresmod.find(tokens, "gpu"))
-        if any(t.name in ("shard", "mps") for t in tokens):
-            used += 1
-        if used:
-            for node in expand_hostlist(parts[1]):
-                busy[node] = busy.get(node, 0) + used
+        job = parse_running(line.strip())
+        if job:
+            for node in job.nodes:
+                busy[node] = busy.get(node, 0) + job.gpus
     return {name: (max(0, gpus - busy.get(name, 0)) if name in up else 0)
             for name, gpus in gpus_of.items()}
 
 
-def resident_classes(shares: dict[str, str], classes: dict[str, int | None]) -> dict[str, list[int]]:
-    """node -> classes of the running shares on it (shares of unknown class are left out)."""
-    residents: dict[str, list[int]] = {}
-    for job_id, node in shares.items():
-        if classes.get(job_id) is not None:
-            residents.setdefault(node, []).append(int(classes[job_id]))
-    return residents
+class _Fixed:
+    """A ClusterView of one snapshot."""
 
+    def __init__(self, snapshot: Snapshot):
+        self.snapshot = snapshot
 
-def class_of_job(job_id: str) -> int | None:
-    """A share's class from its AdminComment tag; None when untagged or classless."""
-    return tag_of_job(job_id)[0]
-
-
-def tag_of_job(job_id: str) -> tuple[int | None, str]:
-    """A share's class and decision id from its AdminComment tag ((None, "") when untagged)."""
-    job = lookup_job(job_id)
-    if not (job and job.tag):
-        return None, ""
-    return job.tag.job_class, job.decision_id or ""
+    def nodes(self) -> Snapshot:
+        return self.snapshot
 
 
 class SlurmClusterView:
@@ -151,18 +188,25 @@ class SlurmClusterView:
     def __init__(self, config: Config, *, interval_s: float = 5.0):
         self.config = config
         self.interval_s = interval_s
-        self._nodes: tuple[NodeView, ...] = ()
+        self._snapshot = Snapshot()
         # Every node's features and partitions (GPU nodes or not), for config checks on reload.
         self.all_features: frozenset[str] = frozenset()
         self.all_partitions: frozenset[str] = frozenset()
         self._reservations: dict[str, tuple[str, ...]] = {}
-        self._classes: dict[str, int | None] = {}  # job id -> class, read once per share
-        self._decisions: dict[str, str] = {}  # job id -> decision id (the pair predictor's key)
+        self._sinfo_out: str | None = None  # the last sinfo output
+        self._info: dict[str, NodeInfo] = {}
+        # squeue line -> what it says (or None): a refresh parses only the lines that changed
+        # since the last one (jobs that started, ended or were retagged).
+        self._lines: dict[str, RunningJob | None] = {}
+        self._busy: dict[str, int] = {}  # node -> GPUs held by running jobs
+        self._residents: dict[str, list[int]] = {}  # node -> classes of its shares (known)
+        self._resident_jobs: dict[str, list[str]] = {}  # node -> decision ids of its shares
+        self._position: dict[str, int] = {}  # node -> its index in the snapshot
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def nodes(self) -> Sequence[NodeView]:
-        return self._nodes
+    def nodes(self) -> Snapshot:
+        return self._snapshot
 
     def reservations(self) -> Mapping[str, tuple[str, ...]]:
         """reservation name -> its nodes (feasibility.check reads it for --reservation)."""
@@ -172,44 +216,92 @@ class SlurmClusterView:
         """A job was kept whole for an idle GPU of one of these types: count one such GPU as
         taken until the next refresh, so a burst of submissions does not send every job after
         the same idle GPU (the rest share instead)."""
-        nodes = list(self._nodes)
+        nodes = list(self._snapshot)
         for i, node in enumerate(nodes):
             if node.idle_gpus and node.gpu_type in gpu_types:
                 nodes[i] = replace(node, idle_gpus=node.idle_gpus - 1)
-                self._nodes = tuple(nodes)
+                self._snapshot = Snapshot(nodes)
                 return
 
+    def _account(self, job: RunningJob, sign: int, changed: set[str]) -> None:
+        for node in job.nodes:
+            self._busy[node] = self._busy.get(node, 0) + sign * job.gpus
+            changed.add(node)
+        if job.shared:
+            node = job.nodes[0]
+            for values, value in ((self._residents, job.share_class),
+                                  (self._resident_jobs, job.decision_id)):
+                if value is None or value == "":
+                    continue
+                if sign > 0:
+                    values.setdefault(node, []).append(value)
+                else:
+                    values[node].remove(value)
+
     def refresh(self) -> bool:
-        node_info = read_nodes(self.config)
-        queue = cmd.output(["squeue", "-h", "-t", "R", "-o", "%i|%N|%b"], timeout=20.0)
-        if not node_info or queue is None:
+        """Three Slurm calls; work in proportion to what changed since the last refresh; the
+        new snapshot replaces the old one in one assignment."""
+        sinfo_out = cmd.output(SINFO_NODES, timeout=10.0)
+        queue = cmd.output(SQUEUE_RUNNING, timeout=20.0)
+        if not sinfo_out or queue is None:
             return False
-        shares = running_shares(queue)
-        self._classes = {job: self._classes[job] for job in shares if job in self._classes}
-        self._decisions = {job: self._decisions[job] for job in shares if job in self._decisions}
-        for job_id in shares.keys() - self._classes.keys():
-            self._classes[job_id], self._decisions[job_id] = tag_of_job(job_id)
-        residents = resident_classes(shares, self._classes)
-        decisions: dict[str, list[str]] = {}
-        for job_id, node in shares.items():
-            if self._decisions.get(job_id):
-                decisions.setdefault(node, []).append(self._decisions[job_id])
-        self.all_features = frozenset(f for info in node_info.values() for f in info.features)
-        self.all_partitions = frozenset(p for info in node_info.values() for p in info.partitions)
         reservations = read_reservations()
         if reservations is not None:
             self._reservations = reservations
-        up = {name for name, info in node_info.items() if state_usable(info.state)}
-        idle = idle_gpus_per_node({name: info.gpus for name, info in node_info.items()}, queue, up)
-        self._nodes = tuple(
-            NodeView(name=name, gpu_type=info.gpu_type, partitions=info.partitions,
-                     gpus=info.gpus, resident_classes=tuple(residents.get(name, ())),
-                     resident_jobs=tuple(decisions.get(name, ())),
-                     features=info.features, state=info.state, idle_gpus=idle.get(name))
-            for name, info in sorted(node_info.items()) if info.gpu_type)
+        nodes = list(self._snapshot)
+        if sinfo_out != self._sinfo_out:  # nodes rarely change: rebuild only when they do
+            self._info = parse_sinfo_nodes(sinfo_out, self.config)
+            self.all_features = frozenset(f for i in self._info.values() for f in i.features)
+            self.all_partitions = frozenset(p for i in self._info.values() for p in i.partitions)
+            self._lines, self._busy, self._residents, self._resident_jobs = {}, {}, {}, {}
+            nodes = [NodeView(name=name, gpu_type=info.gpu_type, partitions=info.partitions,
+                              gpus=info.gpus, features=info.features, state=info.state)
+                     for name, info in sorted(self._info.items()) if info.gpu_type]
+            self._position = {node.name: i for i, node in enumerate(nodes)}
+            self._sinfo_out = sinfo_out
+            changed = set(self._position)
+        else:
+            changed = set()
+        old, lines = self._lines, {}
+        for number, line in enumerate(queue.splitlines()):
+            if number % YIELD_EVERY == 0:
+                time.sleep(0)  # let a waiting decision have the GIL (and the CPU) now
+            if line in old:
+                lines[line] = old.pop(line)
+                continue
+            job = parse_running(line)
+            lines[line] = job
+            if job:
+                self._account(job, +1, changed)
+        for gone in old.values():  # lines no longer there: jobs that ended
+            if gone:
+                self._account(gone, -1, changed)
+        self._lines = lines
+        for name in changed:
+            if name in self._position:
+                i, info = self._position[name], self._info[name]
+                idle = (max(0, info.gpus - self._busy.get(name, 0))
+                        if state_usable(info.state) else 0)
+                nodes[i] = replace(nodes[i], resident_classes=tuple(self._residents.get(name, ())),
+                                   resident_jobs=tuple(self._resident_jobs.get(name, ())),
+                                   idle_gpus=idle)
+        snapshot = Snapshot(nodes)
+        self._warm(snapshot, self._snapshot.memo)
+        self._snapshot = snapshot
         return True
 
+    def _warm(self, snapshot: Snapshot, previous: dict) -> None:
+        """Answer on the new snapshot, here on the refresh thread, what decisions asked of the
+        old one: a decision then never loops over the nodes itself."""
+        by_name = {g.name: g for g in self.config.gpu_types}
+        view = _Fixed(snapshot)
+        for (job_class, types, partitions), (knowledge, _excluded, _n) in list(previous.items()):
+            fits = [by_name[name] for name in types if name in by_name]
+            incompatible_nodes(job_class, fits, list(partitions), view, knowledge)
+
     def start(self) -> None:
+        # Hand the GIL to a waiting decision within GIL_SWITCH_S, not Python's default 5 ms.
+        sys.setswitchinterval(min(sys.getswitchinterval(), GIL_SWITCH_S))
         self._thread = threading.Thread(target=self._loop, name="cluster-view", daemon=True)
         self._thread.start()
 
@@ -223,4 +315,4 @@ class SlurmClusterView:
             except Exception:  # noqa: BLE001 -- a bad snapshot keeps the previous one
                 log.exception("cluster-view-refresh-failed")
             # Until the nodes are known every decision keeps its job: ask again soon.
-            self._stop.wait(self.interval_s if self._nodes else min(1.0, self.interval_s))
+            self._stop.wait(self.interval_s if self._snapshot else min(1.0, self.interval_s))

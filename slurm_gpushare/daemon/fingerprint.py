@@ -30,7 +30,6 @@ Usage::
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import os
 import re
@@ -133,12 +132,12 @@ class Fingerprinter:
 
     def _mac(self, domain: str, *parts: str) -> str:
         # Domain separation and length-prefixed parts: ("ab","c") and ("a","bc") differ.
-        mac = hmac.new(self._secret, domain.encode(), hashlib.sha256)
+        message = [domain.encode()]
         for part in parts:
             data = part.encode("utf-8", "surrogatepass")
-            mac.update(len(data).to_bytes(8, "big"))
-            mac.update(data)
-        return mac.hexdigest()
+            message += (len(data).to_bytes(8, "big"), data)
+        # One-shot HMAC (hashlib's C code): the same digest as hmac.new(...).update(...).
+        return hmac.digest(self._secret, b"".join(message), "sha256").hex()
 
     def digest(self, kind: str, text: str) -> str:
         """Digest of a script (normalised first) or a job name; the daemon's ``digest`` hook."""

@@ -6,6 +6,7 @@ thread, never on the request path."""
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any, Callable
 
 from slurm_gpushare.core.config import Config
@@ -25,6 +26,9 @@ class Learner:
         self.knowledge = knowledge
         self.count = count
         self.pairing = pairing  # daemon.pairing.Pairing: per-job corrections from co-runs
+        self._compacted_at = 0.0  # monotonic; 0: not yet since start
+
+    COMPACT_EVERY_S = 86400.0
 
     def requeue(self, job_id: str, peak_mib: float, config: Config) -> None:
         """On the writer thread: requeue a job that outgrew its share, re-sized from its peak
@@ -48,8 +52,9 @@ class Learner:
         job = lookup_job(job_id) if job_id else None
         linked = bool(job and job.decision_id and self.store.link_decision(
             job.decision_id, job_id, str(summary.get("cluster", ""))))
-        if self.estimator is not None:
-            self.estimator.invalidate()
+        if self.estimator is not None:  # only estimates that read this job's keys go stale
+            self.estimator.invalidate_keys(self.store.keys_of_job(
+                job_id, str(summary.get("cluster", ""))) + list(summary.get("keys") or []))
         if self.pairing is not None:
             self.pairing.invalidate()
         learned = self._learn_coruns(summary, job, config) if linked else 0
@@ -57,6 +62,18 @@ class Learner:
         event(logging.INFO, "ingested", job_id=job_id, gpu_index=summary.get("gpu_index"),
                gpu_model=summary.get("gpu_model"), peak_mib=summary.get("mgmap_max_mib"),
                linked=linked, coruns=len(summary.get("coruns") or []), learned=learned)
+        self._compact(config)
+
+    def _compact(self, config: Config) -> None:
+        """Apply ``daemon.history_retention_days``, at most once a day."""
+        now = time.monotonic()
+        if self._compacted_at and now - self._compacted_at < self.COMPACT_EVERY_S:
+            return
+        self._compacted_at = now
+        removed = self.store.compact(config.daemon.history_retention_days)
+        if removed:
+            event(logging.INFO, "store-compacted", removed=removed,
+                  retention_days=config.daemon.history_retention_days)
 
     def _check_share(self, summary: dict[str, Any], job) -> None:
         """gres/shard sets no hardware limit: record a job that used more than its share, so
@@ -80,14 +97,16 @@ class Learner:
         if not record:
             return 0
         duration = float(summary.get("duration_s") or 0)
-        solo = observed_runtimes(self.store.history(record.get("keys", []))).get(
+        # The job's solo time from its own script's or name's runs, never the user's other jobs.
+        solo = observed_runtimes(self.store.history(_sizing_keys(record.get("keys", [])))).get(
             summary.get("gpu_model", ""))
         gpu_type = config_type_of(summary.get("gpu_model", ""), config)
         cluster = str(summary.get("cluster", ""))
-        recorded, completed, measured = 0, [], []
+        recorded, completed = 0, []
+        before = self._corun_rows(job.job_id)
         for corun in coruns:
             other_id = str(corun["job_id"])
-            was_complete = _complete(self._corun_row(job.job_id, other_id))
+            was_complete = _complete(before.get(other_id))
             other = lookup_job(other_id)
             other_class = other.tag.job_class if other and other.tag else None
             # A measured slowdown only when the co-run covered (nearly) the whole run.
@@ -99,19 +118,24 @@ class Learner:
                 gpu_type=gpu_type, class_a=record.get("job_class"),
                 class_b=int(other_class) if other_class is not None else None, isd_a=isd)
             recorded += 1
-            row = self._corun_row(job.job_id, other_id)
-            if _complete(row) and not was_complete:
-                completed.append(row)
-            if row is not None:
-                measured.append(row)
+            if not was_complete:
+                completed.append(other_id)
+        after = self._corun_rows(job.job_id) if completed or self.pairing is not None else {}
+        measured = [after[o] for o in dict.fromkeys(str(c["job_id"]) for c in coruns)
+                    if after.get(o) is not None]
+        completed = [after[o] for o in dict.fromkeys(completed) if _complete(after.get(o))]
         if completed:
             self._learn_pairs(completed)
         if self.pairing is not None and measured:
             self.pairing.observe(measured)  # learns from each measured side, classes or not
         return recorded
 
-    def _corun_row(self, job_id: str, other_id: str) -> dict[str, Any] | None:
-        return next((r for r in self.store.coruns_of(job_id) if r["job_b"] == other_id), None)
+    def _corun_rows(self, job_id: str) -> dict[str, dict[str, Any]]:
+        """The job's co-run observations by partner (one query, not one per partner)."""
+        rows: dict[str, dict[str, Any]] = {}
+        for row in self.store.coruns_of(job_id):
+            rows.setdefault(row["job_b"], row)
+        return rows
 
     def _learn_pairs(self, rows: list[dict[str, Any]]) -> None:
         """Add measured pairs to a copy of the knowledge base and swap it in: decisions on
@@ -125,6 +149,11 @@ class Learner:
                               ps=row["ps"], gpu_type=row["gpu_type"])
         self.knowledge = knowledge
 
+
+
+def _sizing_keys(keys: list[str]) -> list[str]:
+    """A decision record's keys (``JobKeys.as_list()``: script, name, user) less the user's."""
+    return keys[:-1] if len(keys) > 1 else []
 
 
 def _complete(row: dict[str, Any] | None) -> bool:

@@ -1,11 +1,15 @@
 """The daemon's log: JSON lines (ts, level, event, structured fields), never scripts, names or
-comments."""
+comments. Lines are formatted and written by a writer thread in batches: a request only
+appends its record to a queue, without waking any thread, so the log never delays a reply."""
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import os
+import threading
+import time
 from pathlib import Path
 
 from slurm_gpushare.core.config import Config
@@ -46,20 +50,82 @@ class JsonLogFormatter(logging.Formatter):
         return line
 
 
+class BatchedHandler(logging.Handler):
+    """Queues records; a writer thread writes what has gathered every ``interval_s`` (and at
+    close) to ``target``, in one write and one flush."""
+
+    def __init__(self, target: logging.StreamHandler, *, interval_s: float = 0.2,
+                 max_pending: int = 100_000):
+        super().__init__()
+        self.target = target
+        self.interval_s = interval_s
+        self.max_pending = max_pending
+        self.pending: collections.deque[logging.LogRecord] = collections.deque()
+        self.dropped = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="log-writer", daemon=True)
+        self._thread.start()
+
+    def handle(self, record: logging.LogRecord) -> bool:
+        # No handler lock and no wake-up: deque.append is atomic.
+        if len(self.pending) < self.max_pending:
+            self.pending.append(record)
+        else:
+            self.dropped += 1
+        return True
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.handle(record)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.drain()
+
+    def drain(self) -> None:
+        lines = []
+        while self.pending:
+            record = self.pending.popleft()
+            try:
+                lines.append(self.target.format(record) + "\n")
+            except Exception:  # noqa: BLE001 -- one bad record must not stop the log
+                self.target.handleError(record)
+        if self.dropped:
+            lines.append(json.dumps({"ts": round(time.time(), 3), "level": "warning",
+                                     "event": "log-dropped", "count": self.dropped}) + "\n")
+            self.dropped = 0
+        if lines:
+            with self.target.lock:
+                self.target.stream.write("".join(lines))
+                self.target.flush()
+
+    def flush(self) -> None:
+        self.drain()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(5)
+        self.drain()
+        self.target.close()
+        super().close()
+
+
 def setup_logging(config: Config) -> None:
-    handler: logging.Handler
+    target: logging.StreamHandler
     if config.daemon.log_file:
         path = Path(config.daemon.log_file)
         path.parent.mkdir(parents=True, exist_ok=True)
         # 0640: the log holds uids and accounts, not for every local user to read.
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640))
         os.chmod(path, 0o640)
-        handler = logging.FileHandler(path)
+        target = logging.FileHandler(path)
     else:
-        handler = logging.StreamHandler()
-    handler.setFormatter(JsonLogFormatter())
+        target = logging.StreamHandler()
+    target.setFormatter(JsonLogFormatter())
     root = logging.getLogger("slurm_gpushare")
-    root.handlers[:] = [handler]
+    old, root.handlers[:] = list(root.handlers), [BatchedHandler(target)]
+    for handler in old:  # a reload: write out what the old handler still holds
+        handler.close()
     root.setLevel(config.daemon.log_level.upper())
     root.propagate = False
 

@@ -29,7 +29,7 @@ INFINITE16 = 0xFFFF
 STRING_FIELDS = (
     "user", "account", "partition", "qos", "tres_per_job", "tres_per_node", "tres_per_socket",
     "tres_per_task", "cpus_per_tres", "mem_per_tres", "features", "exc_nodes", "script", "name",
-    "comment", "req_nodes", "reservation", "array_inx",
+    "comment", "req_nodes", "reservation", "array_inx", "script_digest",
 )
 NUMBER_FIELDS = (
     "uid", "time_limit", "min_nodes", "max_nodes", "num_tasks", "shared", "ntasks_per_tres",
@@ -250,7 +250,8 @@ def parse_request(message: Any, *, opt_out_token: str = "gpushare=off",
         # job_desc.shared: 0 = --exclusive, 2 = --exclusive=user, 3 = --exclusive=mcs.
         exclusive=shared in (0, 2, 3),
         opt_out=opt_out, mem_hint_mib=hint,
-        script_digest=digest("script", strings["script"]) if digest and strings["script"] else "",
+        script_digest=(digest("script", strings["script"]) if digest and strings["script"]
+                       else _script_digest(strings["script_digest"])),
         # argv[0] is the script's path as typed (it may change between resubmissions); the
         # arguments after it are part of the work.
         args_digest=digest("args", "\0".join(argv[1:])) if digest and argv[1:] else "",
@@ -258,6 +259,13 @@ def parse_request(message: Any, *, opt_out_token: str = "gpushare=off",
                      if digest and strings["name"].strip() not in GENERIC_JOB_NAMES else ""),
     )
     return op, request
+
+
+def _script_digest(text: str) -> str:
+    """A digest the hook kept from an earlier reply (in place of the script it stands for)."""
+    if text and not re.fullmatch(r"[0-9a-f]{64}", text):
+        raise ProtocolError("job.script_digest must be 64 hex digits")
+    return text
 
 
 def reply_ok(decision: Decision | None = None, **extra) -> dict[str, Any]:

@@ -4,13 +4,13 @@ record writer). Sockets live in ``server``; learning from telemetry in ``learnin
 from __future__ import annotations
 
 import logging
+import collections
 import os
 import pwd
-import queue
-import secrets
+import random
 import threading
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
@@ -31,45 +31,84 @@ from slurm_gpushare.slurm.jobs import lookup_job
 
 
 class RecordWriter:
-    """Writes records to the store on its own thread, so SQLite never delays a reply."""
+    """Runs store writes on its own thread, so SQLite never delays a reply. A request only
+    appends to a queue, waking no thread; the writer takes what has gathered every
+    ``interval_s`` and writes all the decisions among it in one transaction."""
 
-    def __init__(self, store: Store | None):
+    def __init__(self, store: Store | None, *, interval_s: float = 0.05,
+                 max_pending: int = 100_000):
         self.store = store
-        self.queue: queue.Queue = queue.Queue(maxsize=100_000)
+        self.interval_s = interval_s
+        self.max_pending = max_pending
+        self.pending: collections.deque = collections.deque()
+        self._busy = False  # the writer holds items it took from the queue
+        self._wake = threading.Event()
+        self._closing = False
         self.thread = threading.Thread(target=self._run, name="record-writer", daemon=True)
         self.thread.start()
 
     def put(self, work: Callable[..., Any], *args) -> None:
         """Run ``work(*args)`` on the writer thread (dropped, with a log line, if backed up)."""
+        self._queue(work, args)
+
+    def put_decision(self, record: dict[str, Any]) -> None:
+        """Keep a decision (``Store.record_decision``), batched with the others."""
+        self._queue(None, (record,))
+
+    def _queue(self, work, args) -> None:
         if self.store is None:
             return
-        try:
-            self.queue.put_nowait((work, args))
-        except queue.Full:
-            event(logging.WARNING, "record-dropped", work=getattr(work, "__name__", "?"))
+        if len(self.pending) >= self.max_pending:
+            event(logging.WARNING, "record-dropped",
+                  work=getattr(work, "__name__", "record_decision"))
+            return
+        self.pending.append((work, args))
 
     def _run(self) -> None:
-        while True:
-            item = self.queue.get()
-            if item is None:
-                return
-            work, args = item
-            try:
-                work(*args)
-            except Exception:  # noqa: BLE001 -- a bad record must not stop the writer
-                log.exception("record-failed",
-                              extra={"fields": {"work": getattr(work, "__name__", "?")}})
-            finally:
-                self.queue.task_done()
+        while not self._closing:
+            self._wake.wait(self.interval_s)
+            self._wake.clear()
+            self._drain()
+        self._drain()
+
+    def _drain(self) -> None:
+        self._busy = True
+        try:
+            self._write_all()
+        finally:
+            self._busy = False
+
+    def _write_all(self) -> None:
+        while self.pending:
+            batch = []
+            while self.pending and len(batch) < 1000:
+                batch.append(self.pending.popleft())
+            decisions = [args[0] for work, args in batch if work is None]
+            if decisions:  # first: work after them (an ingest) may link to one of them
+                try:
+                    self.store.record_decisions(decisions)
+                except Exception:  # noqa: BLE001 -- a bad record must not stop the writer
+                    log.exception("record-failed", extra={"fields": {"work": "record_decision"}})
+            for work, args in batch:
+                if work is None:
+                    continue
+                try:
+                    work(*args)
+                except Exception:  # noqa: BLE001 -- a bad record must not stop the writer
+                    log.exception("record-failed",
+                                  extra={"fields": {"work": getattr(work, "__name__", "?")}})
 
     def flush(self, timeout: float = 10.0) -> None:
+        """Wait until everything queued so far is written (at most ``timeout`` seconds)."""
         deadline = time.monotonic() + timeout
-        while self.queue.unfinished_tasks and time.monotonic() < deadline:
-            time.sleep(0.01)
+        self._wake.set()
+        while (self.pending or self._busy) and time.monotonic() < deadline:
+            time.sleep(0.002)
 
     def close(self) -> None:
         self.flush()
-        self.queue.put(None)
+        self._closing = True
+        self._wake.set()
         self.thread.join(5)
 
 
@@ -103,6 +142,32 @@ class LogBudget:
 def refused_keep(reason: str, code: str = "bad-request") -> Decision:
     """The answer to a decide that cannot be decided: the job stays exactly as submitted."""
     return Decision(action="keep", code=code, reason=reason)
+
+
+class ScriptMemory:
+    """What the daemon read in scripts it has seen, by digest: the hook sends a script it sent
+    before as its digest only, and the decision still needs what the text said (whether its
+    srun steps ask for GPUs). Bounded, newest kept; larger than the hook's own table (1,024)
+    so a digest the hook holds is known here; one that is not is refused (the job is kept)."""
+
+    def __init__(self, size: int = 8192):
+        self.size = size
+        self._steps: OrderedDict[str, bool] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def resolve(self, request: JobRequest, digest_only: bool) -> JobRequest:
+        with self._lock:
+            if not digest_only:
+                self._steps[request.script_digest] = request.steps_ask_gpus
+                self._steps.move_to_end(request.script_digest)
+                while len(self._steps) > self.size:
+                    self._steps.popitem(last=False)
+                return request
+            steps = self._steps.get(request.script_digest)
+            if steps is None:
+                raise ProtocolError("unknown script digest: the hook must send the script")
+            self._steps.move_to_end(request.script_digest)
+        return replace(request, steps_ask_gpus=steps)
 
 
 @dataclass(frozen=True)
@@ -139,6 +204,7 @@ class Service:
         self.counters: Counter[str] = Counter()
         self._lock = threading.Lock()
         self._error_log = LogBudget(per_second=5)
+        self._scripts = ScriptMemory()
         if store is not None:
             from slurm_gpushare.daemon.pairing import Pairing
 
@@ -209,9 +275,18 @@ class Service:
             return self._overrun(message)
         if op == "job":
             return self._job(message, peer)
+        if not peer.admin and isinstance(message.get("job"), dict):
+            # Digests stand in for scripts only from the hook (admin socket).
+            message = {**message, "job": {k: v for k, v in message["job"].items()
+                                          if k != "script_digest"}}
+        job = message.get("job")
+        digest_only = isinstance(job, dict) and not job.get("script") and bool(
+            job.get("script_digest"))
         op, request = parse_request(message, opt_out_token=config.policy.opt_out_token,
                                     mem_hint_token=config.policy.mem_hint_token,
                                     digest=self.digest)
+        if request is not None and request.script_digest and peer.admin:
+            request = self._scripts.resolve(request, digest_only)
         if op == "ping":
             with self._lock:
                 counters = dict(self.counters)
@@ -232,7 +307,7 @@ class Service:
             # A user may ask what would happen to a job of theirs, never of someone else's.
             request = replace(request, uid=peer.uid, user=_user_name(peer.uid))
         started = time.perf_counter()
-        decision_id = secrets.token_hex(4)
+        decision_id = f"{_ids.getrandbits(32):08x}"
         keys = self.fingerprinter.keys_from_digests(
             request.user or str(request.uid), request.script_digest, request.name_digest,
             request.args_digest)
@@ -268,11 +343,13 @@ class Service:
         if op == "decide" and decision.code == "idle-gpu" and hasattr(self.view, "claim_idle"):
             self.view.claim_idle(decision.details.get("idle_types", ()))
         if op == "decide" and problem is None:
-            self.records.put(self.store.record_decision, {
+            self.records.put_decision({
                 **decision.to_dict(), "ts": time.time(), "uid": request.uid,
                 "account": request.account, "partition": request.partition,
                 "keys": keys.as_list(),
                 "job_class": estimate.job_class if estimate else None})
+            if request.script_digest:  # the hook sends it instead of the script next time
+                return reply_ok(decision, script_digest=request.script_digest)
         return reply_ok(decision)
 
     def _self_test(self, config: Config) -> str | None:
@@ -352,6 +429,11 @@ class Service:
         return reply_ok(job={"job_id": job_id, "state": job.state, "nodes": job.nodes,
                              "admin_comment": job.admin_comment, "uid": job.uid},
                         record=record, co_runners=co_runners, telemetry=telemetry)
+
+
+# Decision ids: random, unique in practice, not secret; seeded once from the OS (a system call
+# per request costs more than the rest of a cached decision).
+_ids = random.Random(os.urandom(16))
 
 
 def _user_name(uid: int) -> str:

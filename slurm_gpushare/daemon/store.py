@@ -72,8 +72,28 @@ def _execute_all(db: sqlite3.Connection, script: str) -> None:
             db.execute(statement)
 
 
+def _v2(db: sqlite3.Connection) -> None:
+    """An index under every hot query. ``recent_runs`` holds one row per (fingerprint key,
+    summary) in end-time order, so a key's newest runs are read from the front of an index
+    instead of sorting every run of a script resubmitted thousands of times."""
+    _execute_all(db, """
+        CREATE TABLE recent_runs (
+            key TEXT NOT NULL, end_ts REAL NOT NULL, job_id TEXT NOT NULL,
+            cluster TEXT NOT NULL, gpu_index INTEGER NOT NULL,
+            PRIMARY KEY (key, end_ts, job_id, cluster, gpu_index)) WITHOUT ROWID;
+        INSERT OR IGNORE INTO recent_runs (key, end_ts, job_id, cluster, gpu_index)
+            SELECT k.key, coalesce(s.end_ts, 0), s.job_id, s.cluster, s.gpu_index
+            FROM job_keys k JOIN summaries s ON s.cluster = k.cluster AND s.job_id = k.job_id;
+        CREATE INDEX summaries_by_end ON summaries (end_ts);
+        CREATE INDEX coruns_by_a ON coruns (job_a);
+        CREATE INDEX coruns_by_b ON coruns (job_b);
+        CREATE INDEX coruns_by_ts ON coruns (ts);
+        CREATE INDEX decisions_by_ts ON decisions (ts);
+    """)
+
+
 # MIGRATIONS[i] upgrades schema version i to i + 1. Append, never edit, once released.
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1]
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1, _v2]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -156,6 +176,12 @@ class Store:
             new = cur.rowcount == 1
             if new:
                 self._link(db, clean["cluster"], clean["job_id"], clean.get("keys", []))
+                db.execute(  # keys linked before the summary came (at submit or by decision)
+                    "INSERT OR IGNORE INTO recent_runs (key, end_ts, job_id, cluster, gpu_index) "
+                    "SELECT key, ?, job_id, cluster, ? FROM job_keys "
+                    "WHERE cluster = ? AND job_id = ?",
+                    (clean.get("end_ts") or 0, clean["gpu_index"], clean["cluster"],
+                     clean["job_id"]))
                 for corun in clean.get("coruns", []):
                     if corun["job_id"] != UNATTRIBUTED:
                         self._corun(db, clean["cluster"], clean["job_id"], corun["job_id"],
@@ -164,9 +190,7 @@ class Store:
         return new
 
     def summaries(self, job_id: str, cluster: str = "") -> list[dict[str, Any]]:
-        rows = self._db.execute(
-            "SELECT data FROM summaries WHERE cluster = ? AND job_id = ? ORDER BY gpu_index",
-            (cluster, str(job_id))).fetchall()
+        rows = self._db.execute(SUMMARIES_QUERY, (cluster, str(job_id))).fetchall()
         return [json.loads(r["data"]) for r in rows]
 
     def all_summaries(self) -> list[dict[str, Any]]:
@@ -182,8 +206,13 @@ class Store:
 
     @staticmethod
     def _link(db, cluster: str, job_id: str, keys: Iterable[str]) -> None:
+        keys = list(keys)
         db.executemany("INSERT OR IGNORE INTO job_keys (cluster, job_id, key) VALUES (?, ?, ?)",
                        [(cluster, job_id, k) for k in keys])
+        db.executemany(  # summaries already held for the job become history under the key
+            "INSERT OR IGNORE INTO recent_runs (key, end_ts, job_id, cluster, gpu_index) "
+            "SELECT ?, coalesce(end_ts, 0), job_id, cluster, gpu_index FROM summaries "
+            "WHERE cluster = ? AND job_id = ?", [(k, cluster, job_id) for k in keys])
 
     def history(self, fingerprint_keys: list[str], limit: int = 50) -> list[dict[str, Any]]:
         """Past summaries of jobs sharing a fingerprint key, most specific key first.
@@ -195,11 +224,7 @@ class Store:
         for rank, key in enumerate(fingerprint_keys):
             if not key:
                 continue
-            rows = self._db.execute(
-                "SELECT s.cluster, s.job_id, s.gpu_index, s.data FROM job_keys k "
-                "JOIN summaries s ON s.cluster = k.cluster AND s.job_id = k.job_id "
-                "WHERE k.key = ? ORDER BY s.end_ts DESC, s.job_id DESC LIMIT ?",
-                (key, limit)).fetchall()
+            rows = self._db.execute(HISTORY_QUERY, (key, limit)).fetchall()
             for row in rows:
                 ident = (row["cluster"], row["job_id"], row["gpu_index"])
                 if ident in seen:
@@ -218,14 +243,32 @@ class Store:
         job_class); idempotent by ``decision_id`` (one is made if missing). True if new."""
         clean = clean_decision(decision)
         with self._tx() as db:
-            cur = db.execute(
-                "INSERT OR IGNORE INTO decisions (decision_id, ts, cluster, job_id, action, code, "
-                "data) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (clean["decision_id"], clean["ts"], clean["cluster"], clean.get("job_id"),
-                 clean["action"], clean["code"], json.dumps(clean, sort_keys=True)))
-            if cur.rowcount == 1 and clean.get("job_id"):
-                self._link(db, clean["cluster"], clean["job_id"], clean.get("keys", []))
-            return cur.rowcount == 1
+            return self._insert_decision(db, clean)
+
+    def record_decisions(self, decisions: list[dict[str, Any]]) -> int:
+        """``record_decision`` for many, in one transaction; a refused record is skipped (and
+        raised after the others are kept). Returns how many were new."""
+        cleaned, refused = [], None
+        for decision in decisions:
+            try:
+                cleaned.append(clean_decision(decision))
+            except StoreError as exc:
+                refused = exc
+        with self._tx() as db:
+            new = sum(self._insert_decision(db, clean) for clean in cleaned)
+        if refused is not None:
+            raise refused
+        return new
+
+    def _insert_decision(self, db, clean: dict[str, Any]) -> bool:
+        cur = db.execute(
+            "INSERT OR IGNORE INTO decisions (decision_id, ts, cluster, job_id, action, code, "
+            "data) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (clean["decision_id"], clean["ts"], clean["cluster"], clean.get("job_id"),
+             clean["action"], clean["code"], json.dumps(clean, sort_keys=True)))
+        if cur.rowcount == 1 and clean.get("job_id"):
+            self._link(db, clean["cluster"], clean["job_id"], clean.get("keys", []))
+        return cur.rowcount == 1
 
     def link_decision(self, decision_id: str, job_id: str, cluster: str = "") -> bool:
         """Tie a decision made at submit time to the job id Slurm gave the job; links its
@@ -246,20 +289,17 @@ class Store:
 
     def decision(self, decision_id: str) -> dict[str, Any] | None:
         """One decision record by id, or None."""
-        row = self._db.execute("SELECT data FROM decisions WHERE decision_id = ?",
-                               (decision_id,)).fetchone()
+        row = self._db.execute(DECISION_QUERY, (decision_id,)).fetchone()
         return json.loads(row["data"]) if row else None
 
     def keys_of_job(self, job_id: str, cluster: str = "") -> list[str]:
         """Fingerprint keys linked to a job (under its cluster or the one-cluster ""), in the
         order they were linked."""
-        rows = self._db.execute("SELECT key FROM job_keys WHERE job_id = ? AND cluster IN (?, '') "
-                                "ORDER BY rowid", (job_id, cluster)).fetchall()
+        rows = self._db.execute(KEYS_OF_JOB_QUERY, (job_id, cluster)).fetchall()
         return list(dict.fromkeys(r["key"] for r in rows))
 
     def decisions(self, limit: int = 100) -> list[dict[str, Any]]:
-        rows = self._db.execute("SELECT data FROM decisions ORDER BY ts DESC LIMIT ?",
-                                (limit,)).fetchall()
+        rows = self._db.execute(DECISIONS_QUERY, (limit,)).fetchall()
         return [json.loads(r["data"]) for r in rows]
 
     # -- co-runs --------------------------------------------------------------------------
@@ -299,9 +339,7 @@ class Store:
     def coruns_of(self, job_id: str) -> list[dict[str, Any]]:
         """Co-run observations that involve one job, oriented so that side "a" is the job."""
         job_id = _check_job(job_id)
-        rows = self._db.execute("SELECT cluster, job_a, job_b, gpu_uuid, ts, overlap_s, "
-                                "gpu_type, class_a, class_b, isd_a, isd_b, ps FROM coruns "
-                                "WHERE job_a = ? OR job_b = ? ORDER BY ts", (job_id, job_id))
+        rows = self._db.execute(CORUNS_OF_QUERY, (job_id, job_id))
         out = []
         for row in map(dict, rows.fetchall()):
             if row["job_b"] == job_id:
@@ -315,6 +353,68 @@ class Store:
                                 "gpu_type, class_a, class_b, isd_a, isd_b, ps FROM coruns "
                                 "ORDER BY ts").fetchall()
         return [dict(r) for r in rows]
+
+
+    # -- retention ------------------------------------------------------------------------
+    def compact(self, retention_days: float, *, now: float | None = None,
+                batch: int = 5000) -> int:
+        """Forget runs that ended (decisions, co-runs made) more than ``retention_days`` ago;
+        0 keeps everything. Deletes in small transactions so decisions' reads and the writer
+        never wait long; SQLite reuses the freed pages for new records. Returns the summaries
+        removed."""
+        if retention_days <= 0:
+            return 0
+        cutoff = (now if now is not None else time.time()) - retention_days * 86400
+        removed = 0
+        while True:
+            with self._tx() as db:
+                old = db.execute("SELECT cluster, job_id, gpu_index, end_ts FROM summaries "
+                                 "WHERE end_ts < ? LIMIT ?", (cutoff, batch)).fetchall()
+                for row in old:
+                    db.execute("DELETE FROM summaries WHERE cluster = ? AND job_id = ? "
+                               "AND gpu_index = ?", (row[0], row[1], row[2]))
+                    keys = [k[0] for k in db.execute(
+                        "SELECT key FROM job_keys WHERE cluster = ? AND job_id = ?",
+                        (row[0], row[1]))]
+                    db.executemany("DELETE FROM recent_runs WHERE key = ? AND end_ts = ? AND "
+                                   "job_id = ? AND cluster = ? AND gpu_index = ?",
+                                   [(k, row[3], row[1], row[0], row[2]) for k in keys])
+                    if db.execute("SELECT 1 FROM summaries WHERE cluster = ? AND job_id = ?",
+                                  (row[0], row[1])).fetchone() is None:
+                        db.execute("DELETE FROM job_keys WHERE cluster = ? AND job_id = ?",
+                                   (row[0], row[1]))
+            removed += len(old)
+            if len(old) < batch:
+                break
+        with self._tx() as db:
+            db.execute("DELETE FROM decisions WHERE ts < ?", (cutoff,))
+            db.execute("DELETE FROM coruns WHERE ts < ?", (cutoff,))
+        return removed
+
+
+# The hot queries, named so a test can check each one's plan uses an index.
+HISTORY_QUERY = (
+    "SELECT s.cluster, s.job_id, s.gpu_index, s.data FROM recent_runs r "
+    "JOIN summaries s ON s.cluster = r.cluster AND s.job_id = r.job_id "
+    "AND s.gpu_index = r.gpu_index "
+    "WHERE r.key = ? ORDER BY r.end_ts DESC, r.job_id DESC LIMIT ?")
+DECISIONS_QUERY = "SELECT data FROM decisions ORDER BY ts DESC LIMIT ?"
+CORUNS_OF_QUERY = (
+    "SELECT cluster, job_a, job_b, gpu_uuid, ts, overlap_s, gpu_type, class_a, class_b, "
+    "isd_a, isd_b, ps FROM coruns WHERE job_a = ? OR job_b = ? ORDER BY ts")
+SUMMARIES_QUERY = ("SELECT data FROM summaries WHERE cluster = ? AND job_id = ? "
+                   "ORDER BY gpu_index")
+DECISION_QUERY = "SELECT data FROM decisions WHERE decision_id = ?"
+KEYS_OF_JOB_QUERY = ("SELECT key FROM job_keys WHERE job_id = ? AND cluster IN (?, '') "
+                     "ORDER BY rowid")
+HOT_QUERIES = {
+    "history": (HISTORY_QUERY, ("0" * 64, 50)),
+    "decisions": (DECISIONS_QUERY, (100,)),
+    "coruns_of": (CORUNS_OF_QUERY, ("1", "1")),
+    "summaries": (SUMMARIES_QUERY, ("", "1")),
+    "decision": (DECISION_QUERY, ("x",)),
+    "keys_of_job": (KEYS_OF_JOB_QUERY, ("1", "")),
+}
 
 
 class _Transaction:

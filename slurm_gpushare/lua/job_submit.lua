@@ -76,9 +76,26 @@ local counters = { asked = 0, shared = 0, kept = 0, failed = 0, skipped = 0, ref
 local window = {}
 local window_next = 1
 
+-- Scripts resubmitted unchanged (arrays, sweeps) travel once: afterwards the hook sends the
+-- keyed digest the daemon returned for them. Bounded; forgotten with the connection (a
+-- restarted daemon may hold another secret).
+local MAX_DIGESTS = 1024
+local digest_of, digests_held = {}, 0
+
 local function drop_connection()
   if conn then pcall(conn.close, conn) end
   conn = nil
+  digest_of, digests_held = {}, 0
+end
+
+local function remember_digest(script, digest)
+  if type(script) ~= "string" or type(digest) ~= "string" or #digest ~= 64
+      or not string.find(digest, "^%x+$") then
+    return
+  end
+  if digests_held >= MAX_DIGESTS then digest_of, digests_held = {}, 0 end
+  if digest_of[script] == nil then digests_held = digests_held + 1 end
+  digest_of[script] = digest
 end
 
 -- Read one reply line of at most max_reply_bytes before the deadline. Reads what is there
@@ -184,6 +201,8 @@ local function read_request(job_desc, part_list, submit_uid)
   end
   local het_offset = job_desc.het_job_offset
   if type(het_offset) ~= "number" or het_offset >= 4294967294 then het_offset = nil end
+  local script_digest = script and digest_of[script]
+  if script_digest then script = nil end
   return {
     uid = job_desc.user_id,
     user = job_desc.user_name,
@@ -213,6 +232,7 @@ local function read_request(job_desc, part_list, submit_uid)
     -- Sent only to be digested (keyed hash) or scanned for opt-out/hint tokens; never stored.
     script = script,
     argv = read_argv(job_desc),
+    script_digest = script_digest,
     name = job_desc.name,
     comment = job_desc.comment,
   }
@@ -393,6 +413,7 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
     failures = 0
     local note = observe(false, latency)
     if note ~= "" then slurm.log_info("gpushare: breaker open%s", note) end
+    remember_digest(request.job.script, reply.script_digest)
 
     -- All checks passed: write every field now, in one go.
     local nice
@@ -436,6 +457,10 @@ function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
   local ok, changed = pcall(function()
     local tag = job_rec and job_rec.admin_comment
     if type(tag) ~= "string" or not string.match(tag, "^gpushare:v%d+:share:") then return nil end
+    -- An update that writes a new tag is the daemon's own re-decision (only operators and
+    -- SlurmUser can set AdminComment): the requeue of a share that outgrew its memory.
+    local new_tag = job_desc.admin_comment
+    if type(new_tag) == "string" and string.match(new_tag, "^gpushare:v%d+:") then return nil end
     local names = {}
     for _, name in ipairs(DECIDING_FIELDS) do
       if job_desc[name] ~= nil then names[#names + 1] = name end
@@ -461,5 +486,6 @@ end
 -- For tests and `slurm-gpushare check-config`: the hook's own view of itself.
 function gpushare_hook_state()
   return { settings = settings, failures = failures, open_until = open_until,
-           counters = counters, connected = conn ~= nil, window = #window }
+           counters = counters, connected = conn ~= nil, window = #window,
+           digests_held = digests_held }
 end

@@ -164,7 +164,12 @@ class InterferenceClasses(ClusterMixin, BaseEstimator):
         return self._assign((X - self.mean_) / self.scale_)
 
     def predict_one(self, mgup: float, mgmap_pct: float, mgtsamp: float) -> int:
-        return int(self.predict([[mgup, mgmap_pct, mgtsamp]])[0])
+        """``predict`` for one job, without the input checks' cost (on every cold decision)."""
+        check_is_fitted(self, "centers_")
+        x = np.array([mgup, mgmap_pct, mgtsamp], dtype=float)
+        if not np.isfinite(x).all():
+            raise ValueError("features must be finite numbers")
+        return int(self._assign(((x - self.mean_) / self.scale_)[None, :])[0])
 
     def transform(self, X) -> np.ndarray:
         """Distances (standardised units) to each class centre."""

@@ -10,7 +10,7 @@ Nothing here looks at the job's model, data or hyper-parameters: only NVML telem
 from __future__ import annotations
 
 import threading
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from typing import Any, Mapping, Sequence
 
 from slurm_gpushare.core.config import Config
@@ -77,7 +77,11 @@ def observed_runtimes(history: Sequence[Mapping[str, Any]]) -> dict[str, float]:
 
 
 class HistoryEstimator:
-    """Builds estimates for the daemon; thread-safe; cached until the next ingest."""
+    """Builds estimates for the daemon; thread-safe. Estimates are cached per set of keys
+    until a run under one of those keys is learned (``invalidate_keys``): a new run of one
+    script leaves every other script's estimate warm."""
+
+    CACHE_SIZE = 20_000  # entries (a few KB each); the oldest go first
 
     def __init__(self, store, *, predictor=None, classes=None, runtime=None):
         from slurm_gpushare.predict.classes import default_classes
@@ -88,7 +92,11 @@ class HistoryEstimator:
         self.predictor = predictor or default_predictor()
         self.classes = classes or default_classes()
         self.runtime = runtime or RuntimeTransfer().fit(load_gavel())
-        self._cache: dict[tuple, tuple[JobEstimate | None, str]] = {}
+        self._cache: OrderedDict[tuple, tuple[JobEstimate | None, str]] = OrderedDict()
+        # Bumped by every invalidation: an estimate computed while one happened is not cached
+        # (it may have read the store before the learned run was committed).
+        self._generation = 0
+        self._by_key: dict[str, set[tuple]] = defaultdict(set)  # fingerprint key -> cache keys
         self._lock = threading.Lock()
 
     def set_classes(self, classes=None) -> None:
@@ -106,8 +114,19 @@ class HistoryEstimator:
         self.invalidate()
 
     def invalidate(self) -> None:
+        """Forget every estimate (the predictor or the classes changed)."""
         with self._lock:
             self._cache.clear()
+            self._by_key.clear()
+            self._generation += 1
+
+    def invalidate_keys(self, keys: Sequence[str]) -> None:
+        """Forget the estimates that read the history of any of ``keys``."""
+        with self._lock:
+            self._generation += 1
+            for key in keys:
+                for cache_key in self._by_key.pop(key, ()):
+                    self._cache.pop(cache_key, None)
 
     def estimate(self, keys: Sequence[str], config: Config,
                  hint_mib: int | None = None) -> tuple[JobEstimate | None, str]:
@@ -119,10 +138,23 @@ class HistoryEstimator:
         cache_key = (tuple(keys), hint_mib, id(config))
         with self._lock:
             if cache_key in self._cache:
+                self._cache.move_to_end(cache_key)
                 return self._cache[cache_key]
+            generation = self._generation
         result = self._estimate(keys, config, hint_mib)
         with self._lock:
-            self._cache[cache_key] = result
+            if generation == self._generation:
+                self._cache[cache_key] = result
+                for key in cache_key[0]:
+                    self._by_key[key].add(cache_key)
+                if len(self._cache) > self.CACHE_SIZE:
+                    oldest, _ = self._cache.popitem(last=False)
+                    for key in oldest[0]:
+                        entries = self._by_key.get(key)
+                        if entries is not None:
+                            entries.discard(oldest)
+                            if not entries:
+                                del self._by_key[key]
         return result
 
     def _estimate(self, keys, config, hint_mib) -> tuple[JobEstimate | None, str]:
@@ -151,8 +183,9 @@ class HistoryEstimator:
         detail = f"history: peak {seen}; {estimate.detail}" if estimate.detail else f"history: peak {seen}"
         if job_class is not None:
             detail += f"; {class_detail.split(' (')[0]}"
+        best = min(h.get("matched_key", 0) for h in history)
         utils = [s["mgup_max"] for s in history if s.get("mgup_max") is not None
-                 and s.get("matched_key", 0) == min(h.get("matched_key", 0) for h in history)]
+                 and s.get("matched_key", 0) == best]
         estimate = JobEstimate(source="history", memory_mib=estimate.memory_mib,
                                runtime_s=estimate.runtime_s, job_class=job_class, detail=detail,
                                excluded=verdict.excluded,

@@ -26,13 +26,18 @@ def unique_script(cluster, **workload) -> str:
     return f"{shebang}\nRUN={uuid.uuid4().hex}\n{rest}"
 
 
-def decision_of(cluster, job: dict) -> dict:
+def decision_of(cluster, job: dict, timeout: float = 5) -> dict:
+    """The decision's log line (the daemon writes its log in batches: poll briefly)."""
     decision_id = job["AdminComment"].split("id=")[1].split(":")[0]
-    for line in (cluster.log / "gpushare.log").read_text().splitlines():
-        entry = json.loads(line)
-        if entry.get("event") == "decision" and entry.get("id") == decision_id:
-            return entry
-    raise AssertionError(f"decision {decision_id} not logged")
+    deadline = time.monotonic() + timeout
+    while True:
+        for line in (cluster.log / "gpushare.log").read_text().splitlines():
+            entry = json.loads(line)
+            if entry.get("event") == "decision" and entry.get("id") == decision_id:
+                return entry
+        if time.monotonic() > deadline:
+            raise AssertionError(f"decision {decision_id} not logged")
+        time.sleep(0.1)
 
 
 def wait_ingested(cluster, job_id: str, timeout: float = 60) -> dict:

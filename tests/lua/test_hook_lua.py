@@ -249,6 +249,15 @@ def test_updates_of_other_jobs_go_through(tmp_path, job_rec):
                        job_rec=job_rec)[0] == 0
 
 
+def test_the_daemons_own_resize_of_a_share_goes_through(tmp_path):
+    # The requeue of a share that outgrew its memory: a new count with its new tag (only
+    # operators and SlurmUser may write AdminComment).
+    hook = hook_for(str(tmp_path / "none.sock"), tmp_path)
+    update = {"tres_per_node": "gres:shard:12",
+              "admin_comment": "gpushare:v1:share:id=ab:shard=12:why=requeue-resized"}
+    assert hook.modify(dict(update), job_rec=SHARE_REC) == (0, update)
+
+
 def test_other_updates_of_a_share_go_through(tmp_path):
     hook = hook_for(str(tmp_path / "none.sock"), tmp_path)
     assert hook.modify({"time_limit": 30, "name": "x"}, job_rec=SHARE_REC) == (
@@ -299,3 +308,30 @@ def test_nice_out_of_range_leaves_the_job_as_submitted(misbehaving, tmp_path):
     hook = hook_for(server.path, tmp_path)
     before = job_fields(nice=NO_VAL)
     assert hook.submit(before) == (0, before)
+
+
+def test_a_resubmitted_script_travels_once_then_as_its_digest(daemon, tmp_path, monkeypatch):
+    from lua_harness import FakeSocket
+
+    sent = []
+    send = FakeSocket.send
+
+    def recording(self, data):
+        sent.append(data)
+        return send(self, data)
+
+    monkeypatch.setattr(FakeSocket, "send", recording)
+    hook = hook_for(daemon.socket, tmp_path)
+    before = job_fields()
+    first = hook.submit(before)
+    second = hook.submit(before)
+    # The same decision either way (same keys, so the same history and share).
+    assert first[1]["tres_per_node"] == second[1]["tres_per_node"] == "gres:shard:8"
+    import json
+
+    jobs = [json.loads(line)["job"] for line in sent]
+    assert "script" in jobs[0] and "script_digest" not in jobs[0]
+    assert "script" not in jobs[1] and len(jobs[1]["script_digest"]) == 64
+    assert hook.state()["digests_held"] == 1
+    other = hook.submit(job_fields(script="#!/bin/sh\nother\n"))
+    assert "script" in json.loads(sent[-1])["job"] and other[0] == 0

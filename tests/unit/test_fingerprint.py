@@ -129,3 +129,25 @@ def test_nothing_secret_reaches_store_spool_or_logs(tmp_path, fp):
         for secret in SECRETS:
             for encoding in ("utf-8", "utf-16-le"):
                 assert secret.encode(encoding) not in data, f"{secret!r} found in {path.name}"
+
+
+def test_digests_never_change_with_the_implementation():
+    """Stored history is found by these digests: the one-shot HMAC must equal the streamed one
+    that made the digests already in stores."""
+    import hashlib
+    import hmac
+
+    from slurm_gpushare.daemon.fingerprint import Fingerprinter
+
+    fingerprinter = Fingerprinter(b"s" * 32)
+
+    def streamed(domain, *parts):
+        mac = hmac.new(b"s" * 32, domain.encode(), hashlib.sha256)
+        for part in parts:
+            data = part.encode("utf-8", "surrogatepass")
+            mac.update(len(data).to_bytes(8, "big"))
+            mac.update(data)
+        return mac.hexdigest()
+
+    for args in (("key:exact", "alice", "ab" * 32), ("script", "#!/bin/sh\nü\n"), ("key:user", "")):
+        assert fingerprinter._mac(*args) == streamed(*args)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import pytest
 
 from slurm_gpushare.core.config import Config, GpuType, PolicyConfig
@@ -15,7 +16,8 @@ LIGHT, HEAVY, OTHER_LIGHT = "a" * 64, "b" * 64, "c" * 64
 
 def summary(job_id, key, util_mean, mem_mean, **extra):
     return {"v": 1, "cluster": "c1", "job_id": job_id, "gpu_index": 0, "gpu_model": "Tesla V100",
-            "mem_total_mib": 16384.0, "duration_s": 60.0, "end_ts": float(job_id),
+            "mem_total_mib": 16384.0, "duration_s": 60.0,
+            "end_ts": time.time() - 3600 + float(job_id),  # recent: kept by retention
             "mgup_max": min(100.0, 2 * util_mean), "mgup_mean": util_mean,
             "mgmap_max_mib": 2000.0, "mgmap_max_pct": 12.2, "mgtsamp_max": 2 * mem_mean,
             "mgtsamp_mean": mem_mean, "shared": False, "coruns": [], "conditions": [],
@@ -106,7 +108,7 @@ def test_ingest_learns_corrections_from_a_measured_co_run(store, monkeypatch):
     # job 20 took 150 s (ISD 1.5, far above what two light jobs predict), job 21 61 s.
     for job_id, key in (("20", LIGHT), ("21", OTHER_LIGHT)):
         store.record_decision({"decision_id": f"d{job_id}", "action": "share", "code": "x",
-                               "keys": [key], "job_class": 0})
+                               "keys": [key, "f" * 64], "job_class": 0})  # script, user
     jobs = {job_id: SlurmJob(job_id, 1000, Tag("share", "history-share", f"d{job_id}",
                                                 types=("v100",), job_class=0, shard=4).encode())
             for job_id in ("20", "21")}

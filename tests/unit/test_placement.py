@@ -92,11 +92,11 @@ def test_idle_gpus_per_node_from_running_jobs():
 
 
 def test_a_burst_claims_idle_gpus_one_by_one():
-    from slurm_gpushare.daemon.clusterview import SlurmClusterView
+    from slurm_gpushare.daemon.clusterview import SlurmClusterView, Snapshot
 
     view = SlurmClusterView(config())
-    view._nodes = (NodeView("a1", "a100", ("gpu",), gpus=4, idle_gpus=0),
-                   NodeView("t1", "t4", ("gpu",), gpus=2, idle_gpus=2))
+    view._snapshot = Snapshot((NodeView("a1", "a100", ("gpu",), gpus=4, idle_gpus=0),
+                               NodeView("t1", "t4", ("gpu",), gpus=2, idle_gpus=2)))
     estimate = history(t4=6, v100=6, a100=6)
     codes = []
     for _ in range(4):

@@ -265,21 +265,26 @@ def test_no_exclusion_when_every_candidate_node_interferes():
 
 
 def test_resident_classes_come_from_running_shares():
-    from slurm_gpushare.daemon.clusterview import resident_classes, running_shares
+    from slurm_gpushare.daemon.clusterview import parse_running
 
+    tag = "gpushare:v1:share:id=ab12:shard=8:types=a100:class={}:why=history"
     squeue = "\n".join([
-        "101|a100-1|gres:shard:8",
-        "102|a100-1|gres/shard:44,gres/nic:1",
-        "103|t4-1|gres:mps:25",
-        "104|v100-1|gres:gpu:1",          # a whole GPU: not a share
-        "105|a100-[1-2]|gres:shard:8",    # several nodes: not a share
-        "106|a100-2|gres:shard:8",        # a share of unknown class
+        "101|a100-1|gres:shard:8|" + tag.format(1),
+        "102|a100-1|gres/shard:44,gres/nic:1|" + tag.format(2),
+        "103|t4-1|gres:mps:25|" + tag.format(0) + " | and free text",
+        "104|v100-1|gres:gpu:1|(null)",          # a whole GPU: not a share
+        "105|a100-[1-2]|gres:shard:8|(null)",    # several nodes: not a share
+        "106|a100-2|gres:shard:8|(null)",        # a share of unknown class
         "garbage line",
     ])
-    shares = running_shares(squeue)
-    assert shares == {"101": "a100-1", "102": "a100-1", "103": "t4-1", "106": "a100-2"}
-    classes = {"101": 1, "102": 2, "103": 0, "106": None}
-    assert resident_classes(shares, classes) == {"a100-1": [1, 2], "t4-1": [0]}
+    running = {line.split("|")[0]: parse_running(line) for line in squeue.splitlines()}
+    shares = {job: r for job, r in running.items() if r and r.shared}
+    assert {job: r.nodes for job, r in shares.items()} == {
+        "101": ("a100-1",), "102": ("a100-1",), "103": ("t4-1",), "106": ("a100-2",)}
+    classes = {job: r.share_class for job, r in shares.items()}
+    assert classes == {"101": 1, "102": 2, "103": None, "106": None}  # 103: not a tag
+    assert running["104"].gpus == 1 and running["105"].nodes == ("a100-1", "a100-2")
+    assert running["garbage line"] is None
 
 
 def test_a_node_with_a_clean_gpu_is_not_excluded():

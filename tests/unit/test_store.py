@@ -147,3 +147,111 @@ def test_concurrent_writers(tmp_path):
     assert not errors
     with Store(path) as s:
         assert len(s.all_summaries()) == 40 + 3 * 40
+
+
+# -- scale: indexes, recent runs, retention ---------------------------------------------------
+
+def test_every_hot_query_uses_an_index(store):
+    """Each query on the decision or ingest path searches an index: no full scan, and no sort
+    of all of a key's runs (the history query reads the newest runs off the index)."""
+    for n in range(30):  # some rows, so the plans are the ones a real store gets
+        store.ingest_summary(summary(str(n), keys=[KEY["exact"], KEY["user"]]))
+        store.record_decision({"action": "keep", "code": "default", "job_id": str(n)})
+        store.record_corun(str(n), str(n + 1))
+    store._db.execute("ANALYZE")
+    for name, (query, args) in storemod.HOT_QUERIES.items():
+        plan = [row[3] for row in store._db.execute("EXPLAIN QUERY PLAN " + query, args)]
+        steps = [p for p in plan if p.startswith(("SCAN", "SEARCH"))]
+        assert steps and all("INDEX" in p or "PRIMARY KEY" in p for p in steps), (name, plan)
+        if name in ("history", "decisions"):
+            assert not any("TEMP B-TREE" in p for p in plan), (name, plan)
+
+
+def _history_v1(db, key, limit=50):
+    """The history query of schema version 1 (join and sort): the reference for recent_runs."""
+    return [tuple(r) for r in db.execute(
+        "SELECT s.cluster, s.job_id, s.gpu_index FROM job_keys k "
+        "JOIN summaries s ON s.cluster = k.cluster AND s.job_id = k.job_id "
+        "WHERE k.key = ? ORDER BY s.end_ts DESC, s.job_id DESC, s.gpu_index LIMIT ?",
+        (key, limit))]
+
+
+def test_history_reads_the_same_runs_as_a_full_sort(store):
+    import random
+
+    rng = random.Random(7)
+    keys = [KEY["exact"], KEY["name"], KEY["other"]]
+    for n in range(400):
+        job = str(1000 + n)
+        linked = rng.sample(keys, rng.randint(0, 2))
+        end = rng.choice([None, float(rng.randint(0, 50))])  # ties and missing end times
+        if rng.random() < 0.5:  # keys at ingest, or linked later by the decision
+            store.ingest_summary(summary(job, keys=linked, end_ts=end))
+        else:
+            store.record_decision({"decision_id": f"d{n}", "action": "keep", "code": "x",
+                                   "keys": linked})
+            store.ingest_summary(summary(job, end_ts=end, gpu=n % 2))
+            store.link_decision(f"d{n}", job, cluster="c1")
+    for key in keys:
+        expected = _history_v1(store._db, key)
+        got = [(s["cluster"], s["job_id"], s["gpu_index"]) for s in store.history([key])]
+        # same runs, same order up to ties in (end_ts, job_id)
+        assert got == expected
+
+
+def test_version_1_store_is_migrated_with_its_history(tmp_path, monkeypatch):
+    path = tmp_path / "old.db"
+    monkeypatch.setattr(storemod, "MIGRATIONS", storemod.MIGRATIONS[:1])
+    monkeypatch.setattr(storemod, "SCHEMA_VERSION", 1)
+    with Store(path) as old:  # rows as version 1 wrote them
+        for job in ("5", "6"):
+            old._db.execute("INSERT INTO summaries VALUES ('c1', ?, 0, 0, ?, 'Tesla V100', ?)",
+                            (job, float(job), '{"job_id": "%s", "gpu_index": 0}' % job))
+            old._db.execute("INSERT INTO job_keys VALUES ('c1', ?, ?)", (job, KEY["exact"]))
+    monkeypatch.undo()
+    with Store(path) as new:
+        assert new.schema_version == SCHEMA_VERSION
+        assert [s["job_id"] for s in new.history([KEY["exact"]])] == ["6", "5"]
+
+
+def test_compact_forgets_old_runs_only(store):
+    for n, end in ((1, 100.0), (2, 200.0), (3, 10_000_000.0)):
+        store.ingest_summary(summary(str(n), end_ts=end, keys=[KEY["exact"]]))
+    store.record_corun("1", "3", cluster="c1")
+    assert store.compact(0) == 0  # 0 keeps everything
+    removed = store.compact(1.0, now=10_000_000.0 + 3600, batch=1)
+    assert removed == 2
+    assert [s["job_id"] for s in store.history([KEY["exact"]])] == ["3"]
+    assert store.summaries("1", cluster="c1") == [] and store.keys_of_job("1", "c1") == []
+    assert store.keys_of_job("3", "c1") == [KEY["exact"]]
+    left = store._db.execute("SELECT count(*) FROM recent_runs").fetchone()[0]
+    assert left == 1
+
+
+def test_estimates_are_forgotten_per_key(store):
+    """A learned run makes stale only the estimates that read its keys."""
+    from slurm_gpushare.core.config import parse_config
+    from slurm_gpushare.predict.history import HistoryEstimator
+
+    reads = []
+
+    class Counting:
+        def history(self, keys, limit=50):
+            reads.append(tuple(keys))
+            return store.history(keys, limit)
+
+    estimator = HistoryEstimator(Counting())
+    config = parse_config({"gpu_types": {"v100": {"memory_gib": 16}}})
+    v100 = "Tesla V100-SXM2-16GB"
+    store.ingest_summary(summary("1", keys=[KEY["exact"]], gpu_model=v100))
+    store.ingest_summary(summary("2", keys=[KEY["other"]], gpu_model=v100))
+    first = estimator.estimate([KEY["exact"]], config)
+    estimator.estimate([KEY["other"]], config)
+    assert estimator.estimate([KEY["exact"]], config) is first and len(reads) == 2
+    store.ingest_summary(summary("3", keys=[KEY["exact"]], gpu_model=v100,
+                                 mgmap_max_mib=12000.0))
+    estimator.invalidate_keys([KEY["exact"]])
+    estimator.estimate([KEY["other"]], config)  # still cached
+    assert len(reads) == 2
+    again = estimator.estimate([KEY["exact"]], config)
+    assert len(reads) == 3 and again != first

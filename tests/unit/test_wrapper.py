@@ -112,8 +112,9 @@ def test_explain_builds_every_field_the_hook_sends():
                                "-t", "1", "-N", "1", "-n", "1", "--exclusive", "-J", "j",
                                "--comment=c", "-w", "n2", "--reservation=r", "job.sh", "arg"])
     job = Submission.build(line, "#!/bin/sh\n", environ={}).job_fields(uid=1, user="u")
-    # Array and het fields are the hook's alone: --explain models neither.
-    assert set(job) == set(protocol.JOB_FIELDS) - {"array_inx", "het_job_offset"}
+    # Array and het fields are the hook's alone: --explain models neither; script_digest stands
+    # in for a script the hook sent before (the wrapper always sends the script).
+    assert set(job) == set(protocol.JOB_FIELDS) - {"array_inx", "het_job_offset", "script_digest"}
     assert job["argv"] == ["job.sh", "arg"] and job["req_nodes"] == "n2"
 
 

@@ -1,0 +1,164 @@
+#!/usr/bin/env python3
+"""What one decision costs the daemon: CPU time and round trip per request, old code vs new.
+
+Starts the real ``slurm-gpushare serve`` of each checkout given (``--code``, e.g. the commit
+before a change unpacked with ``git archive``, and this one), each with its own temporary
+config, store and log file, and sends decide requests on one kept connection, as the hook does.
+Rounds alternate between the checkouts, so drift on the machine hits all alike. The daemon's
+CPU time (user + system, from /proc) per request is the figure that a busy machine disturbs
+least; the round trip's wall time is recorded too. Three request shapes: a short script, a
+64 KiB script, and the 64 KiB script sent as the digest the daemon returned for it (only where
+the daemon returns one).
+
+    .venv/bin/python bench/daemon_cost.py --code /tmp/before --code . [--rounds 5]
+        [--requests 2000] [--out bench/results/daemon_cost.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+SHORT = "#!/bin/sh\n#SBATCH --gres=gpu:1\npython train.py\n"
+LONG = "#!/bin/sh\n" + "echo a line of a long job script\n" * 2000  # ~64 KiB
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS  # utime + stime
+
+
+class Daemon:
+    def __init__(self, code: Path, tmp: Path):
+        self.code = code
+        tmp.mkdir(parents=True)
+        self.sock_path = tmp / "d.sock"
+        config = tmp / "gpushare.toml"
+        config.write_text(
+            f'[daemon]\nsocket = "{self.sock_path}"\nlog_file = "{tmp}/daemon.log"\n'
+            f'secret_file = "{tmp}/secret"\nquery_socket = ""\nstate_dir = "{tmp}/state"\n'
+            '[policy]\nsharing_partitions = ["gpu"]\nfirst_run = "default-share"\n'
+            '[gpu_types.v100]\nmemory_gib = 16\n[gpu_types.a100]\nmemory_gib = 80\n')
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "slurm_gpushare", "serve", "--config", str(config)],
+            cwd=str(code), env={**os.environ, "PYTHONPATH": str(code)},
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 180
+        while not self.sock_path.exists():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"daemon of {code} did not start")
+            time.sleep(0.1)
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.connect(str(self.sock_path))
+        self.reader = self.sock.makefile("rb")
+
+    def ask(self, job: dict) -> dict:
+        self.sock.sendall(json.dumps({"v": 1, "op": "decide", "job": job}).encode() + b"\n")
+        return json.loads(self.reader.readline())
+
+    def measure(self, job: dict, requests: int) -> dict:
+        line = json.dumps({"v": 1, "op": "decide", "job": job}).encode() + b"\n"
+        times = []
+        cpu_before = cpu_seconds(self.proc.pid)
+        for _ in range(requests):
+            started = time.perf_counter()
+            self.sock.sendall(line)
+            self.reader.readline()
+            times.append(time.perf_counter() - started)
+        cpu = cpu_seconds(self.proc.pid) - cpu_before
+        time.sleep(0.3)  # let batched writes land, then count them too
+        cpu_after_writes = cpu_seconds(self.proc.pid) - cpu_before
+        ordered = sorted(times)
+        return {"cpu_us_per_request": round(cpu / requests * 1e6, 1),
+                "cpu_us_per_request_with_writes": round(cpu_after_writes / requests * 1e6, 1),
+                "p50_ms": round(ordered[len(ordered) // 2] * 1000, 4),
+                "p99_ms": round(ordered[int(0.99 * (len(ordered) - 1))] * 1000, 4)}
+
+    def stop(self) -> None:
+        self.sock.close()
+        self.proc.terminate()
+        self.proc.wait(30)
+
+
+def job(**fields) -> dict:
+    return {"uid": 1000, "user": "alice", "partition": "gpu", "tres_per_node": "gres:gpu:1",
+            "min_nodes": 4294967294, "shared": 65534, "name": "train", **fields}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--code", action="append", required=True)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument("--out", default=str(REPO / "bench" / "results" / "daemon_cost.json"))
+    args = parser.parse_args(argv)
+
+    load_before = os.getloadavg()
+    tmp = Path(tempfile.mkdtemp(prefix="daemon-cost-"))
+    daemons = {code: Daemon(Path(code).resolve(), tmp / f"d{i}")
+               for i, code in enumerate(args.code)}
+    results: dict[str, dict[str, list]] = {code: {} for code in daemons}
+    try:
+        for daemon in daemons.values():  # warm up: imports, caches
+            daemon.measure(job(script=SHORT), 200)
+        for round_no in range(args.rounds):
+            order = list(daemons.items())
+            order = order[round_no % len(order):] + order[:round_no % len(order)]
+            for code, daemon in order:
+                digest = daemon.ask(job(script=LONG)).get("script_digest")
+                shapes = {"short_script": job(script=SHORT), "script_64k": job(script=LONG)}
+                if digest:
+                    shapes["script_64k_as_digest"] = job(script_digest=digest)
+                for shape, fields in shapes.items():
+                    results[code].setdefault(shape, []).append(
+                        daemon.measure(fields, args.requests if shape != "script_64k"
+                                       else args.requests // 4))
+            print(f"round {round_no + 1}/{args.rounds} done", flush=True)
+    finally:
+        for daemon in daemons.values():
+            daemon.stop()
+
+    def summary(rounds: list[dict]) -> dict:
+        out = {}
+        for key in rounds[0]:
+            values = [r[key] for r in rounds]
+            out[key] = {"median": round(statistics.median(values), 4),
+                        "min": min(values), "max": max(values), "rounds": values}
+        return out
+
+    commits = {}
+    for code in daemons:
+        commits[code] = subprocess.run(["git", "-C", code, "rev-parse", "--short", "HEAD"],
+                                       capture_output=True, text=True).stdout.strip() or None
+    record = {
+        "benchmark": "daemon_cost",
+        "command": "python bench/daemon_cost.py " + " ".join(argv or sys.argv[1:]),
+        "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+                    "python": platform.python_version(), "loadavg_before": load_before,
+                    "loadavg_after": os.getloadavg()},
+        "rounds": args.rounds, "requests_per_round": args.requests,
+        "commits": commits,
+        "results": {code: {shape: summary(rounds) for shape, rounds in shapes.items()}
+                    for code, shapes in results.items()},
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=2) + "\n")
+    print(json.dumps(record["results"], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,125 @@
+"""The request path does no writing: decisions and log lines are queued and written in
+batches by their own threads; a script sent once travels as its digest afterwards."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from slurm_gpushare.daemon.logs import BatchedHandler, JsonLogFormatter
+from slurm_gpushare.daemon.protocol import request as request_once
+from slurm_gpushare.daemon.service import Peer, RecordWriter
+from slurm_gpushare.daemon.store import Store
+
+JOB = {"uid": 1000, "user": "alice", "partition": "gpu", "tres_per_node": "gres:gpu:1",
+       "min_nodes": 4294967294, "shared": 65534, "script": "#!/bin/sh\npython train.py\n"}
+
+
+def test_decisions_are_written_in_batches_and_a_bad_one_loses_no_other(tmp_path):
+    store = Store(tmp_path / "s.db")
+    transactions = []
+    record_decisions = store.record_decisions
+
+    def counting(decisions):
+        transactions.append(len(decisions))
+        return record_decisions(decisions)
+
+    store.record_decisions = counting
+    writer = RecordWriter(store, interval_s=0.2)
+    try:
+        for n in range(200):
+            writer.put_decision({"decision_id": f"d{n}", "action": "keep", "code": "default"})
+        writer.put_decision({"decision_id": "bad", "action": "explode"})
+        assert store.decision("d0") is None  # nothing written on the caller's thread
+        writer.flush()
+        assert all(store.decision(f"d{n}") for n in range(200))
+        assert store.decision("bad") is None
+        assert sum(transactions) == 201 and len(transactions) <= 3
+    finally:
+        writer.close()
+        store.close()
+
+
+def test_other_work_runs_after_the_decisions_queued_before_it(tmp_path):
+    store = Store(tmp_path / "s.db")
+    writer = RecordWriter(store, interval_s=0.2)
+    seen = []
+    try:
+        writer.put_decision({"decision_id": "d1", "action": "keep", "code": "default"})
+        writer.put(lambda: seen.append(store.decision("d1") is not None))
+        writer.flush()
+        assert seen == [True]
+    finally:
+        writer.close()
+        store.close()
+
+
+def test_log_lines_are_written_by_the_writer_thread_in_one_go(tmp_path):
+    path = tmp_path / "daemon.log"
+    target = logging.FileHandler(path)
+    target.setFormatter(JsonLogFormatter())
+    handler = BatchedHandler(target, interval_s=0.2)
+    logger = logging.getLogger("test-batched")
+    logger.addHandler(handler)
+    logger.propagate = False
+    logger.setLevel(logging.INFO)
+    try:
+        for n in range(50):
+            logger.info("decision", extra={"fields": {"n": n}})
+        assert path.read_text() == ""  # the caller wrote nothing
+        deadline = time.monotonic() + 5
+        while path.read_text().count("\n") < 50 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert path.read_text().count('"event": "decision"') == 50
+        logger.warning("last words")
+    finally:
+        logger.removeHandler(handler)
+        handler.close()  # writes what is still queued
+    assert path.read_text().splitlines()[-1].startswith('{"ts"')
+    assert '"event": "last words"' in path.read_text()
+
+
+def test_the_reply_carries_the_digest_that_stands_for_the_script(daemon):
+    first = request_once(daemon.socket, {"v": 1, "op": "decide", "job": JOB})
+    digest = first["script_digest"]
+    assert len(digest) == 64
+    by_digest = {k: v for k, v in JOB.items() if k != "script"} | {"script_digest": digest}
+    second = request_once(daemon.socket, {"v": 1, "op": "decide", "job": by_digest})
+    assert second["ok"] and second["script_digest"] == digest
+    daemon.service.records.flush()
+    keys = [daemon.service.store.decision(r["decision"]["decision_id"])["keys"]
+            for r in (first, second)]
+    assert keys[0] == keys[1]  # the same history either way
+    bad = request_once(daemon.socket, {"v": 1, "op": "decide",
+                                       "job": by_digest | {"script_digest": "x" * 64}})
+    # The request's own mistake: the job is kept as submitted, not a daemon failure.
+    assert bad["ok"] and bad["decision"]["code"] == "bad-request"
+    assert "script_digest" in bad["decision"]["reason"]
+    unknown = request_once(daemon.socket, {"v": 1, "op": "decide",
+                                           "job": by_digest | {"script_digest": "a" * 64}})
+    assert unknown["decision"]["action"] == "keep" and "unknown script digest" in \
+        unknown["decision"]["reason"]
+
+
+def test_what_the_script_said_still_counts_when_it_travels_as_its_digest(daemon):
+    """A script whose srun steps ask for GPUs is kept whole, also when resubmitted as its
+    digest (the daemon remembers what it read in the text)."""
+    job = JOB | {"batch": True, "script": "#!/bin/sh\nsrun --gres=gpu:1 python train.py\n"}
+    first = request_once(daemon.socket, {"v": 1, "op": "decide", "job": job})
+    assert first["decision"]["code"] == "steps-need-gpu"
+    by_digest = {k: v for k, v in job.items() if k != "script"} | {
+        "script_digest": first["script_digest"]}
+    second = request_once(daemon.socket, {"v": 1, "op": "decide", "job": by_digest})
+    assert second["decision"]["code"] == "steps-need-gpu"
+
+
+def test_users_cannot_pass_a_digest_for_a_script_they_did_not_send(daemon):
+    digest = request_once(daemon.socket, {"v": 1, "op": "decide", "job": JOB})["script_digest"]
+    job = {k: v for k, v in JOB.items() if k != "script"} | {"script_digest": digest}
+    user = Peer(uid=1000, admin=False)
+    reply = daemon.service.handle({"v": 1, "op": "explain", "job": job}, user)
+    assert reply["ok"] and "script_digest" not in reply
+    plain = daemon.service.handle({"v": 1, "op": "explain", "job": {
+        k: v for k, v in job.items() if k != "script_digest"}}, user)["decision"]
+    assert (reply["decision"]["code"], reply["decision"]["reason"]) == (plain["code"],
+                                                                        plain["reason"])

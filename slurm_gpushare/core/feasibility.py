@@ -154,6 +154,22 @@ def state_usable(state: str, in_reservation: bool = False) -> bool:
 
 def check(request, fits: Sequence[GpuType], view, *,
           reservations: Mapping[str, Sequence[str]] | None = None) -> Placement:
+    """``_check``, answered once per view snapshot for jobs that ask for the same thing: the
+    daemon's snapshots never change and carry a ``checks`` dict (many submissions of a large
+    cluster would otherwise each scan its nodes)."""
+    checks = getattr(view.nodes(), "checks", None) if view is not None and reservations is None \
+        else None
+    if checks is None:
+        return _check(request, fits, view, reservations=reservations)
+    key = ("feasibility", request.partition, request.features, request.req_nodes,
+           request.exc_nodes, request.reservation, tuple(g.name for g in fits))
+    if key not in checks:
+        checks[key] = _check(request, fits, view)
+    return checks[key]
+
+
+def _check(request, fits: Sequence[GpuType], view, *,
+           reservations: Mapping[str, Sequence[str]] | None = None) -> Placement:
     """The types among ``fits`` where a share of ``request`` can run.
 
     ``view`` is the policy's ClusterView or None. Without a view only the constraint is checked

@@ -133,10 +133,18 @@ def idle_types(fits: Sequence[GpuType], partitions: Sequence[str],
     """The job's fitting types with an idle GPU in one of its partitions (the view's word)."""
     if view is None:
         return []
+    nodes = view.nodes()
+    checks = getattr(nodes, "checks", None)  # a daemon snapshot: answered once per snapshot
+    key = ("idle", tuple(g.name for g in fits), tuple(partitions))
+    if checks is not None and key in checks:
+        return list(checks[key])
     types = {g.name for g in fits}
-    idle = {n.gpu_type for n in view.nodes() if n.idle_gpus and n.gpu_type in types
+    idle = {n.gpu_type for n in nodes if n.idle_gpus and n.gpu_type in types
             and (not n.partitions or any(p in n.partitions for p in partitions))}
-    return [g.name for g in fits if g.name in idle]
+    found = [g.name for g in fits if g.name in idle]
+    if checks is not None:
+        checks[key] = tuple(found)
+    return found
 
 
 def _keep(code: str, reason: str, decision_id: str = "", **details) -> Decision:

@@ -50,6 +50,7 @@ class Snapshot(tuple):
     def __new__(cls, nodes=()):
         snapshot = super().__new__(cls, nodes)
         snapshot.memo = {}  # policy.incompatible_nodes' answers on this snapshot
+        snapshot.checks = {}  # feasibility and idle-GPU answers on this snapshot
         return snapshot
 
 

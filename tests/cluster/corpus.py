@@ -259,7 +259,7 @@ class Corpus:
             thread.join(max(0.0, deadline - time.monotonic()))
         self._read_accounting(cases)
 
-    def _read_accounting(self, cases: list[Case], timeout: float = 60) -> None:
+    def _read_accounting(self, cases: list[Case], timeout: float = 180) -> None:
         names = {c.name: c for c in cases}
         fields = ["JobID", "JobName", "State", "ExitCode", "NodeList", "AllocTRES", "Submit",
                   "Start", "AdminComment"]

@@ -171,9 +171,15 @@ def test_a_job_above_its_share_is_requeued_when_admins_choose_so(cluster):
         while int(cluster.job(job_id).get("Restarts", "0")) < 1:
             assert time.monotonic() < deadline, cluster.job(job_id)
             time.sleep(0.25)
-        events = [e for e in map(json.loads, (cluster.log / "gpushare.log").read_text().splitlines())
-                  if e.get("job_id") == job_id]
-        assert {"share-overrun", "requeued"} <= {e["event"] for e in events}
+        def events():  # the log is written in batches: poll for the requeue's line
+            return [e for e in map(json.loads, (cluster.log / "gpushare.log").read_text()
+                                   .splitlines()) if e.get("job_id") == job_id]
+
+        deadline = time.monotonic() + 30
+        while not {"share-overrun", "requeued"} <= {e["event"] for e in events()}:
+            assert time.monotonic() < deadline, [e["event"] for e in events()]
+            time.sleep(0.25)
+        events = events()
         assert next(e for e in events if e["event"] == "share-overrun")["action"] == "requeue"
     finally:
         if job_id:
@@ -188,8 +194,10 @@ def test_a_light_job_keeps_off_nodes_full_of_heavy_shares(cluster):
     # The pair predictor, from both jobs' own telemetry: a light job next to a GPU-bound one
     # would run below 0.7x. Once every GPU of both v100 nodes holds a heavy share, the light
     # job's share is kept off those nodes (Slurm excludes by node, not by GPU).
+    # 13 GiB each: one share per 16 GiB v100 GPU (shares are sized by memory), so the four
+    # heavy shares hold every GPU of both v100 nodes.
     heavy = unique_script(cluster, work_s=1, util=95, mem_util=60,
-                          mem_mib={"v100": 3000, "a100": 3000})
+                          mem_mib={"v100": 13000, "a100": 13000})
     heavy = heavy.replace("--work 1 ", "--work ${WORK:-1} ")
     light = unique_script(cluster, work_s=1, util=8, mem_util=3,
                           mem_mib={"v100": 2000, "a100": 2000})

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from slurm_gpushare.core import feasibility
-from slurm_gpushare.core.config import parse_config
+from slurm_gpushare.core.config import GpuType, parse_config
 from slurm_gpushare.core.policy import JobEstimate, NodeView, decide
 from slurm_gpushare.core.types import JobRequest
 from slurm_gpushare.daemon.fingerprint import Fingerprinter
@@ -218,3 +218,29 @@ def test_sinfo_lines_give_features_states_and_every_partition():
         "ReservationName=course StartTime=2026-11-23T08:00:00 Nodes=v100-[1-2] NodeCnt=2\n"
         "ReservationName=empty Nodes=(null) NodeCnt=0\n")
     assert res == {"course": ("v100-1", "v100-2"), "empty": ()}
+
+
+def test_a_daemon_snapshot_answers_each_kind_of_request_once():
+    """The daemon's snapshots never change: a second job asking for the same placement gets
+    the first one's answer without another scan of the nodes."""
+    from slurm_gpushare.daemon.clusterview import Snapshot
+
+    class CountingView:
+        def __init__(self, nodes):
+            self.snapshot, self.calls = Snapshot(nodes), 0
+
+        def nodes(self):
+            self.calls += 1
+            return self.snapshot
+
+        def reservations(self):
+            return {}
+
+    view = CountingView([NodeView("a1", "a100", ("gpu",), gpus=2, features=("a100",)),
+                         NodeView("v1", "v100", ("gpu",), gpus=2, features=("v100",))])
+    fits = [GpuType("a100", 80), GpuType("v100", 16)]
+    first = feasibility.check(JobRequest(uid=1, partition="gpu", exc_nodes="v1"), fits, view)
+    second = feasibility.check(JobRequest(uid=2, partition="gpu", exc_nodes="v1"), fits, view)
+    assert first is second and first.types == ("a100",)
+    other = feasibility.check(JobRequest(uid=3, partition="gpu"), fits, view)
+    assert set(other.types) == {"a100", "v100"}

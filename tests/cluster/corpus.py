@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import random
+import re
 import subprocess
 import sys
 import threading
@@ -94,6 +95,7 @@ class Case:
     waits: set[str] = field(default_factory=set)  # reasons that are fatal only if it never ran
     problems: list[str] = field(default_factory=list)
     outcome: str = ""
+    slurm_splits: list = field(default_factory=list)  # shares Slurm 22.05 split over GPUs
 
     @property
     def combination(self) -> str:
@@ -261,8 +263,8 @@ class Corpus:
 
     def _read_accounting(self, cases: list[Case], timeout: float = 180) -> None:
         names = {c.name: c for c in cases}
-        fields = ["JobID", "JobName", "State", "ExitCode", "NodeList", "AllocTRES", "Submit",
-                  "Start", "AdminComment"]
+        fields = ["JobID", "JobIDRaw", "JobName", "State", "ExitCode", "NodeList", "AllocTRES",
+                  "Submit", "Start", "AdminComment"]
         deadline = time.monotonic() + timeout
         while True:
             out = self.cluster.slurm("sacct", "-n", "-P", "-X", "-S", "now-2hours", "-o",
@@ -295,6 +297,10 @@ class Corpus:
         shares = 0
         for row in case.records:
             if row["State"] != "COMPLETED" or row["ExitCode"] != "0:0":
+                split = self._split_by_slurm(row)
+                if split:
+                    case.slurm_splits.append(f"{row['JobID']}: {split}")
+                    continue
                 p.append(f"{row['JobID']} {row['State']} {row['ExitCode']}")
             if row["Start"].isdigit() and row["Submit"].isdigit() and \
                     int(row["Start"]) - int(row["Submit"]) > start_bound_s:
@@ -306,8 +312,31 @@ class Corpus:
         if shares and (case.form != "sbatch" or case.shape == "het"):
             p.append("a share for an allocation or a het component")
         case.outcome = ("broken" if p else
+                        "slurm-split" if case.slurm_splits else
                         "share" if shares else
                         "kept" if any(r["AdminComment"] for r in case.records) else "untouched")
+
+    def _split_by_slurm(self, row: dict) -> str:
+        """Slurm 22.05 may hand one job's shards out over two GPUs (fixed in 23.11: refused
+        unless MULTIPLE_SHARING_GRES_PJ; see check-config and the admin guide's version table).
+        Such a share was sized right but lands on a GPU with less room than its count: its own
+        output says so (the fake board's out-of-memory line shows the room left by the GPU's
+        other jobs). Anything else is a broken job."""
+        if not self.cluster.slurm_version.startswith("22."):
+            return ""
+        tag = Tag.decode(row["AdminComment"])
+        out = self.dir / f"{row['JobIDRaw']}.out"
+        if not (tag and tag.shard and out.is_file()):
+            return ""
+        oom = re.search(r"out of memory on (\S+) GPU (\d+): (\d+) MiB wanted, (-?\d+) MiB free",
+                        out.read_text(errors="replace"))
+        if not oom:
+            return ""
+        wanted, free = int(oom.group(3)), int(oom.group(4))
+        if wanted <= tag.shard * 1024 and free < tag.shard * 1024:
+            return (f"{tag.shard} shards placed by Slurm on {oom.group(1)} GPU {oom.group(2)}, "
+                    f"which had room for {max(free, 0) // 1024}; the job needed {wanted} MiB")
+        return ""
 
     def _check_row(self, case: Case, row: dict, tag: Tag | None) -> list[str]:
         alloc = dict(item.split("=", 1) for item in row["AllocTRES"].split(",") if "=" in item)
@@ -371,6 +400,9 @@ def summary(cases: list[Case]) -> str:
     broken = [c for c in cases if c.outcome == "broken"]
     for case in broken:
         lines.append(f"BROKEN #{case.number} {case.combination}: {'; '.join(case.problems)}")
+    for case in (c for c in cases if c.outcome == "slurm-split"):
+        lines.append(f"SPLIT BY SLURM 22.05 #{case.number} {case.combination}: "
+                     f"{'; '.join(case.slurm_splits)}")
     accepted = sum(c.submit_rc == 0 for c in cases)
     lines.append(f"{len(cases)} submissions ({sum(len(c.records) for c in cases)} jobs, "
                  f"tasks and components), {accepted} accepted, {len(broken)} broken")

@@ -3,7 +3,7 @@ SHELL := /bin/bash
 PY := .venv/bin/python
 export GPUSHARE_CLUSTER_DIR ?= /tmp/slurm-gpushare-cluster
 
-.PHONY: deps demo test test-unit bench cluster-start cluster-stop cluster-status clean
+.PHONY: deps demo test test-24.11 test-unit bench cluster-start cluster-stop cluster-status clean
 
 deps:
 	scripts/install-deps.sh
@@ -13,11 +13,14 @@ deps:
 demo: deps
 	$(PY) -m devcluster demo
 
-## The whole suite on Slurm 22.05 (the host's), then the cluster integration tests again on
-## Slurm 24.11 (Debian trixie in a root of its own, built on first use and cached).
+## The whole suite on Slurm 22.05 (the host's).
 test: deps
 	$(PY) -m devcluster cluster start
 	$(PY) -m pytest -q -ra
+
+## The cluster integration tests on Slurm 24.11 (Debian trixie in a root of its own, built on
+## first use and cached). Not yet part of `make test`: see the README.
+test-24.11: deps
 	$(PY) -m devcluster cluster stop  # one cluster at a time on a small machine
 	GPUSHARE_SLURM=24.11 $(PY) -m devcluster cluster start
 	GPUSHARE_SLURM=24.11 $(PY) -m pytest -q -ra tests/cluster

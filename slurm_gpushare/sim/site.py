@@ -13,7 +13,6 @@ is defined over Gavel's job kinds, which the site's telemetry classes do not map
 from __future__ import annotations
 
 import math
-import re
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -122,20 +121,12 @@ def cluster_from_scontrol(text: str, profiles: dict[str, dict]) -> dict[str, Any
     one node group per node, its typed GPUs; each type's speed and memory profiles from
     ``profiles`` (the built-in specs' ``gpu_types``, by type name)."""
     nodes, types = [], {}
-    for line in text.splitlines():
-        name = re.search(r"\bNodeName=(\S+)", line)
-        gres = re.search(r"\bGres=(\S+)", line)
-        if not name or not gres:
-            continue
-        found = re.search(r"(?:^|,)gpu:([A-Za-z0-9_.\-]+):(\d+)", gres.group(1))
-        if not found:
-            continue
-        gpu_type, count = found.group(1), int(found.group(2))
+    for name, (gpu_type, count) in accounting.node_gpus_from_scontrol(text).items():
         if gpu_type not in profiles:
-            raise SiteTraceError(f"GPU type {gpu_type} of node {name.group(1)} has no built-in "
+            raise SiteTraceError(f"GPU type {gpu_type} of node {name} has no built-in "
                                  "profile: describe the cluster in a spec file (--cluster)")
         types[gpu_type] = profiles[gpu_type]
-        nodes.append({"prefix": name.group(1), "count": 1, "gpus": count, "type": gpu_type})
+        nodes.append({"prefix": name, "count": 1, "gpus": count, "type": gpu_type})
     if not nodes:
         raise SiteTraceError("scontrol shows no node with typed GPUs: pass --cluster")
     largest = Counter(g["type"] for g in nodes).most_common(1)[0][0]

@@ -522,18 +522,24 @@ def run_sacct(since: float, until: float, *, as_json: bool = False,
 
 
 # -- where jobs ran --------------------------------------------------------------------------
-def node_gpu_types_from_scontrol(text: str) -> dict[str, str]:
-    """Node -> GPU type from ``scontrol -o show nodes`` (``Gres=gpu:a100:2,shard:a100:160``)."""
-    out: dict[str, str] = {}
+def node_gpus_from_scontrol(text: str) -> dict[str, tuple[str, int]]:
+    """Node -> (GPU type, GPUs) from ``scontrol -o show nodes`` (``Gres=gpu:a100:2,shard:...``);
+    nodes without typed GPUs are left out."""
+    out: dict[str, tuple[str, int]] = {}
     for line in text.splitlines():
         name = re.search(r"\bNodeName=(\S+)", line)
         gres = re.search(r"\bGres=(\S+)", line)
         if not name or not gres:
             continue
-        typed = re.search(r"(?:^|,)gpu:([A-Za-z0-9_.\-]+):\d", gres.group(1))
+        typed = re.search(r"(?:^|,)gpu:([A-Za-z0-9_.\-]+):(\d+)", gres.group(1))
         if typed:
-            out[name.group(1)] = typed.group(1)
+            out[name.group(1)] = (typed.group(1), int(typed.group(2)))
     return out
+
+
+def node_gpu_types_from_scontrol(text: str) -> dict[str, str]:
+    """Node -> GPU type from ``scontrol -o show nodes``."""
+    return {node: gpu_type for node, (gpu_type, _) in node_gpus_from_scontrol(text).items()}
 
 
 def query_node_gpu_types(timeout: float = 10) -> dict[str, str]:

@@ -164,3 +164,13 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if "cluster" in Path(str(item.fspath)).parent.parts[-1:]:
             item.add_marker(pytest.mark.cluster)
+
+
+def wait_for(predicate, timeout: float = 15.0) -> bool:
+    """Poll ``predicate`` until it holds (True) or ``timeout`` seconds pass (False)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False

@@ -6,21 +6,12 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 
+from conftest import wait_for
 from slurm_gpushare.node import agent
 
 PROFILE = {"gpus": [{"index": 0, "name": "A100", "mem_total_mib": 40000, "phases": [
     {"duration_s": 600, "util_gpu": 50, "util_mem": 20, "mem_used_mib": 6000}]}]}
-
-
-def wait_for(predicate, timeout=15.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def test_spooled_summaries_drain_on_the_next_contact(daemon, tmp_path):

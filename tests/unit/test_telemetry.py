@@ -11,6 +11,7 @@ import time
 import types
 
 
+from conftest import wait_for
 from slurm_gpushare.node import agent
 from slurm_gpushare.daemon.store import Store
 from slurm_gpushare.node.telemetry import ScenarioProvider, open_provider
@@ -271,15 +272,6 @@ def test_default_delivery_sends_ingest_or_spools(tmp_path):
         assert agent.drain_spool(tmp_path / "spool", store.ingest_summary) == (2, 0)
         assert len(store.all_summaries()) == 2
     assert list((tmp_path / "spool").iterdir()) == []
-
-
-def wait_for(predicate, timeout=15.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def test_prolog_start_and_epilog_stop_are_idempotent_and_exit_0(tmp_path):

@@ -7,7 +7,10 @@ for the running jobs, whose AdminComment tag gives each share's interference cla
 id (one call, not one ``scontrol show job`` per share), and ``scontrol show reservation``. Not ``squeue --json``: in 22.05 it ignores filters and returns
 every job slurmctld holds (24 MB for 7,700 jobs), and parsing that holds the GIL long enough to
 make decisions miss the hook's deadline. The snapshot is built off to the side and swapped in
-whole; decisions made on one snapshot memoise their node exclusions in it (``Snapshot.memo``).
+whole; decisions made on one snapshot keep their answers in it (node exclusions in
+``Snapshot.memo``; feasibility, idle GPUs and features per partition in ``Snapshot.checks``), and
+a refresh answers on the new snapshot, before swapping it in, whatever decisions asked recently:
+no decision waits on a scan of every node of a large cluster.
 """
 
 from __future__ import annotations
@@ -22,10 +25,13 @@ from typing import Mapping, Sequence
 
 from slurm_gpushare.core import tres as tresmod
 from slurm_gpushare.core.config import Config
+from slurm_gpushare.core import feasibility
 from slurm_gpushare.core.feasibility import state_usable
 from slurm_gpushare.core.hostlist import expand_hostlist
-from slurm_gpushare.core.policy import NodeView, incompatible_nodes
+from slurm_gpushare.core.policy import NodeView, idle_types, incompatible_nodes
 from slurm_gpushare.core.tag import Tag
+from slurm_gpushare.core.types import JobRequest
+from slurm_gpushare.daemon.validity import partition_features
 from slurm_gpushare.slurm import cmd
 
 log = logging.getLogger("slurm_gpushare.daemon.clusterview")
@@ -42,6 +48,31 @@ _GPUS = re.compile(r"(?:^|,)gpu:(?:[^:,(]+:)?(\d+)")
 # decision otherwise, on a busy host).
 GIL_SWITCH_S = 0.001
 YIELD_EVERY = 500
+# A refresh pre-answers the questions decisions asked within the last WARM_REFRESHES refreshes
+# (at most WARM_MAX of them, the most recent first); older ones are answered when next asked.
+WARM_REFRESHES = 60
+WARM_MAX = 256
+
+
+class Answers(dict):
+    """Answers computed on one snapshot, keyed by question; remembers which were asked (read
+    or stored), so that the next refresh knows what to pre-answer."""
+
+    def __init__(self):
+        super().__init__()
+        self.asked: set = set()
+
+    def __getitem__(self, key):
+        self.asked.add(key)
+        return dict.__getitem__(self, key)
+
+    def get(self, key, default=None):
+        self.asked.add(key)
+        return dict.get(self, key, default)
+
+    def __setitem__(self, key, value):
+        self.asked.add(key)
+        dict.__setitem__(self, key, value)
 
 
 class Snapshot(tuple):
@@ -49,8 +80,9 @@ class Snapshot(tuple):
 
     def __new__(cls, nodes=()):
         snapshot = super().__new__(cls, nodes)
-        snapshot.memo = {}  # policy.incompatible_nodes' answers on this snapshot
-        snapshot.checks = {}  # feasibility and idle-GPU answers on this snapshot
+        snapshot.memo = Answers()  # policy.incompatible_nodes' answers on this snapshot
+        # feasibility.check, policy.idle_types and validity's features per partition
+        snapshot.checks = Answers()
         return snapshot
 
 
@@ -174,13 +206,17 @@ def idle_gpus_per_node(gpus_of: Mapping[str, int], squeue_out: str,
 
 
 class _Fixed:
-    """A ClusterView of one snapshot."""
+    """A ClusterView of one snapshot (and the reservations read with it)."""
 
-    def __init__(self, snapshot: Snapshot):
+    def __init__(self, snapshot: Snapshot, reservations: Mapping[str, tuple[str, ...]]):
         self.snapshot = snapshot
+        self._reservations = reservations
 
     def nodes(self) -> Snapshot:
         return self.snapshot
+
+    def reservations(self) -> Mapping[str, tuple[str, ...]]:
+        return self._reservations
 
 
 class SlurmClusterView:
@@ -203,6 +239,10 @@ class SlurmClusterView:
         self._residents: dict[str, list[int]] = {}  # node -> classes of its shares (known)
         self._resident_jobs: dict[str, list[str]] = {}  # node -> decision ids of its shares
         self._position: dict[str, int] = {}  # node -> its index in the snapshot
+        self._refreshes = 0
+        # ("memo" | "checks", question) -> (the refresh it was last asked after, the knowledge
+        # base it was asked with, for exclusions): what the next refresh pre-answers.
+        self._recent: dict[tuple, tuple[int, object]] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -216,12 +256,20 @@ class SlurmClusterView:
     def claim_idle(self, gpu_types: Sequence[str]) -> None:
         """A job was kept whole for an idle GPU of one of these types: count one such GPU as
         taken until the next refresh, so a burst of submissions does not send every job after
-        the same idle GPU (the rest share instead)."""
-        nodes = list(self._snapshot)
+        the same idle GPU (the rest share instead). The answers that do not depend on idle GPUs
+        carry over to the new snapshot; idle-GPU answers too, unless the node had no other."""
+        old = self._snapshot
+        nodes = list(old)
         for i, node in enumerate(nodes):
             if node.idle_gpus and node.gpu_type in gpu_types:
                 nodes[i] = replace(node, idle_gpus=node.idle_gpus - 1)
-                self._snapshot = Snapshot(nodes)
+                snapshot = Snapshot(nodes)
+                dict.update(snapshot.memo, list(dict.items(old.memo)))
+                dict.update(snapshot.checks, [
+                    (key, answer) for key, answer in list(dict.items(old.checks))
+                    if key[0] != "idle" or nodes[i].idle_gpus or node.gpu_type not in key[1]])
+                snapshot.memo.asked, snapshot.checks.asked = old.memo.asked, old.checks.asked
+                self._snapshot = snapshot
                 return
 
     def _account(self, job: RunningJob, sign: int, changed: set[str]) -> None:
@@ -287,18 +335,36 @@ class SlurmClusterView:
                                    resident_jobs=tuple(self._resident_jobs.get(name, ())),
                                    idle_gpus=idle)
         snapshot = Snapshot(nodes)
-        self._warm(snapshot, self._snapshot.memo)
+        self._warm(snapshot, self._snapshot)
         self._snapshot = snapshot
         return True
 
-    def _warm(self, snapshot: Snapshot, previous: dict) -> None:
-        """Answer on the new snapshot, here on the refresh thread, what decisions asked of the
-        old one: a decision then never loops over the nodes itself."""
+    def _warm(self, snapshot: Snapshot, previous: Snapshot) -> None:
+        """Answer on the new snapshot, here on the refresh thread, what decisions asked
+        recently: a decision then never loops over the nodes itself. The answers are those the
+        decision would compute (the same functions, on the same snapshot)."""
+        self._refreshes += 1
+        recent = self._recent
+        for kind, answers in (("memo", previous.memo), ("checks", previous.checks)):
+            for key in list(answers.asked):
+                hit = dict.get(answers, key)
+                knowledge = hit[0] if kind == "memo" and hit is not None \
+                    else recent.get((kind, key), (0, None))[1]
+                recent[(kind, key)] = (self._refreshes, knowledge)
+        oldest = self._refreshes - WARM_REFRESHES
+        keep = sorted(((seen, kind_key, knowledge) for kind_key, (seen, knowledge)
+                       in recent.items() if seen > oldest), key=lambda e: -e[0])[:WARM_MAX]
+        self._recent = {kind_key: (seen, knowledge) for seen, kind_key, knowledge in keep}
         by_name = {g.name: g for g in self.config.gpu_types}
-        view = _Fixed(snapshot)
-        for (job_class, types, partitions), (knowledge, _excluded, _n) in list(previous.items()):
-            fits = [by_name[name] for name in types if name in by_name]
-            incompatible_nodes(job_class, fits, list(partitions), view, knowledge)
+        view = _Fixed(snapshot, self._reservations)
+        for _seen, (kind, key), knowledge in keep:
+            time.sleep(0)  # a waiting decision goes first
+            try:
+                _answer(kind, key, knowledge, view, by_name)
+            except Exception:  # noqa: BLE001 -- the decision asks again itself
+                log.exception("cluster-view-warm-failed")
+        snapshot.memo.asked.clear()  # asked by the refresh, not by decisions
+        snapshot.checks.asked.clear()
 
     def start(self) -> None:
         # Hand the GIL to a waiting decision within GIL_SWITCH_S, not Python's default 5 ms.
@@ -317,3 +383,24 @@ class SlurmClusterView:
                 log.exception("cluster-view-refresh-failed")
             # Until the nodes are known every decision keeps its job: ask again soon.
             self._stop.wait(self.interval_s if self._snapshot else min(1.0, self.interval_s))
+
+
+def _answer(kind: str, key: tuple, knowledge, view: _Fixed, by_name: Mapping) -> None:
+    """Ask ``view`` the question behind one memo or checks key, so that its answer is kept."""
+    if kind == "memo":
+        job_class, types, partitions = key
+        if knowledge is not None and all(name in by_name for name in types):
+            incompatible_nodes(job_class, [by_name[n] for n in types], list(partitions), view,
+                               knowledge)
+    elif key[0] == "feasibility":
+        _, partition, features, req_nodes, exc_nodes, reservation, types = key
+        if all(name in by_name for name in types):
+            request = JobRequest(uid=0, partition=partition, features=features,
+                                 req_nodes=req_nodes, exc_nodes=exc_nodes, reservation=reservation)
+            feasibility.check(request, [by_name[n] for n in types], view)
+    elif key[0] == "idle":
+        _, types, partitions = key
+        if all(name in by_name for name in types):
+            idle_types([by_name[n] for n in types], list(partitions), view)
+    elif key[0] == "partition-features":
+        partition_features(view.nodes(), key[1])

@@ -42,13 +42,26 @@ def decision_problem(decision: Decision, request: JobRequest, config: Config,
     if not 1 <= count <= most:
         return f"share count {count} outside 1..{most}"
     if nodes:
-        partitions = set(p for p in (request.partition or "").split(",") if p)
-        candidates = [n for n in nodes if not partitions or partitions & set(n.partitions)]
-        known = {f for n in candidates for f in n.features}
+        known = partition_features(nodes, request.partition or "")
         missing = sorted(g.feature for g in types if g.feature not in known)
         if missing:
             return f"feature(s) {', '.join(missing)} on no node of the job's partition"
     return None
+
+
+def partition_features(nodes: Sequence[NodeView], partition: str) -> frozenset[str]:
+    """The features of the nodes in the job's partitions (``--partition``, comma-separated;
+    empty: all nodes). Kept in a daemon snapshot's ``checks``: answered once per snapshot."""
+    checks = getattr(nodes, "checks", None)
+    key = ("partition-features", partition)
+    if checks is not None and key in checks:
+        return checks[key]
+    partitions = set(p for p in partition.split(",") if p)
+    known = frozenset(f for n in nodes if not partitions or partitions & set(n.partitions)
+                      for f in n.features)
+    if checks is not None:
+        checks[key] = known
+    return known
 
 
 def config_problem(config: Config, features: frozenset[str],

@@ -119,3 +119,127 @@ def test_decisions_read_whole_snapshots_during_a_refresh(monkeypatch):
         stop.set()
         thread.join()
     assert seen == {400}
+
+
+class ChurningSlurm(FakeSlurm):
+    """A cluster whose shares, node states and reservation change between refreshes."""
+
+    def __init__(self, nodes, shares):
+        super().__init__(nodes, shares)
+        self.states = {f"n{i}": "mix" for i in range(nodes)}
+        self.reserved = "n2,n3"
+
+    def run(self, argv, **kwargs):
+        argv = tuple(argv)
+        if argv[0] == "sinfo":
+            self.calls.append(argv)
+            out = "\n".join(f"n{i}|{'a100' if i % 2 else 'v100'},ib{i % 3}|"
+                            f"{'gpu*' if i % 4 else 'debug'}|gpu:4|{self.states[f'n{i}']}"
+                            for i in range(self.nodes))
+            return cmd.Result(argv, 0, out + "\n", "")
+        if argv[0] == "scontrol":
+            self.calls.append(argv)
+            return cmd.Result(argv, 0, f"ReservationName=maint Nodes={self.reserved}\n", "")
+        return super().run(argv, **kwargs)
+
+
+SHARE_WHEN_IDLE = parse_config({"policy": {"sharing_partitions": ["gpu", "debug"],
+                                          "keep_whole_when_idle": False},
+                               "gpu_types": {"v100": {"memory_gib": 16, "feature": "v100"},
+                                             "a100": {"memory_gib": 80, "feature": "a100"}}})
+
+
+def _decisions(view, requests, estimates, knowledge):
+    from slurm_gpushare.core.policy import decide
+    from slurm_gpushare.daemon.validity import decision_problem
+    out = []
+    for config in (CONFIG, SHARE_WHEN_IDLE):
+        for request in requests:
+            for estimate in estimates:
+                decision = decide(request, config, estimate=estimate, view=view,
+                                  knowledge=knowledge, decision_id="d")
+                out.append((decision.action, decision.code, dict(decision.writes),
+                            decision_problem(decision, request, config, view.nodes())))
+    return out
+
+
+def test_a_refresh_pre_answers_what_decisions_asked_with_the_same_answers(monkeypatch):
+    from slurm_gpushare.core.policy import JobEstimate
+    from slurm_gpushare.core.types import JobRequest
+    shares = {str(100 + i): (f"n{i % 16}", i % 3) for i in range(72)}  # 4-5 a node: none idle
+    fake = ChurningSlurm(16, shares)
+    monkeypatch.setattr(cmd, "run", fake.run)
+    config = CONFIG
+    view = clusterview.SlurmClusterView(config)
+    view.refresh()
+    base = dict(uid=1000, partition="gpu", tres_per_node="gres:gpu:1")
+    requests = [JobRequest(**base), JobRequest(**{**base, "partition": "gpu,debug"}),
+                JobRequest(**base, features="ib1"), JobRequest(**base, features="ib0|ib2"),
+                JobRequest(**base, exc_nodes="n[1-5]"), JobRequest(**base, req_nodes="n6"),
+                JobRequest(**base, reservation="maint"), JobRequest(**base, features="ib7")]
+    estimates = [JobEstimate(source="history", memory_mib={"v100": 9000, "a100": 9000},
+                             job_class=c, detail="test") for c in (0, 1, 2)]
+    estimates.append(JobEstimate(source="history", memory_mib={"a100": 30000}, job_class=2,
+                                 detail="test"))
+    knowledge = Rule()
+    first = _decisions(view, requests, estimates, knowledge)
+    asked = set(view.nodes().checks) | set(view.nodes().memo)
+    assert any(k[0] == "feasibility" for k in asked) and any(k[0] == "idle" for k in asked)
+    assert any(k[0] == "partition-features" for k in asked)
+
+    # Shares end and start, nodes drain and come back, the reservation moves, GPUs go idle.
+    for step in range(4):
+        for job in list(shares)[: 10 + 4 * step]:
+            del shares[job]
+        for i in range(8):
+            shares[f"{500 + 10 * step + i}"] = (f"n{(i * 5 + step) % 16}", (i + step) % 3)
+        fake.states[f"n{step + 1}"] = "drain" if step % 2 == 0 else "idle"
+        fake.states[f"n{8 + step}"] = "down*"
+        fake.reserved = f"n{step + 4},n{step + 5}"
+        view.refresh()
+        warmed = view.nodes()
+        # Pre-answered before any decision on this snapshot: every question asked before.
+        assert set(dict.keys(warmed.checks)) == {k for k in asked if isinstance(k[0], str)}
+        assert set(dict.keys(warmed.memo)) == {k for k in asked if not isinstance(k[0], str)}
+        assert not warmed.checks.asked and not warmed.memo.asked
+        cold = clusterview._Fixed(clusterview.Snapshot(list(warmed)), view.reservations())
+        with_warming = _decisions(view, requests, estimates, knowledge)
+        without = _decisions(cold, requests, estimates, knowledge)
+        assert with_warming == without
+        assert with_warming != first or step == 0  # the changes reached the decisions
+        asked |= set(view.nodes().checks) | set(view.nodes().memo)
+    assert {d[1] for d in with_warming} >= {"history-share", "no-valid-type"}
+
+
+def test_pre_answered_questions_expire(monkeypatch):
+    from slurm_gpushare.core.policy import idle_types
+    fake = ChurningSlurm(6, {})
+    monkeypatch.setattr(cmd, "run", fake.run)
+    monkeypatch.setattr(clusterview, "WARM_REFRESHES", 3)
+    view = clusterview.SlurmClusterView(CONFIG)
+    view.refresh()
+    assert idle_types(list(CONFIG.gpu_types), ["gpu"], view) == ["v100", "a100"]
+    for _ in range(3):
+        view.refresh()
+        assert ("idle", ("v100", "a100"), ("gpu",)) in dict.keys(view.nodes().checks)
+    view.refresh()  # not asked for three refreshes: no longer pre-answered
+    assert not dict.keys(view.nodes().checks)
+
+
+def test_claiming_an_idle_gpu_keeps_the_answers_it_does_not_change(monkeypatch):
+    from slurm_gpushare.core.policy import idle_types
+    fake = ChurningSlurm(2, {})  # n0: v100, n1: a100, 4 idle GPUs each
+    monkeypatch.setattr(cmd, "run", fake.run)
+    view = clusterview.SlurmClusterView(CONFIG)
+    view.refresh()
+    v100, a100 = CONFIG.gpu_types
+    assert idle_types([v100], ["gpu", "debug"], view) == ["v100"]
+    assert idle_types([a100], ["gpu", "debug"], view) == ["a100"]
+    for left in (3, 2, 1):
+        view.claim_idle(["v100"])
+        assert ("idle", ("v100",), ("gpu", "debug")) in dict.keys(view.nodes().checks)
+        assert {n.name: n.idle_gpus for n in view.nodes()}["n0"] == left
+    view.claim_idle(["v100"])  # n0's last idle GPU: that answer is asked again
+    assert ("idle", ("v100",), ("gpu", "debug")) not in dict.keys(view.nodes().checks)
+    assert ("idle", ("a100",), ("gpu", "debug")) in dict.keys(view.nodes().checks)
+    assert idle_types([v100], ["gpu", "debug"], view) == []

@@ -139,15 +139,17 @@ def test_digests_never_change_with_the_implementation():
 
     from slurm_gpushare.daemon.fingerprint import Fingerprinter
 
-    fingerprinter = Fingerprinter(b"s" * 32)
-
-    def streamed(domain, *parts):
-        mac = hmac.new(b"s" * 32, domain.encode(), hashlib.sha256)
+    def streamed(secret, domain, *parts):
+        mac = hmac.new(secret, domain.encode(), hashlib.sha256)
         for part in parts:
             data = part.encode("utf-8", "surrogatepass")
             mac.update(len(data).to_bytes(8, "big"))
             mac.update(data)
         return mac.hexdigest()
 
-    for args in (("key:exact", "alice", "ab" * 32), ("script", "#!/bin/sh\nü\n"), ("key:user", "")):
-        assert fingerprinter._mac(*args) == streamed(*args)
+    # Secrets shorter than, as long as and longer than SHA-256's block (a longer key is hashed).
+    for secret in (b"s" * 32, bytes(range(64)), b"\xff" * 100, b"0123456789abcdef"):
+        fingerprinter = Fingerprinter(secret)
+        for args in (("key:exact", "alice", "ab" * 32), ("script", "#!/bin/sh\nü\n"),
+                     ("key:user", ""), ("script", "x" * 70000)):
+            assert fingerprinter._mac(*args) == streamed(secret, *args)

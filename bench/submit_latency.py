@@ -9,7 +9,11 @@ submitters). It also measures the daemon's own round trip (persistent connection
 uses it) and the hook's submission rate with the daemon stopped and with it hung (accepts,
 never answers). Jobs are submitted held and cancelled: nothing runs.
 
-    .venv/bin/python bench/submit_latency.py [--rounds 4] [--jobs 100] [--out bench/results/submit_latency.json]
+    .venv/bin/python bench/submit_latency.py [--rounds 5] [--jobs 100] [--label after]
+        [--out bench/results/submit_latency.json]
+
+Each run is kept under its label in the output file (earlier labels stay), with the machine's
+load average at every round and the throughput ratio's mean, min and max over the rounds.
 """
 
 from __future__ import annotations
@@ -133,8 +137,10 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--jobs", type=int, default=100, help="submissions per block")
+    parser.add_argument("--label", default="after")
     parser.add_argument("--out", default=str(REPO / "bench" / "results" / "submit_latency.json"))
     args = parser.parse_args(argv)
+    load_per_round = []
 
     load_before = os.getloadavg()
     cluster = TestCluster()
@@ -148,6 +154,7 @@ def main(argv=None):
     try:
         for round_no in range(args.rounds):
             order = MODES[round_no % 3:] + MODES[:round_no % 3]
+            load_per_round.append([round(v, 2) for v in os.getloadavg()])
             for mode in order:
                 set_mode(cluster, mode, empty_hook)
                 latency_block(cluster, 10)  # warm up: connections, caches
@@ -193,8 +200,8 @@ def main(argv=None):
 
     plain, empty, hook = ms(latency["plain"]), ms(latency["empty-lua"]), ms(latency["hook"])
     rate = {mode: statistics.mean(values) for mode, values in throughput.items()}
-    results = {
-        "benchmark": "submit_latency",
+    ratios = [round(h / p, 3) for h, p in zip(throughput["hook"], throughput["plain"])]
+    run = {
         "command": "python bench/submit_latency.py " + " ".join(argv or sys.argv[1:]),
         "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
@@ -220,8 +227,11 @@ def main(argv=None):
                                    for h, p in zip(per_round["hook"], per_round["plain"])],
         "throughput_per_round": {mode: [round(v, 2) for v in values]
                                  for mode, values in throughput.items()},
-        "throughput_ratio_per_round": [round(h / p, 3) for h, p in
-                                       zip(throughput["hook"], throughput["plain"])],
+        "throughput_ratio_per_round": ratios,
+        "throughput_ratio_over_rounds": {
+            "mean": round(statistics.mean(ratios), 3), "min": min(ratios), "max": max(ratios),
+            "stdev": round(statistics.stdev(ratios), 3) if len(ratios) > 1 else None},
+        "loadavg_per_round": load_per_round,
         "daemon_round_trip": ms(round_trip),
         "daemon_round_trip_64k_script": ms(big_trip),
         "daemon_round_trip_64k_as_digest": ms(digest_trip) if digest_trip else None,
@@ -237,9 +247,13 @@ def main(argv=None):
                     "hung_ratio": 0.5},
     }
     out = Path(args.out)
+    results = json.loads(out.read_text()) if out.exists() else {}
+    if "runs" not in results:  # a file of one run, from before runs were labelled
+        results = {"benchmark": "submit_latency", "runs": {"before": results} if results else {}}
+    results["runs"][args.label] = run
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2) + "\n")
-    print(json.dumps(results, indent=2))
+    print(json.dumps(run, indent=2))
     return 0
 
 

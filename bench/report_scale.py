@@ -188,7 +188,7 @@ def generate(path: Path, jobs: int, seed: int = 1) -> dict:
     return counts
 
 
-def _measure(argv: list[str], env: dict) -> dict:
+def _measure(argv: list[str], env: dict, cwd: Path) -> dict:
     """Run ``argv`` from a fresh wrapper so ``RUSAGE_CHILDREN`` holds only its peak."""
     wrapper = ("import json, resource, subprocess, sys, time\n"
                "argv = json.loads(sys.argv[1])\n"
@@ -200,7 +200,7 @@ def _measure(argv: list[str], env: dict) -> dict:
                "                  'cpu_s': ru.ru_utime + ru.ru_stime,\n"
                "                  'peak_rss_mib': ru.ru_maxrss / 1024,\n"
                "                  'stderr': p.stderr.decode()[-400:]}))\n")
-    done = subprocess.run([sys.executable, "-c", wrapper, json.dumps(argv)], env=env,
+    done = subprocess.run([sys.executable, "-c", wrapper, json.dumps(argv)], env=env, cwd=cwd,
                           capture_output=True, text=True, check=True)
     return json.loads(done.stdout)
 
@@ -262,7 +262,9 @@ def main() -> int:
             samples = []
             for r in range(rounds):
                 load = _load_avg()
-                sample = _measure(argv, env)
+                # Run from the cache directory: python -m puts the working directory first on
+                # sys.path, so only PYTHONPATH says whose package runs.
+                sample = _measure(argv, env, args.cache)
                 sample["load_before"] = round(load, 2)
                 if sample["rc"] != 0:
                     print(f"size {size} {fmt}: exit {sample['rc']}: {sample['stderr']}",

@@ -11,6 +11,7 @@ import csv
 import io
 import json
 import re
+import sys
 import time
 from datetime import datetime
 from pathlib import Path
@@ -163,6 +164,24 @@ def render_csv(report: dict) -> str:
     return out.getvalue()
 
 
+def write_json(report: dict, out) -> None:
+    """The report as JSON, written piece by piece (a month of a large site has a million job
+    rows): keys sorted, one line per top-level key or per element of a top-level list."""
+    keys = sorted(report)
+    out.write("{\n")
+    for i, key in enumerate(keys):
+        value, comma = report[key], "," if i < len(keys) - 1 else ""
+        if isinstance(value, list) and value:
+            out.write(f"  {json.dumps(key)}: [\n")
+            last = len(value) - 1
+            for j, item in enumerate(value):
+                out.write(f"    {json.dumps(item, sort_keys=True)}{',' if j < last else ''}\n")
+            out.write(f"  ]{comma}\n")
+        else:
+            out.write(f"  {json.dumps(key)}: {json.dumps(value, sort_keys=True)}{comma}\n")
+    out.write("}\n")
+
+
 def store_path_from_config(config_path: str | None) -> tuple[str | None, str]:
     """The daemon's store named by the config (``daemon.state_dir``/store.sqlite), and a note
     when there is none to read."""
@@ -243,10 +262,16 @@ def report_command(since, until, by, fmt, output, anonymise, sacct_file, sacct_j
         if output:
             console.file.close()
         return
+    if fmt == "json":
+        if output:
+            with open(output, "w") as handle:
+                write_json(report, handle)
+            click.echo(f"wrote {output}", err=True)
+        else:
+            write_json(report, sys.stdout)
+        return
     if fmt == "csv":
         text = render_csv(report)
-    elif fmt == "json":
-        text = json.dumps(report, indent=2, sort_keys=True) + "\n"
     else:
         from slurm_gpushare.reports.html import render_html
         text = render_html(report)

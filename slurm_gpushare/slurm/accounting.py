@@ -95,11 +95,17 @@ class JobRecord:
     gpu_type: str = ""  # filled by ``resolve_gpu_types``
     # Runs of a requeued job before its final one (``sacct -D`` lists each run, same JobID).
     earlier_runs: list["JobRecord"] = field(default_factory=list)
+    # Worked out once from ``tag`` and ``alloc_tres`` (reports read them many times per job).
     decision: Tag | None = field(default=None, init=False, repr=False, compare=False)
+    gpus: float = field(default=0.0, init=False, repr=False, compare=False)
+    shards: float = field(default=0.0, init=False, repr=False, compare=False)
 
     # -- what the tag says -----------------------------------------------------------------
     def __post_init__(self):
-        self.decision = Tag.decode(self.tag)  # decoded once: reports read it many times
+        self.decision = Tag.decode(self.tag)
+        # Whole GPUs allocated (typed and untyped TRES name the same GPUs; take one), shards.
+        self.gpus = _gres_count(self.alloc_tres, "gpu")
+        self.shards = _gres_count(self.alloc_tres, "shard")
 
     @property
     def shared(self) -> bool:
@@ -115,15 +121,6 @@ class JobRecord:
         return self.decision.why if self.decision else ""
 
     # -- what it was given -----------------------------------------------------------------
-    @property
-    def gpus(self) -> float:
-        """Whole GPUs allocated (typed and untyped TRES name the same GPUs; take one)."""
-        return _gres_count(self.alloc_tres, "gpu")
-
-    @property
-    def shards(self) -> float:
-        return _gres_count(self.alloc_tres, "shard")
-
     @property
     def requested_gpus(self) -> float:
         return _gres_count(self.req_tres, "gpu")
@@ -189,7 +186,9 @@ class JobRecord:
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
-        del data["decision"]  # the tag's decoding: made again from ``tag``
+        for record in [data, *data["earlier_runs"]]:
+            for derived in ("decision", "gpus", "shards"):  # made again from tag and TRES
+                del record[derived]
         return data
 
     @classmethod
@@ -197,7 +196,7 @@ class JobRecord:
         data = dict(data)
         data["steps"] = [StepRecord(**s) for s in data.get("steps", [])]
         data["earlier_runs"] = [cls.from_dict(r) for r in data.get("earlier_runs", [])]
-        known = set(cls.__dataclass_fields__) - {"decision"}
+        known = set(cls.__dataclass_fields__) - {"decision", "gpus", "shards"}
         return cls(**{k: v for k, v in data.items() if k in known})
 
 

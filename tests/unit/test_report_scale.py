@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import io
 import json
 from pathlib import Path
+
+from slurm_gpushare.cli.report import write_json
 
 from slurm_gpushare.reports.savings import build_report
 from slurm_gpushare.slurm.accounting import ingest
@@ -39,6 +42,9 @@ def figures_digest(tmp_path: Path, by: str) -> str:
     report = build_report(ingested.jobs, since=since, until=until, by=by)
     report.pop("generated")
     report.pop("source")
+    written = io.StringIO()  # what --format json writes, piece by piece
+    write_json(report, written)
+    assert json.loads(written.getvalue()) == json.loads(json.dumps(report))
     return hashlib.sha256(json.dumps(report, sort_keys=True).encode()).hexdigest()
 
 

@@ -285,12 +285,12 @@ def main() -> int:
             }
             if fmt == "json" and args.check:
                 entry["formats"][fmt]["figures_sha256"] = _figures_digest(report_path)
-        label[str(size)] = entry
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        results["machine"] = {"python": platform.python_version(), "cpus": os.cpu_count(),
-                              "platform": platform.platform()}
-        results["command"] = ("bench/report_scale.py " + " ".join(sys.argv[1:])).strip()
-        args.out.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
+            label[str(size)] = entry  # written after each format: a long run keeps its rounds
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            results["machine"] = {"python": platform.python_version(), "cpus": os.cpu_count(),
+                                  "platform": platform.platform()}
+            results["command"] = ("bench/report_scale.py " + " ".join(sys.argv[1:])).strip()
+            args.out.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
     return 0
 
 

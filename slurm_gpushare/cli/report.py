@@ -220,11 +220,14 @@ def store_path_from_config(config_path: str | None) -> tuple[str | None, str]:
               help="The daemon's store (SQLite): decisions, telemetry, co-runs.")
 @click.option("--state-dir", type=click.Path(file_okay=False), default=None,
               help="Keep ingested jobs here and ask sacct only for new ones next time.")
+@click.option("--progress/--no-progress", default=None,
+              help="A progress bar on standard error while sacct's output is read (default: "
+                   "only for large inputs with standard error on a terminal).")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
               help="Config naming the store when --store is not given (default: "
                    "$GPUSHARE_CONFIG or the default path).")
 def report_command(since, until, by, fmt, output, anonymise, sacct_file, sacct_json,
-                   store_path, state_dir, config_path) -> None:
+                   store_path, state_dir, progress, config_path) -> None:
     """Report what GPU sharing saved (packing saving, slowdowns, GPU-hours) and cost."""
     now = time.time()
     stop = parse_when(until, now)
@@ -244,7 +247,7 @@ def report_command(since, until, by, fmt, output, anonymise, sacct_file, sacct_j
             raise click.ClickException(f"cannot open the store {store_path}: {exc}")
     try:
         ingested = ingest(start, stop, sacct_file=sacct_file, state_dir=state_dir,
-                          as_json=sacct_json)
+                          as_json=sacct_json, progress=progress)
         report = build_report(ingested.jobs, since=start, until=stop, by=by, store=store,
                               anonymise=anonymise, source=ingested.source)
     except (AccountingError, ValueError) as exc:

@@ -667,21 +667,24 @@ class AccountingCache:
             return since, until
         return max(since, last_end - LATE_RECORD_SLACK_S), until
 
-    def add(self, records: Iterable[JobRecord], since: float) -> int:
-        """Keep the finished jobs not already held; returns how many were new."""
-        held = self.jobs()
+    def add(self, records: Iterable[JobRecord], since: float,
+            held: dict[str, JobRecord] | None = None) -> int:
+        """Keep the finished jobs not already held; returns how many were new. ``held``: the
+        cache's ``jobs()`` if already read (the new jobs are added to it)."""
+        held = self.jobs() if held is None else held
         new = [r for r in records if r.finished and f"{r.cluster}/{r.job_id}" not in held]
         if new:
             with open(self.dir / self.JOBS, "a") as handle:
                 for record in new:
                     handle.write(json.dumps(record.to_dict(), sort_keys=True) + "\n")
+        held.update((f"{r.cluster}/{r.job_id}", r) for r in new)
         ends = [r.end for r in new if r.end is not None]
         last_end = self.state.get("last_end")
         covered_from = self.state.get("covered_from")
         self.state.update({
             "last_end": max([e for e in [last_end, *ends] if e is not None], default=None),
             "covered_from": since if covered_from is None else min(covered_from, since),
-            "jobs": len(held) + len(new),
+            "jobs": len(held),
         })
         replace_atomically(self.dir / self.STATE,
                            (json.dumps(self.state, sort_keys=True) + "\n").encode())
@@ -715,8 +718,8 @@ def ingest(since: float, until: float, *, sacct_file: str | os.PathLike | None =
         cache = AccountingCache(state_dir)
         start, stop = cache.query_window(since, until)
         fetched = parse_sacct(runner(start, stop, as_json=as_json), progress=progress)
-        new = cache.add(fetched, since)
-        held = cache.jobs()
+        held = cache.jobs()  # read once: the report's whole window
+        new = cache.add(fetched, since, held)
         running = [j for j in fetched if not j.finished]
         jobs, source = list(held.values()) + running, f"cache {state_dir}"
     else:

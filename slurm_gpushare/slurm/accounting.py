@@ -345,6 +345,10 @@ def _psv_parts(rows: Iterable[tuple[int, str]], header: list[str]
         if job_id and not _ROW_JOB_ID.match(job_id):
             raise AccountingError(f"sacct line {index + 1} is corrupt: JobID {job_id[:40]!r}")
         exit_code, signal = exits[fields[i_exit]]
+        if "." in job_id:  # a step line ("123.batch"): only what its job's figures read
+            yield job_id, {"state": states[fields[i_state]], "exit_code": exit_code,
+                           "signal": signal, "elapsed_s": _number(fields[i_elapsed])}
+            continue
         nodes = fields[i_nodes]
         yield job_id, {
             "raw_id": fields[i_raw].strip(),

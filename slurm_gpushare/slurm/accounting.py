@@ -20,6 +20,8 @@ slack for records that reach slurmdbd late). Jobs still running are never cached
 
 from __future__ import annotations
 
+import io
+import itertools
 import json
 import os
 import re
@@ -276,20 +278,26 @@ _STEP_ID = re.compile(r"^(?P<job>[^.]+)\.(?P<step>.+)$")
 
 
 # -- sacct -P --------------------------------------------------------------------------------
-def parse_psv(text: str, *, progress: bool | None = None) -> list[JobRecord]:
+def parse_psv(text: str | Iterable[str], *, progress: bool | None = None,
+              total: int | None = None) -> list[JobRecord]:
     """Jobs from ``sacct -P`` output with a header line (steps folded into their jobs).
 
-    Streamed: each line is split once and read by column position into a compact record;
-    repeated values (TRES strings, users, states) are parsed once and shared."""
-    lines = text.split("\n")
-    header = lines[0].rstrip("\r").split("|") if lines else []
+    ``text``: the whole output, or its lines (an open file: read as a stream, never held
+    whole; ``total``: how many lines, for the progress bar). Each line is split once and read
+    by column position into a compact record; repeated values (TRES strings, users, states)
+    are parsed once and shared."""
+    if isinstance(text, str):
+        total = text.count("\n") if total is None else total
+        text = io.StringIO(text)
+    lines = iter(text)
+    header = next(lines, "").rstrip("\r\n").split("|")
     if "JobID" not in header:
         raise AccountingError("sacct -P output needs its header line (do not pass -n)")
     early = [name for name in header[:-1] if name in FREE_TEXT_FIELDS]
     if early:
         raise AccountingError(f"sacct field {early[0]} is free text and may contain '|': "
                               "request it last, or not at all")
-    rows = _with_progress(enumerate(lines), len(lines) - 1, progress, "reading sacct")
+    rows = _with_progress(enumerate(lines, start=2), total, progress, "reading sacct")
     return _fold(_psv_parts(rows, header))
 
 
@@ -329,21 +337,18 @@ def _psv_parts(rows: Iterable[tuple[int, str]], header: list[str]
     text = _Shared(sys.intern)
     tres, times, states, exits = (_Shared(parse_tres), _Shared(parse_time),
                                   _Shared(parse_state), _Shared(parse_exit))
-    for index, line in rows:
-        if index == 0:
-            continue
-        if line.endswith("\r"):
-            line = line[:-1]
+    for number, line in rows:
+        line = line.rstrip("\r\n")
         if not line:
             continue
         fields = line.split("|", width - 1)  # a '|' in the free-text last field stays in it
         if len(fields) < width:
-            raise AccountingError(f"sacct line {index + 1} is truncated: {len(fields)} of "
+            raise AccountingError(f"sacct line {number} is truncated: {len(fields)} of "
                                   f"{width} fields (first missing: {header[len(fields)]})")
         fields.append("")
         job_id = fields[i_id].strip()
         if job_id and not _ROW_JOB_ID.match(job_id):
-            raise AccountingError(f"sacct line {index + 1} is corrupt: JobID {job_id[:40]!r}")
+            raise AccountingError(f"sacct line {number} is corrupt: JobID {job_id[:40]!r}")
         exit_code, signal = exits[fields[i_exit]]
         if "." in job_id:  # a step line ("123.batch"): only what its job's figures read
             yield job_id, {"state": states[fields[i_state]], "exit_code": exit_code,
@@ -519,11 +524,12 @@ def parse_sacct(text: str, *, progress: bool | None = None) -> list[JobRecord]:
     return parse_psv(text, progress=progress)
 
 
-def _with_progress(items: Iterable, total: int, progress: bool | None, what: str) -> Iterator:
+def _with_progress(items: Iterable, total: int | None, progress: bool | None,
+                   what: str) -> Iterator:
     """Iterate, with a rich progress bar on stderr for large inputs (``progress=None``: only
-    when there are many lines and stderr is a terminal)."""
+    when there are many lines, or an unknown number, and stderr is a terminal)."""
     if progress is None:
-        progress = total >= PROGRESS_MIN_LINES and os.isatty(2)
+        progress = (total is None or total >= PROGRESS_MIN_LINES) and os.isatty(2)
     if not progress:
         yield from items
         return
@@ -713,10 +719,15 @@ def ingest(since: float, until: float, *, sacct_file: str | os.PathLike | None =
     """
     if sacct_file is not None:
         try:
-            text = Path(sacct_file).read_text()
+            with open(sacct_file) as handle:  # -P is read as a stream; --json needs it whole
+                head = handle.readline()
+                if head.lstrip().startswith("{"):
+                    jobs = parse_json(head + handle.read(), progress=progress)
+                else:
+                    jobs = parse_psv(itertools.chain([head], handle), progress=progress)
         except OSError as exc:
             raise AccountingError(f"cannot read {sacct_file}: {exc.strerror}") from None
-        jobs, source = parse_sacct(text, progress=progress), f"file {sacct_file}"
+        source = f"file {sacct_file}"
         new = len(jobs)
     elif state_dir is not None:
         cache = AccountingCache(state_dir)

@@ -50,3 +50,20 @@ def figures_digest(tmp_path: Path, by: str) -> str:
 
 def test_report_figures_match_the_row_by_row_code(tmp_path):
     assert {by: figures_digest(tmp_path, by) for by in EXPECTED} == EXPECTED
+
+
+def test_progress_goes_to_stderr_and_json_stays_clean(tmp_path, monkeypatch, capsys):
+    from slurm_gpushare.cli import main
+
+    bench = _generator()
+    path = tmp_path / "sacct.psv"
+    bench.generate(path, 300, seed=3)
+    monkeypatch.setenv("GPUSHARE_CONFIG", str(tmp_path / "none.toml"))
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "none.conf"))  # no GPU types from Slurm
+    monkeypatch.setattr("slurm_gpushare.slurm.accounting.query_node_gpu_types", lambda: {})
+    assert main(["report", "--sacct-file", str(path), "--progress", "--format", "json",
+                 "--since", str(bench.WINDOW_END - bench.WINDOW_S - 86400),
+                 "--until", str(bench.WINDOW_END)]) == 0
+    out = capsys.readouterr()
+    report = json.loads(out.out)
+    assert report["totals"]["gpu_jobs"] > 100 and "reading sacct" not in out.out

@@ -196,7 +196,7 @@ def record_groups(store, groups: Iterable[CorunGroup], *, gpu_type: str | None =
 
 
 # -- solo times --------------------------------------------------------------------------------
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Solo:
     seconds: float
     source: str  # "history" or "predictor"
@@ -256,7 +256,7 @@ SMALL_SAMPLE = 10  # fewer ISD values (or shared jobs) than this: shown as a sma
 FEW_SOLO_RUNS = 3  # a solo time from fewer runs than this is a thin history
 
 
-@dataclass
+@dataclass(slots=True)  # one per GPU job: a million at a large site's month
 class JobFigures:
     job: JobRecord
     group: CorunGroup | None = None

@@ -11,6 +11,7 @@ import csv
 import io
 import json
 import re
+import sys
 import time
 from datetime import datetime
 from pathlib import Path
@@ -163,6 +164,24 @@ def render_csv(report: dict) -> str:
     return out.getvalue()
 
 
+def write_json(report: dict, out) -> None:
+    """The report as JSON, written piece by piece (a month of a large site has a million job
+    rows): keys sorted, one line per top-level key or per element of a top-level list."""
+    keys = sorted(report)
+    out.write("{\n")
+    for i, key in enumerate(keys):
+        value, comma = report[key], "," if i < len(keys) - 1 else ""
+        if isinstance(value, list) and value:
+            out.write(f"  {json.dumps(key)}: [\n")
+            last = len(value) - 1
+            for j, item in enumerate(value):
+                out.write(f"    {json.dumps(item, sort_keys=True)}{',' if j < last else ''}\n")
+            out.write(f"  ]{comma}\n")
+        else:
+            out.write(f"  {json.dumps(key)}: {json.dumps(value, sort_keys=True)}{comma}\n")
+    out.write("}\n")
+
+
 def store_path_from_config(config_path: str | None) -> tuple[str | None, str]:
     """The daemon's store named by the config (``daemon.state_dir``/store.sqlite), and a note
     when there is none to read."""
@@ -201,11 +220,14 @@ def store_path_from_config(config_path: str | None) -> tuple[str | None, str]:
               help="The daemon's store (SQLite): decisions, telemetry, co-runs.")
 @click.option("--state-dir", type=click.Path(file_okay=False), default=None,
               help="Keep ingested jobs here and ask sacct only for new ones next time.")
+@click.option("--progress/--no-progress", default=None,
+              help="A progress bar on standard error while sacct's output is read (default: "
+                   "only for large inputs with standard error on a terminal).")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
               help="Config naming the store when --store is not given (default: "
                    "$GPUSHARE_CONFIG or the default path).")
 def report_command(since, until, by, fmt, output, anonymise, sacct_file, sacct_json,
-                   store_path, state_dir, config_path) -> None:
+                   store_path, state_dir, progress, config_path) -> None:
     """Report what GPU sharing saved (packing saving, slowdowns, GPU-hours) and cost."""
     now = time.time()
     stop = parse_when(until, now)
@@ -225,7 +247,7 @@ def report_command(since, until, by, fmt, output, anonymise, sacct_file, sacct_j
             raise click.ClickException(f"cannot open the store {store_path}: {exc}")
     try:
         ingested = ingest(start, stop, sacct_file=sacct_file, state_dir=state_dir,
-                          as_json=sacct_json)
+                          as_json=sacct_json, progress=progress)
         report = build_report(ingested.jobs, since=start, until=stop, by=by, store=store,
                               anonymise=anonymise, source=ingested.source)
     except (AccountingError, ValueError) as exc:
@@ -243,10 +265,16 @@ def report_command(since, until, by, fmt, output, anonymise, sacct_file, sacct_j
         if output:
             console.file.close()
         return
+    if fmt == "json":
+        if output:
+            with open(output, "w") as handle:
+                write_json(report, handle)
+            click.echo(f"wrote {output}", err=True)
+        else:
+            write_json(report, sys.stdout)
+        return
     if fmt == "csv":
         text = render_csv(report)
-    elif fmt == "json":
-        text = json.dumps(report, indent=2, sort_keys=True) + "\n"
     else:
         from slurm_gpushare.reports.html import render_html
         text = render_html(report)

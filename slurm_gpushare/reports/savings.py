@@ -55,9 +55,17 @@ class StoreView:
 
     def __init__(self, store):
         self.store = store
+        # Each decision is read several times per job, and the jobs of one script (an array,
+        # a sweep) share their fingerprint keys: read each once.
+        self._decisions: dict[str, dict[str, Any] | None] = {}
+        self._history: dict[tuple[str, ...], list[dict[str, Any]]] = {}
 
     def decision(self, decision_id: str) -> dict[str, Any] | None:
-        return self.store.decision(decision_id) if decision_id else None
+        if not decision_id:
+            return None
+        if decision_id not in self._decisions:
+            self._decisions[decision_id] = self.store.decision(decision_id)
+        return self._decisions[decision_id]
 
     def job_keys(self, job: JobRecord) -> list[str]:
         """The job's fingerprint keys, most specific first (as ``JobKeys.as_list``)."""
@@ -70,7 +78,13 @@ class StoreView:
         return self.store.summaries(ident, job.cluster) or self.store.summaries(ident)
 
     def history(self, keys: list[str]) -> list[dict[str, Any]]:
-        return self.store.history(keys) if keys else []
+        """Read-only to callers: the same list is handed to every job with these keys."""
+        if not keys:
+            return []
+        found = self._history.get(tuple(keys))
+        if found is None:
+            found = self._history[tuple(keys)] = self.store.history(keys)
+        return found
 
     def coruns(self) -> list[dict[str, Any]]:
         return self.store.corun_observations()
@@ -182,7 +196,7 @@ def record_groups(store, groups: Iterable[CorunGroup], *, gpu_type: str | None =
 
 
 # -- solo times --------------------------------------------------------------------------------
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Solo:
     seconds: float
     source: str  # "history" or "predictor"
@@ -242,7 +256,7 @@ SMALL_SAMPLE = 10  # fewer ISD values (or shared jobs) than this: shown as a sma
 FEW_SOLO_RUNS = 3  # a solo time from fewer runs than this is a thin history
 
 
-@dataclass
+@dataclass(slots=True)  # one per GPU job: a million at a large site's month
 class JobFigures:
     job: JobRecord
     group: CorunGroup | None = None
@@ -578,6 +592,9 @@ def _timeline(figures: Sequence[JobFigures], since: float, until: float) -> list
 def _class_matrix(figures: Sequence[JobFigures]) -> list[dict[str, Any]]:
     """Mean ISD of a job of class a next to a co-runner of class b (for the heat map)."""
     cells: dict[tuple[str, str], list[float]] = defaultdict(list)
+    class_of: dict[str, int | None] = {}
+    for f in figures:
+        class_of.setdefault(f.job.job_id, f.job_class)
     for f in figures:
         if f.isd is None or f.group is None or not f.group.shared:
             continue
@@ -585,7 +602,7 @@ def _class_matrix(figures: Sequence[JobFigures]) -> list[dict[str, Any]]:
         for other in f.group.jobs:
             if other.job_id == f.job.job_id:
                 continue
-            cls = next((g.job_class for g in figures if g.job.job_id == other.job_id), None)
+            cls = class_of.get(other.job_id)
             cells[(own, "?" if cls is None else str(cls))].append(f.isd)
     return [{"class": a, "with": b, "n": len(v), "isd_mean": _mean(v)}
             for (a, b), v in sorted(cells.items())]

@@ -5,7 +5,7 @@ job, ``123+1``); step lines (``123.batch``, ``123.0``, ``123_4.extern``) are fol
 job's ``steps``. Both of 22.05's machine formats are read:
 
 - ``sacct -P -o <SACCT_FIELDS>`` with ``SLURM_TIME_FORMAT=%s`` (ISO times are accepted too),
-  parsed with ``csv.DictReader(delimiter='|')``; AdminComment is the last field so a ``|``
+  split by column position; AdminComment is the last field so a ``|``
   inside it cannot shift the others;
 - ``sacct --json`` (openapi dbv0.0.38 layout, 22.05; and 24.11's, whose numbers are wrapped
   objects and states lists).
@@ -20,11 +20,12 @@ slack for records that reach slurmdbd late). Jobs still running are never cached
 
 from __future__ import annotations
 
-import csv
 import io
+import itertools
 import json
 import os
 import re
+import sys
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -62,7 +63,7 @@ class AccountingError(RuntimeError):
     """sacct could not be run or its output not read."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class StepRecord:
     step_id: str  # "batch", "extern", "0", ...
     state: str
@@ -71,7 +72,7 @@ class StepRecord:
     elapsed_s: float | None = None
 
 
-@dataclass
+@dataclass(slots=True)  # slots: a site's month is a million of these
 class JobRecord:
     """One job (array task or het component included) as accounting knows it."""
 
@@ -96,10 +97,17 @@ class JobRecord:
     gpu_type: str = ""  # filled by ``resolve_gpu_types``
     # Runs of a requeued job before its final one (``sacct -D`` lists each run, same JobID).
     earlier_runs: list["JobRecord"] = field(default_factory=list)
+    # Worked out once from ``tag`` and ``alloc_tres`` (reports read them many times per job).
+    decision: Tag | None = field(default=None, init=False, repr=False, compare=False)
+    gpus: float = field(default=0.0, init=False, repr=False, compare=False)
+    shards: float = field(default=0.0, init=False, repr=False, compare=False)
 
     # -- what the tag says -----------------------------------------------------------------
     def __post_init__(self):
-        self.decision = Tag.decode(self.tag)  # decoded once: reports read it many times
+        self.decision = Tag.decode(self.tag)
+        # Whole GPUs allocated (typed and untyped TRES name the same GPUs; take one), shards.
+        self.gpus = _gres_count(self.alloc_tres, "gpu")
+        self.shards = _gres_count(self.alloc_tres, "shard")
 
     @property
     def shared(self) -> bool:
@@ -115,15 +123,6 @@ class JobRecord:
         return self.decision.why if self.decision else ""
 
     # -- what it was given -----------------------------------------------------------------
-    @property
-    def gpus(self) -> float:
-        """Whole GPUs allocated (typed and untyped TRES name the same GPUs; take one)."""
-        return _gres_count(self.alloc_tres, "gpu")
-
-    @property
-    def shards(self) -> float:
-        return _gres_count(self.alloc_tres, "shard")
-
     @property
     def requested_gpus(self) -> float:
         return _gres_count(self.req_tres, "gpu")
@@ -188,14 +187,18 @@ class JobRecord:
         return self.state == "CANCELLED"
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        for record in [data, *data["earlier_runs"]]:
+            for derived in ("decision", "gpus", "shards"):  # made again from tag and TRES
+                del record[derived]
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "JobRecord":
         data = dict(data)
         data["steps"] = [StepRecord(**s) for s in data.get("steps", [])]
         data["earlier_runs"] = [cls.from_dict(r) for r in data.get("earlier_runs", [])]
-        known = set(cls.__dataclass_fields__)
+        known = set(cls.__dataclass_fields__) - {"decision", "gpus", "shards"}
         return cls(**{k: v for k, v in data.items() if k in known})
 
 
@@ -275,60 +278,101 @@ _STEP_ID = re.compile(r"^(?P<job>[^.]+)\.(?P<step>.+)$")
 
 
 # -- sacct -P --------------------------------------------------------------------------------
-def parse_psv(text: str, *, progress: bool | None = None) -> list[JobRecord]:
-    """Jobs from ``sacct -P`` output with a header line (steps folded into their jobs)."""
-    lines = text.splitlines()
-    if not lines or "JobID" not in lines[0].split("|"):
+def parse_psv(text: str | Iterable[str], *, progress: bool | None = None,
+              total: int | None = None) -> list[JobRecord]:
+    """Jobs from ``sacct -P`` output with a header line (steps folded into their jobs).
+
+    ``text``: the whole output, or its lines (an open file: read as a stream, never held
+    whole; ``total``: how many lines, for the progress bar). Each line is split once and read
+    by column position into a compact record; repeated values (TRES strings, users, states)
+    are parsed once and shared."""
+    if isinstance(text, str):
+        total = text.count("\n") if total is None else total
+        text = io.StringIO(text)
+    lines = iter(text)
+    header = next(lines, "").rstrip("\r\n").split("|")
+    if "JobID" not in header:
         raise AccountingError("sacct -P output needs its header line (do not pass -n)")
-    reader = csv.DictReader(io.StringIO(text), delimiter="|", quoting=csv.QUOTE_NONE,
-                            restkey="_rest")
-    header = reader.fieldnames or []
     early = [name for name in header[:-1] if name in FREE_TEXT_FIELDS]
     if early:
         raise AccountingError(f"sacct field {early[0]} is free text and may contain '|': "
                               "request it last, or not at all")
-    rows = _with_progress(reader, len(lines) - 1, progress, "reading sacct")
-    return _fold(_row_to_parts(_checked_row(row, reader.line_num, header)) for row in rows)
+    rows = _with_progress(enumerate(lines, start=2), total, progress, "reading sacct")
+    return _fold(_psv_parts(rows, header))
 
 
 _ROW_JOB_ID = re.compile(r"^\d+([_+][0-9\[\]\-,%]+)?(\.[\w\-]+)?$")
 
 
-def _checked_row(row: dict[str, Any], line: int, header: list[str]) -> dict[str, Any]:
-    """Refuse a row that was cut short or is not sacct's: a report from it would be wrong."""
-    missing = [name for name in header if row.get(name) is None]
-    if missing:
-        raise AccountingError(f"sacct line {line} is truncated: {len(header) - len(missing)} "
-                              f"of {len(header)} fields (first missing: {missing[0]})")
-    job_id = (row.get("JobID") or "").strip()
-    if job_id and not _ROW_JOB_ID.match(job_id):
-        raise AccountingError(f"sacct line {line} is corrupt: JobID {job_id[:40]!r}")
-    return row
+class _Shared(dict):
+    """Parsed values by their text, so a value seen a million times is parsed and held once
+    (TRES strings, users, accounts, states). Bounded: cleared when it grows past ``limit``."""
+
+    def __init__(self, parse: Callable[[str], Any], limit: int = 200_000):
+        super().__init__()
+        self.parse, self.limit = parse, limit
+
+    def __missing__(self, text: str) -> Any:
+        if len(self) >= self.limit:
+            self.clear()
+        value = self[text] = self.parse(text)
+        return value
 
 
-def _row_to_parts(row: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    if row.get("_rest"):  # a '|' inside the free-text last field split it further
-        row["AdminComment"] = "|".join([row.get("AdminComment") or ""] + row.pop("_rest"))
-    job_id = (row.get("JobID") or "").strip()
-    exit_code, signal = parse_exit(row.get("ExitCode"))
-    return job_id, {
-        "raw_id": (row.get("JobIDRaw") or "").strip(),
-        "cluster": row.get("Cluster") or "",
-        "user": row.get("User") or "",
-        "account": row.get("Account") or "",
-        "partition": row.get("Partition") or "",
-        "state": parse_state(row.get("State")),
-        "exit_code": exit_code,
-        "signal": signal,
-        "submit": parse_time(row.get("Submit")),
-        "start": parse_time(row.get("Start")),
-        "end": parse_time(row.get("End")),
-        "elapsed_s": _number(row.get("ElapsedRaw")),
-        "nodes": "" if row.get("NodeList") in (None, "None assigned") else row["NodeList"],
-        "req_tres": parse_tres(row.get("ReqTRES") or ""),
-        "alloc_tres": parse_tres(row.get("AllocTRES") or ""),
-        "tag": _own_tag(row.get("AdminComment")),
-    }
+def _psv_parts(rows: Iterable[tuple[int, str]], header: list[str]
+               ) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(job id, record fields) per data line; refuses a line that was cut short or is not
+    sacct's (a report from it would be wrong)."""
+    width = len(header)
+    column = {name: i for i, name in enumerate(header)}
+
+    def at(name: str) -> int:
+        return column.get(name, width)  # a column not requested reads as ""
+
+    (i_id, i_raw, i_cluster, i_user, i_account, i_partition, i_state, i_exit, i_submit,
+     i_start, i_end, i_elapsed, i_nodes, i_req, i_alloc, i_comment) = map(at, (
+        "JobID", "JobIDRaw", "Cluster", "User", "Account", "Partition", "State", "ExitCode",
+        "Submit", "Start", "End", "ElapsedRaw", "NodeList", "ReqTRES", "AllocTRES",
+        "AdminComment"))
+    text = _Shared(sys.intern)
+    tres, times, states, exits = (_Shared(parse_tres), _Shared(parse_time),
+                                  _Shared(parse_state), _Shared(parse_exit))
+    for number, line in rows:
+        line = line.rstrip("\r\n")
+        if not line:
+            continue
+        fields = line.split("|", width - 1)  # a '|' in the free-text last field stays in it
+        if len(fields) < width:
+            raise AccountingError(f"sacct line {number} is truncated: {len(fields)} of "
+                                  f"{width} fields (first missing: {header[len(fields)]})")
+        fields.append("")
+        job_id = fields[i_id].strip()
+        if job_id and not _ROW_JOB_ID.match(job_id):
+            raise AccountingError(f"sacct line {number} is corrupt: JobID {job_id[:40]!r}")
+        exit_code, signal = exits[fields[i_exit]]
+        if "." in job_id:  # a step line ("123.batch"): only what its job's figures read
+            yield job_id, {"state": states[fields[i_state]], "exit_code": exit_code,
+                           "signal": signal, "elapsed_s": _number(fields[i_elapsed])}
+            continue
+        nodes = fields[i_nodes]
+        yield job_id, {
+            "raw_id": fields[i_raw].strip(),
+            "cluster": text[fields[i_cluster]],
+            "user": text[fields[i_user]],
+            "account": text[fields[i_account]],
+            "partition": text[fields[i_partition]],
+            "state": states[fields[i_state]],
+            "exit_code": exit_code,
+            "signal": signal,
+            "submit": times[fields[i_submit]],
+            "start": times[fields[i_start]],
+            "end": times[fields[i_end]],
+            "elapsed_s": _number(fields[i_elapsed]),
+            "nodes": "" if nodes == "None assigned" else text[nodes],
+            "req_tres": tres[fields[i_req]],
+            "alloc_tres": tres[fields[i_alloc]],
+            "tag": _own_tag(fields[i_comment]),
+        }
 
 
 def _fold(parts: Iterable[tuple[str, dict[str, Any]]]) -> list[JobRecord]:
@@ -480,11 +524,12 @@ def parse_sacct(text: str, *, progress: bool | None = None) -> list[JobRecord]:
     return parse_psv(text, progress=progress)
 
 
-def _with_progress(items: Iterable, total: int, progress: bool | None, what: str) -> Iterator:
+def _with_progress(items: Iterable, total: int | None, progress: bool | None,
+                   what: str) -> Iterator:
     """Iterate, with a rich progress bar on stderr for large inputs (``progress=None``: only
-    when there are many lines and stderr is a terminal)."""
+    when there are many lines, or an unknown number, and stderr is a terminal)."""
     if progress is None:
-        progress = total >= PROGRESS_MIN_LINES and os.isatty(2)
+        progress = (total is None or total >= PROGRESS_MIN_LINES) and os.isatty(2)
     if not progress:
         yield from items
         return
@@ -632,21 +677,24 @@ class AccountingCache:
             return since, until
         return max(since, last_end - LATE_RECORD_SLACK_S), until
 
-    def add(self, records: Iterable[JobRecord], since: float) -> int:
-        """Keep the finished jobs not already held; returns how many were new."""
-        held = self.jobs()
+    def add(self, records: Iterable[JobRecord], since: float,
+            held: dict[str, JobRecord] | None = None) -> int:
+        """Keep the finished jobs not already held; returns how many were new. ``held``: the
+        cache's ``jobs()`` if already read (the new jobs are added to it)."""
+        held = self.jobs() if held is None else held
         new = [r for r in records if r.finished and f"{r.cluster}/{r.job_id}" not in held]
         if new:
             with open(self.dir / self.JOBS, "a") as handle:
                 for record in new:
                     handle.write(json.dumps(record.to_dict(), sort_keys=True) + "\n")
+        held.update((f"{r.cluster}/{r.job_id}", r) for r in new)
         ends = [r.end for r in new if r.end is not None]
         last_end = self.state.get("last_end")
         covered_from = self.state.get("covered_from")
         self.state.update({
             "last_end": max([e for e in [last_end, *ends] if e is not None], default=None),
             "covered_from": since if covered_from is None else min(covered_from, since),
-            "jobs": len(held) + len(new),
+            "jobs": len(held),
         })
         replace_atomically(self.dir / self.STATE,
                            (json.dumps(self.state, sort_keys=True) + "\n").encode())
@@ -671,17 +719,22 @@ def ingest(since: float, until: float, *, sacct_file: str | os.PathLike | None =
     """
     if sacct_file is not None:
         try:
-            text = Path(sacct_file).read_text()
+            with open(sacct_file) as handle:  # -P is read as a stream; --json needs it whole
+                head = handle.readline()
+                if head.lstrip().startswith("{"):
+                    jobs = parse_json(head + handle.read(), progress=progress)
+                else:
+                    jobs = parse_psv(itertools.chain([head], handle), progress=progress)
         except OSError as exc:
             raise AccountingError(f"cannot read {sacct_file}: {exc.strerror}") from None
-        jobs, source = parse_sacct(text, progress=progress), f"file {sacct_file}"
+        source = f"file {sacct_file}"
         new = len(jobs)
     elif state_dir is not None:
         cache = AccountingCache(state_dir)
         start, stop = cache.query_window(since, until)
         fetched = parse_sacct(runner(start, stop, as_json=as_json), progress=progress)
-        new = cache.add(fetched, since)
-        held = cache.jobs()
+        held = cache.jobs()  # read once: the report's whole window
+        new = cache.add(fetched, since, held)
         running = [j for j in fetched if not j.finished]
         jobs, source = list(held.values()) + running, f"cache {state_dir}"
     else:

@@ -1,0 +1,69 @@
+"""The report's figures stay the same when its parsing and aggregation get faster: the JSON
+report of a synthetic site month (bench/report_scale.py's generator: shares, whole GPUs,
+arrays, het jobs, requeues, 22.05 and 24.11 TRES spellings) against the digest the earlier,
+row-by-row code gave for the same input (commit 6479ceb)."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import io
+import json
+from pathlib import Path
+
+from slurm_gpushare.cli.report import write_json
+
+from slurm_gpushare.reports.savings import build_report
+from slurm_gpushare.slurm.accounting import ingest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "report_scale.py"
+# sha256 of the JSON report (less "generated" and "source") of 3,000 job rows, seed 7, by
+# account and by user, from commit 6479ceb's code.
+EXPECTED = {
+    "account": "239b13abaadb7e815e8450535b980f0e96ae933c0c1ac590fcd5e5975df88846",
+    "user": "5385612f75bbc65f9305651c041fb4c566f0e68ada381c008c1f4bd12a04a408",
+}
+
+
+def _generator():
+    spec = importlib.util.spec_from_file_location("report_scale", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def figures_digest(tmp_path: Path, by: str) -> str:
+    bench = _generator()
+    path = tmp_path / "sacct.psv"
+    if not path.exists():
+        bench.generate(path, 3000, seed=7)
+    since, until = bench.WINDOW_END - bench.WINDOW_S - 86400, bench.WINDOW_END
+    ingested = ingest(since, until, sacct_file=path, node_types={}, progress=False)
+    report = build_report(ingested.jobs, since=since, until=until, by=by)
+    report.pop("generated")
+    report.pop("source")
+    written = io.StringIO()  # what --format json writes, piece by piece
+    write_json(report, written)
+    assert json.loads(written.getvalue()) == json.loads(json.dumps(report))
+    return hashlib.sha256(json.dumps(report, sort_keys=True).encode()).hexdigest()
+
+
+def test_report_figures_match_the_row_by_row_code(tmp_path):
+    assert {by: figures_digest(tmp_path, by) for by in EXPECTED} == EXPECTED
+
+
+def test_progress_goes_to_stderr_and_json_stays_clean(tmp_path, monkeypatch, capsys):
+    from slurm_gpushare.cli import main
+
+    bench = _generator()
+    path = tmp_path / "sacct.psv"
+    bench.generate(path, 300, seed=3)
+    monkeypatch.setenv("GPUSHARE_CONFIG", str(tmp_path / "none.toml"))
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "none.conf"))  # no GPU types from Slurm
+    monkeypatch.setattr("slurm_gpushare.slurm.accounting.query_node_gpu_types", lambda: {})
+    assert main(["report", "--sacct-file", str(path), "--progress", "--format", "json",
+                 "--since", str(bench.WINDOW_END - bench.WINDOW_S - 86400),
+                 "--until", str(bench.WINDOW_END)]) == 0
+    out = capsys.readouterr()
+    report = json.loads(out.out)
+    assert report["totals"]["gpu_jobs"] > 100 and "reading sacct" not in out.out

@@ -29,8 +29,8 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from slurm_gpushare.predict.pairs import (DEFAULT_THRESHOLD, default_model,  # noqa: E402
-                                          leave_one_data_set_out)
+from slurm_gpushare.predict.pairs import (DEFAULT_THRESHOLD, PARAMETERS,  # noqa: E402
+                                          default_model, leave_one_data_set_out)
 from slurm_gpushare.sim.run import default_data_dir  # noqa: E402
 
 def ryu_chun() -> dict:
@@ -56,6 +56,31 @@ def ryu_chun() -> dict:
     }
 
 
+def shape_robustness(seeds=(0, 1, 2), jobs: int = 47) -> dict:
+    """Why ``latency`` is 0.5: synthetic pairs (``jobs`` jobs with occupancy drawn uniformly
+    from 0.02-0.9, every ordered pair, log-normal noise of 0.3) whose true slowdown follows the
+    prior's form with a true latency anywhere in [0, 1]; Spearman of each assumed latency (and of
+    adding the utilisations) against that truth, mean over ``seeds``, and each choice's worst
+    case over the true values."""
+    from scipy.stats import spearmanr
+
+    values = (0.0, 0.25, 0.5, 0.75, 1.0)
+    table = {}
+    for truth in values:
+        scores = {str(v): [] for v in values} | {"sum": []}
+        for seed in seeds:
+            rng = np.random.default_rng(seed)
+            u = rng.uniform(0.02, 0.9, jobs)
+            own, other = (x.ravel() for x in np.meshgrid(u, u))
+            measured = other * (truth + (1 - truth) * own) * np.exp(rng.normal(0, 0.3, own.size))
+            for v in values:
+                scores[str(v)].append(spearmanr(other * (v + (1 - v) * own), measured).statistic)
+            scores["sum"].append(spearmanr(own + other, measured).statistic)
+        table[str(truth)] = {k: round(float(np.mean(v)), 3) for k, v in scores.items()}
+    worst = {k: min(row[k] for row in table.values()) for k in table["0.5"]}
+    return {"spearman_by_true_latency": table, "worst_case": worst}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
@@ -66,13 +91,18 @@ def main(argv=None) -> int:
     result = {
         "command": "python bench/pairs_eval.py --seeds " + " ".join(map(str, args.seeds)),
         "threshold": DEFAULT_THRESHOLD,
-        "prior_all_data": {"parameters": dict(zip(("alpha", "alpha_own", "beta", "gamma"),
+        "prior_all_data": {"parameters": dict(zip(PARAMETERS,
                                                   np.round(model.coef_, 4).tolist())),
-                           "margin": model.margin_, "margin_learned": model.margin_learned_,
+                           "shrinkage": model.shrinkage_, "margin": model.margin_,
+                           "margin_learned": model.margin_learned_,
                            "sides": model.n_train_},
         "leave_one_data_set_out": leave_one_data_set_out(args.seeds),
         "ryu_chun": ryu_chun(),
+        "shape_robustness": shape_robustness(),
     }
+    before = ROOT / "bench" / "pairs_eval_before.json"
+    if before.exists():
+        result["before"] = json.loads(before.read_text())
     result["seconds"] = round(time.perf_counter() - started, 1)
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     for name, entry in result["leave_one_data_set_out"].items():

@@ -329,13 +329,9 @@ def predict_pairs(profiles: list[dict[str, Any]],
                   ) -> list[dict[str, Any]]:
     """One prediction per unordered pair of profiles including self-pairs, in input order,
     from the pair predictor (``predict/pairs.py``) with corrections learned from ``coruns``."""
-    from slurm_gpushare.predict.pairs import default_model
+    from slurm_gpushare.predict.pairs import default_model, pair_table
 
-    model = default_model()
-    keys = [p["job"] for p in profiles]
-    if coruns:
-        model.learn(coruns, dict(zip(keys, profiles)))
-    return model.predict_pairs(profiles, keys)
+    return pair_table(default_model(), profiles, coruns)
 
 
 @kb_group.command("predict-pairs")

@@ -154,8 +154,5 @@ class Pairing:
             self._observations[ident] = (key_a, key_b, speed[0], speed[1])
             added += 1
         if added:
-            model = PairSpeedModel(**self.model.get_params())
-            for name in ("coef_", "margin_", "margin_learned_", "n_train_"):
-                setattr(model, name, getattr(self.model, name))
-            self.model = model.learn(list(self._observations.values()), self._profiles)
+            self.model = self.model.fitted_copy().learn(list(self._observations.values()), self._profiles)
         return self

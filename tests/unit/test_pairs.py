@@ -66,10 +66,33 @@ def test_prior_parameters_are_non_negative_and_fitted_on_the_packaged_sets(model
     assert 1.0 <= model.margin_ <= 6.0
 
 
+def test_the_prior_is_calibrated_in_absolute_speed(model):
+    # Time slicing: jobs that keep the GPU busy all the time share it equally, whatever data
+    # the margins were calibrated on; a partner that never uses the GPU costs nothing.
+    busy = profile(100, 50)
+    assert model.predict_group([busy, busy]) == pytest.approx([0.5, 0.5])
+    assert model.predict_group([busy] * 3) == pytest.approx([1 / 3] * 3)
+    assert model.predict_group([profile(60, 30), profile(0, 0)])[0] == 1.0
+    # A light job next to a busy one waits for it (latency) but less than a busy one would;
+    # the busy one barely notices the light one.
+    light, heavy = model.predict_group([profile(10, 5), busy])
+    assert 0.5 < light < heavy < 1.0
+
+
+def test_shrinkage_is_chosen_on_the_training_data():
+    sides = training_sides()
+    sides = sides[sides["group"] == "alnair-p100"]
+    chosen = PairSpeedModel().fit(sides)
+    assert chosen.shrinkage_ in (0.25, 0.5, 1.0, 2.0)
+    assert PairSpeedModel(shrinkage=3.0).fit(sides).shrinkage_ == 3.0
+    fitted = PairSpeedModel(latency=None).fit(sides)
+    assert 0.0 <= fitted.coef_[0] <= 1.0
+
+
 def test_estimator_conventions():
     fresh = PairSpeedModel(threshold=0.8, shrinkage=3.0)
-    assert fresh.get_params() == {"threshold": 0.8, "max_bad_rate": 0.01, "shrinkage": 3.0,
-                                  "random_state": 0}
+    assert fresh.get_params() == {"latency": 0.5, "threshold": 0.8, "max_bad_rate": 0.01,
+                                  "shrinkage": 3.0, "random_state": 0}
     assert not [k for k in vars(fresh) if k.endswith("_")]
     with pytest.raises(NotFittedError):
         fresh.predict_group([profile(50), profile(50)])
@@ -134,6 +157,7 @@ def test_the_packaged_prior_is_the_fit_of_the_packaged_data():
     fresh = fitted_prior()
     assert stored["data"] == fresh["data"] and stored["sides"] == fresh["sides"]
     assert stored["margin"] == fresh["margin"]
+    assert stored["shrinkage"] == fresh["shrinkage"]
     assert stored["margin_learned"] == fresh["margin_learned"]
     for name, value in fresh["parameters"].items():
         assert stored["parameters"][name] == pytest.approx(value, abs=1e-9)

@@ -59,11 +59,17 @@ class Request:
     def __post_init__(self):
         key = (self.types.tobytes(), None if self.shards is None else self.shards.tobytes())
         object.__setattr__(self, "key", key)
+        # (type, GiB) for each allowed type: could_fit runs for every queued share in a pass.
+        need = () if self.shards is None else tuple(
+            (int(t), int(self.shards[t])) for t in np.flatnonzero(self.types))
+        object.__setattr__(self, "need", need)
 
     def could_fit(self, room: list[int]) -> bool:
         """A share could start somewhere, given the most free GiB per type (``room``)."""
-        shards = self.shards
-        return any(ok and shards[t] <= r for t, (ok, r) in enumerate(zip(self.types, room)))
+        for t, gib in self.need:
+            if gib <= room[t]:
+                return True
+        return False
 
 
 @dataclass
@@ -459,15 +465,25 @@ class Engine:
         self.queued += 1
         self.arrived_shapes.add(shape)
 
-    def _share_room(self) -> list:
+    def _share_room(self, rooms: list | None = None, gpus=()) -> list:
         """Most free GiB on one shareable GPU, per type; per class too for class-aware policies
-        (``[per type, class 0, class 1, ...]``: GPUs the policy would let that class join)."""
+        (``[per type, class 0, class 1, ...]``: GPUs the policy would let that class join).
+
+        With ``rooms`` and ``gpus``: ``rooms`` updated in place after a start on those GPUs
+        (only their types can have changed)."""
         free = np.where(~self.g_whole & (self.g_njobs < self.cap), self.g_cap - self.g_used, 0)
-        rooms = [[int(free[idx].max(initial=0)) for idx in self.type_gpus]]
+        types = (range(len(self.type_gpus)) if rooms is None
+                 else sorted({int(self.g_type[g]) for g in gpus}))
+        if rooms is None:
+            rooms = [[0] * len(self.type_gpus)
+                     for _ in range(1 + (self.n_classes if self.policy.class_aware else 0))]
+        for t in types:
+            rooms[0][t] = int(free[self.type_gpus[t]].max(initial=0))
         if self.policy.class_aware:
             for c in range(self.n_classes):
                 ok = np.where(self.policy.joinable(self, c), free, 0)
-                rooms.append([int(ok[idx].max(initial=0)) for idx in self.type_gpus])
+                for t in types:
+                    rooms[1 + c][t] = int(ok[self.type_gpus[t]].max(initial=0))
         return rooms
 
     def _quick_fits(self, j: int, req: Request, room) -> bool:
@@ -476,6 +492,9 @@ class Engine:
             return self.free_whole >= self.ngpus[j]
         if self.policy.class_aware and not req.could_fit(room[1 + self.jclass[j]]):
             return False
+        if not req.exclude:
+            # Some node of its types has room iff the roomiest GPU of one of its types does.
+            return req.could_fit(room[0])
         nodes = self.share_nodes(req)
         return bool(nodes) and not nodes <= req.exclude
 
@@ -584,7 +603,7 @@ class Engine:
             self.start(j, placed)
             started = True
             if sharing:
-                room = self._share_room()
+                room = self._share_room(room, placed)
             if pos < len(bucket):
                 heapq.heappush(heads, (bucket[pos][0], shape, pos))
         if blocked is None and first_fail is not None:

@@ -139,6 +139,8 @@ class Engine:
         self._masks: dict = {}
         self._room_version, self._node_room = -1, None
         self._share_nodes: dict = {}
+        self._need: dict = {}  # request key -> GiB needed per node
+        self._outside: dict = {}  # exclusions -> nodes outside them
         T = len(cluster.types)
         self.type_total = np.array([self.n_gpus[self.n_type == t].sum() for t in range(T)])
         self.type_pernode = np.array([self.n_gpus[self.n_type == t].max(initial=0) for t in range(T)])
@@ -226,6 +228,14 @@ class Engine:
             self._room_version = self.version
         return self._node_room
 
+    def _node_need(self, req: Request) -> np.ndarray:
+        """GiB the share needs on each node (more than any GPU holds on nodes of other types)."""
+        need = self._need.get(req.key)
+        if need is None:
+            need = np.where(req.types[self.n_type], req.shards[self.n_type], np.iinfo(np.int64).max)
+            self._need[req.key] = need
+        return need
+
     def share_nodes(self, req: Request) -> frozenset:
         """Nodes of the request's types with room for its share, ignoring its exclusions."""
         key = (self.version, req.key)
@@ -233,9 +243,18 @@ class Engine:
         if nodes is None:
             if len(self._share_nodes) > 1024:
                 self._share_nodes.clear()
-            ok = req.types[self.n_type] & (self.node_room() >= req.shards[self.n_type])
+            ok = self.node_room() >= self._node_need(req)
             nodes = self._share_nodes[key] = frozenset(np.flatnonzero(ok).tolist())
         return nodes
+
+    def _share_fits_outside(self, req: Request) -> bool:
+        """Some node outside the request's exclusions has room for its share."""
+        allowed = self._outside.get(req.exclude)
+        if allowed is None:
+            allowed = np.ones(self.N, bool)
+            allowed[list(req.exclude)] = False
+            self._outside[req.exclude] = allowed
+        return bool(np.any((self.node_room() >= self._node_need(req)) & allowed))
 
     def _room_nodes(self, j: int, req: Request) -> frozenset:
         """Nodes where the job's request could fit now, ignoring exclusions (cached)."""
@@ -492,11 +511,10 @@ class Engine:
             return self.free_whole >= self.ngpus[j]
         if self.policy.class_aware and not req.could_fit(room[1 + self.jclass[j]]):
             return False
-        if not req.exclude:
-            # Some node of its types has room iff the roomiest GPU of one of its types does.
-            return req.could_fit(room[0])
-        nodes = self.share_nodes(req)
-        return bool(nodes) and not nodes <= req.exclude
+        # Some node of its types has room iff the roomiest GPU of one of its types does.
+        if not req.could_fit(room[0]):
+            return False
+        return not req.exclude or self._share_fits_outside(req)
 
     def _reservation(self, j: int, req: Request) -> tuple[float, frozenset[int]]:
         """EASY: when and where the blocked job j will start, from planned ends."""

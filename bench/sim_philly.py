@@ -1,7 +1,7 @@
 """Benchmark: the Philly trace (82,247 jobs) under each policy over several seeds; records JSON.
 
     .venv/bin/python bench/sim_philly.py [--seeds 0-4] [--policies a,b,...] [--limit N]
-                                         [--out bench/sim_philly.json]
+                                         [--jobs N] [--out bench/sim_philly.json]
     .venv/bin/python bench/sim_philly.py --merge seed0.json seed1.json ... --out all.json
 
 Cluster: ``slurm_gpushare/data/clusters/philly.toml`` (heterogeneous V100/P100/K80); co-run
@@ -26,6 +26,7 @@ import os
 import platform
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -79,6 +80,30 @@ def checks(seeds: list[dict]) -> dict:
     return out
 
 
+def run_seed(args, seed: int) -> dict:
+    """Every policy on one seed's jobs: the per-seed record."""
+    data_dir = args.data_dir or default_data_dir()
+    cluster = load_cluster(args.cluster)
+    policies = [p for p in args.policies.split(",") if p]
+    started = time.perf_counter()
+    work = load_workload("philly", cluster, data_dir,
+                         WorkloadOptions(seed=seed, limit=args.limit, load=args.load,
+                                         runtime_error=args.runtime_error))
+    load_s = time.perf_counter() - started
+    outcome = run_policies(cluster, work, policies, data_dir=data_dir, seed=seed,
+                           gpu_time_budget_pct=args.gpu_time_budget)
+    print_tables(outcome.summary, outcome.relative,
+                 title=f"Philly on {cluster.summary()} ({len(work)} jobs, seed {seed})")
+    return {
+        "seed": seed, "jobs": len(work), "trace_load_s": round(load_s, 2),
+        "wall_s_per_policy": {r.policy: round(r.wall_s, 2) for r in outcome.results},
+        "cpu_s_per_policy": {r.policy: round(r.cpu_s, 2) for r in outcome.results},
+        "summary": _records(outcome.summary),
+        "relative_to_slurm_default": _records(outcome.relative),
+        "decision_codes": {r.policy: r.codes for r in outcome.results},
+    }
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", default="0-4", help="seeds, e.g. 0-4 or 0,3")
@@ -91,6 +116,9 @@ def main(argv=None) -> int:
     parser.add_argument("--data-dir", default=None)
     parser.add_argument("--gpu-time-budget", type=float, default=0.0,
                         help="the gpushare policies' gpu_time_budget_pct (0: the default, memory only)")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="seeds run in parallel processes (wall time is then per process; "
+                             "CPU time per policy is still each run's own)")
     parser.add_argument("--out", default=str(ROOT / "bench" / "sim_philly.json"))
     parser.add_argument("--merge", nargs="+", metavar="JSON",
                         help="combine the seeds of earlier runs (same settings) into --out")
@@ -103,28 +131,16 @@ def main(argv=None) -> int:
         Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")
         print(json.dumps(doc["checks"], indent=2))
         return 0
-    data_dir = args.data_dir or default_data_dir()
     cluster = load_cluster(args.cluster)
     policies = [p for p in args.policies.split(",") if p]
-    seeds = []
-    for seed in expand_ranges(args.seeds):
-        started = time.perf_counter()
-        work = load_workload("philly", cluster, data_dir,
-                             WorkloadOptions(seed=seed, limit=args.limit, load=args.load,
-                                             runtime_error=args.runtime_error))
-        load_s = time.perf_counter() - started
-        outcome = run_policies(cluster, work, policies, data_dir=data_dir, seed=seed,
-                               gpu_time_budget_pct=args.gpu_time_budget)
-        print_tables(outcome.summary, outcome.relative,
-                     title=f"Philly on {cluster.summary()} ({len(work)} jobs, seed {seed})")
-        seeds.append({
-            "seed": seed, "jobs": len(work), "trace_load_s": round(load_s, 2),
-            "wall_s_per_policy": {r.policy: round(r.wall_s, 2) for r in outcome.results},
-            "cpu_s_per_policy": {r.policy: round(r.cpu_s, 2) for r in outcome.results},
-            "summary": _records(outcome.summary),
-            "relative_to_slurm_default": _records(outcome.relative),
-            "decision_codes": {r.policy: r.codes for r in outcome.results},
-        })
+    seed_list = expand_ranges(args.seeds)
+    if args.jobs > 1:
+        # One process per seed: the same figures (a seed's runs do not depend on the others),
+        # in the wall time of the slowest seed where there are cores for it.
+        with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+            seeds = list(pool.map(run_seed, [args] * len(seed_list), seed_list))
+    else:
+        seeds = [run_seed(args, seed) for seed in seed_list]
     doc = {
         "what": "Philly trace, several seeds, Gavel measured co-run speeds",
         "command": "python bench/sim_philly.py " + " ".join(argv if argv is not None else sys.argv[1:]),

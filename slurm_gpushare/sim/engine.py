@@ -59,11 +59,17 @@ class Request:
     def __post_init__(self):
         key = (self.types.tobytes(), None if self.shards is None else self.shards.tobytes())
         object.__setattr__(self, "key", key)
+        # (type, GiB) for each allowed type: could_fit runs for every queued share in a pass.
+        need = () if self.shards is None else tuple(
+            (int(t), int(self.shards[t])) for t in np.flatnonzero(self.types))
+        object.__setattr__(self, "need", need)
 
     def could_fit(self, room: list[int]) -> bool:
         """A share could start somewhere, given the most free GiB per type (``room``)."""
-        shards = self.shards
-        return any(ok and shards[t] <= r for t, (ok, r) in enumerate(zip(self.types, room)))
+        for t, gib in self.need:
+            if gib <= room[t]:
+                return True
+        return False
 
 
 @dataclass
@@ -133,6 +139,8 @@ class Engine:
         self._masks: dict = {}
         self._room_version, self._node_room = -1, None
         self._share_nodes: dict = {}
+        self._need: dict = {}  # request key -> GiB needed per node
+        self._outside: dict = {}  # exclusions -> nodes outside them
         T = len(cluster.types)
         self.type_total = np.array([self.n_gpus[self.n_type == t].sum() for t in range(T)])
         self.type_pernode = np.array([self.n_gpus[self.n_type == t].max(initial=0) for t in range(T)])
@@ -220,6 +228,14 @@ class Engine:
             self._room_version = self.version
         return self._node_room
 
+    def _node_need(self, req: Request) -> np.ndarray:
+        """GiB the share needs on each node (more than any GPU holds on nodes of other types)."""
+        need = self._need.get(req.key)
+        if need is None:
+            need = np.where(req.types[self.n_type], req.shards[self.n_type], np.iinfo(np.int64).max)
+            self._need[req.key] = need
+        return need
+
     def share_nodes(self, req: Request) -> frozenset:
         """Nodes of the request's types with room for its share, ignoring its exclusions."""
         key = (self.version, req.key)
@@ -227,9 +243,18 @@ class Engine:
         if nodes is None:
             if len(self._share_nodes) > 1024:
                 self._share_nodes.clear()
-            ok = req.types[self.n_type] & (self.node_room() >= req.shards[self.n_type])
+            ok = self.node_room() >= self._node_need(req)
             nodes = self._share_nodes[key] = frozenset(np.flatnonzero(ok).tolist())
         return nodes
+
+    def _share_fits_outside(self, req: Request) -> bool:
+        """Some node outside the request's exclusions has room for its share."""
+        allowed = self._outside.get(req.exclude)
+        if allowed is None:
+            allowed = np.ones(self.N, bool)
+            allowed[list(req.exclude)] = False
+            self._outside[req.exclude] = allowed
+        return bool(np.any((self.node_room() >= self._node_need(req)) & allowed))
 
     def _room_nodes(self, j: int, req: Request) -> frozenset:
         """Nodes where the job's request could fit now, ignoring exclusions (cached)."""
@@ -459,15 +484,25 @@ class Engine:
         self.queued += 1
         self.arrived_shapes.add(shape)
 
-    def _share_room(self) -> list:
+    def _share_room(self, rooms: list | None = None, gpus=()) -> list:
         """Most free GiB on one shareable GPU, per type; per class too for class-aware policies
-        (``[per type, class 0, class 1, ...]``: GPUs the policy would let that class join)."""
+        (``[per type, class 0, class 1, ...]``: GPUs the policy would let that class join).
+
+        With ``rooms`` and ``gpus``: ``rooms`` updated in place after a start on those GPUs
+        (only their types can have changed)."""
         free = np.where(~self.g_whole & (self.g_njobs < self.cap), self.g_cap - self.g_used, 0)
-        rooms = [[int(free[idx].max(initial=0)) for idx in self.type_gpus]]
+        types = (range(len(self.type_gpus)) if rooms is None
+                 else sorted({int(self.g_type[g]) for g in gpus}))
+        if rooms is None:
+            rooms = [[0] * len(self.type_gpus)
+                     for _ in range(1 + (self.n_classes if self.policy.class_aware else 0))]
+        for t in types:
+            rooms[0][t] = int(free[self.type_gpus[t]].max(initial=0))
         if self.policy.class_aware:
             for c in range(self.n_classes):
                 ok = np.where(self.policy.joinable(self, c), free, 0)
-                rooms.append([int(ok[idx].max(initial=0)) for idx in self.type_gpus])
+                for t in types:
+                    rooms[1 + c][t] = int(ok[self.type_gpus[t]].max(initial=0))
         return rooms
 
     def _quick_fits(self, j: int, req: Request, room) -> bool:
@@ -476,8 +511,10 @@ class Engine:
             return self.free_whole >= self.ngpus[j]
         if self.policy.class_aware and not req.could_fit(room[1 + self.jclass[j]]):
             return False
-        nodes = self.share_nodes(req)
-        return bool(nodes) and not nodes <= req.exclude
+        # Some node of its types has room iff the roomiest GPU of one of its types does.
+        if not req.could_fit(room[0]):
+            return False
+        return not req.exclude or self._share_fits_outside(req)
 
     def _reservation(self, j: int, req: Request) -> tuple[float, frozenset[int]]:
         """EASY: when and where the blocked job j will start, from planned ends."""
@@ -584,7 +621,7 @@ class Engine:
             self.start(j, placed)
             started = True
             if sharing:
-                room = self._share_room()
+                room = self._share_room(room, placed)
             if pos < len(bucket):
                 heapq.heappush(heads, (bucket[pos][0], shape, pos))
         if blocked is None and first_fail is not None:

@@ -248,6 +248,17 @@ class SjfBsbf(KnowledgePolicy):
 
 # --- gpushare: the daemon's decision code -----------------------------------------------------
 
+class _Snapshot(tuple):
+    """Node views between two changes of the simulated allocations, with the answers that
+    ``decide()`` memoises on a snapshot (``memo``: node exclusions; ``checks``: feasibility
+    and idle GPUs), as on the daemon's ``clusterview.Snapshot``."""
+
+    def __new__(cls, nodes=()):
+        snapshot = super().__new__(cls, nodes)
+        snapshot.memo, snapshot.checks = {}, {}
+        return snapshot
+
+
 class SimView:
     """The simulated cluster as ``decide()`` sees it (``policy.ClusterView``).
 
@@ -262,7 +273,7 @@ class SimView:
                        for n in engine.cluster.nodes]
         self._masks = np.zeros(len(self._views), np.int64)
         self._idle = engine.n_gpus.copy()
-        self._version, self._nodes = -1, tuple(self._views)
+        self._version, self._nodes = -1, _Snapshot(self._views)
 
     def nodes(self):
         engine = self.engine
@@ -279,7 +290,13 @@ class SimView:
                                                         classes, gpus=count,
                                                         gpu_classes=per_gpu,
                                                         idle_gpus=int(engine.n_free[i]))
-            self._masks, self._nodes, self._version = masks, tuple(self._views), engine.version
+            # A new snapshot per change of allocations, so decisions between changes share
+            # their answers (as on the daemon's snapshots); feasibility reads only partitions,
+            # features and states, which never change here, so its answers carry over.
+            previous = self._nodes.checks
+            self._nodes = _Snapshot(self._views)
+            self._nodes.checks.update((k, v) for k, v in previous.items() if k[0] == "feasibility")
+            self._masks, self._version = masks, engine.version
             self._idle = engine.n_free.copy()
         return self._nodes
 

@@ -515,7 +515,7 @@ class Checker:
             gres = f"gpu:{gpu_type}:{count},{name}:{expected}"
             rule = (f"{count} x 100 MPS percent" if name == "mps" else
                     f"{count} x {spec.memory_gib} GiB {gpu_type}, one shard per "
-                    + ("GiB" if spec.shard_mib == 1024 else f"{spec.shard_mib} MiB") + ")")
+                    + ("GiB" if spec.shard_mib == 1024 else f"{spec.shard_mib} MiB"))
             unit = "shards" if name == "shard" else "MPS percent"
             self.add("shard-count", "error", f"{node} has {shards} {unit}; {expected} expected "
                      f"({rule})", self._node_fix(where, line, gres=gres), where)

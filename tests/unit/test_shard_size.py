@@ -90,7 +90,7 @@ def test_gen_config_and_check_config_use_the_setting(tmp_path):
                                              config())
     wrong = [f for f in findings(old_slurm, old_gres, cfg) if f.level == "error"]
     assert {f.check for f in wrong} == {"shard-count", "gres-conf"}
-    assert any("one shard per 512 MiB" in f.message for f in wrong)
+    assert any(f.message.endswith("(2 x 16 GiB v100, one shard per 512 MiB)") for f in wrong)
 
 
 def test_explain_reads_the_shares_memory_from_the_tag():

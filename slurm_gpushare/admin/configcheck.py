@@ -31,7 +31,7 @@ from slurm_gpushare.core.errors import UserError
 from slurm_gpushare.core.hostlist import expand_hostlist
 from slurm_gpushare.slurm import cmd
 from slurm_gpushare.slurm.version import SlurmVersion, installed_version
-from slurm_gpushare.core.config import DEFAULT_CONFIG_PATH, CONFIG_ENV, Config, ConfigError, load_config
+from slurm_gpushare.core.config import DEFAULT_CONFIG_PATH, CONFIG_ENV, Config, ConfigError, load_config, shards_per_gpu
 from slurm_gpushare.user.explain import parse_scontrol_line, request
 
 REPO_LUA = HOOK_DIR
@@ -438,7 +438,7 @@ class Checker:
         spec = self.config.gpu_type(gpu_type)
         if spec is None:
             return None
-        return spec.sharing, gpus * (100 if spec.sharing == "mps" else spec.memory_gib)
+        return spec.sharing, gpus * (100 if spec.sharing == "mps" else shards_per_gpu(spec))
 
     def check_nodes(self) -> None:
         sources = [(str(self.slurm_conf_path), {n: (r.get("gres"), r.get("features", ""))
@@ -514,7 +514,8 @@ class Checker:
         if shards != expected:
             gres = f"gpu:{gpu_type}:{count},{name}:{expected}"
             rule = (f"{count} x 100 MPS percent" if name == "mps" else
-                    f"{count} x {spec.memory_gib} GiB {gpu_type}, one shard per GiB")
+                    f"{count} x {spec.memory_gib} GiB {gpu_type}, one shard per "
+                    + ("GiB" if spec.shard_mib == 1024 else f"{spec.shard_mib} MiB"))
             unit = "shards" if name == "shard" else "MPS percent"
             self.add("shard-count", "error", f"{node} has {shards} {unit}; {expected} expected "
                      f"({rule})", self._node_fix(where, line, gres=gres), where)

@@ -16,6 +16,9 @@ DEFAULT_CONFIG_PATH = "/etc/slurm-gpushare/gpushare.toml"
 CONFIG_ENV = "GPUSHARE_CONFIG"
 FIRST_RUN_POLICIES = ("whole-gpu", "default-share")
 PRIORITY_LEVERS = ("none", "sjf")
+# One shard of GPU memory, in MiB ([shares] shard_mib). 1 GiB by default: finer shards cut the
+# rounding but let cross-type estimates fall under the real peak (bench/shard_granularity.py).
+DEFAULT_SHARD_MIB = 1024
 # Largest nice the hook may set either way (Slurm's own limit is 2^31 - 3; the hook checks this).
 MAX_NICE = 1_000_000
 
@@ -29,12 +32,15 @@ class GpuType:
     """A GPU type as the cluster names it (gres Type= and node feature)."""
 
     name: str  # gres type, e.g. "a100"
-    memory_gib: int  # usable memory; one shard = 1 GiB, so this is also the shard count per GPU
+    memory_gib: int  # usable memory; shards per GPU = memory_gib x 1024 / shard_mib
     feature: str = ""  # node feature naming the type; defaults to the name
     model: str = ""  # catalogue model for predictors, e.g. "A100-80GB"; defaults to the name
-    # How its GPUs are shared: "shard" (1 shard = 1 GiB, no hardware limit) or "mps" (percent
-    # of a GPU, memory limited by CUDA MPS). One per node: Slurm allows one of them per node.
+    # How its GPUs are shared: "shard" (1 shard = shard_mib of memory, no hardware limit) or
+    # "mps" (percent of a GPU, memory limited by CUDA MPS). One per node: Slurm allows one.
     sharing: str = "shard"
+    # The site's shard size ([shares] shard_mib, the same on every type so that one shard
+    # count means the same memory everywhere); set by parse_config.
+    shard_mib: int = DEFAULT_SHARD_MIB
 
     def __post_init__(self):
         if not self.feature:
@@ -125,6 +131,13 @@ class PolicyConfig:
 
 
 @dataclass(frozen=True)
+class SharesConfig:
+    # MiB of GPU memory in one gres/shard, on every GPU type: gres.conf Count per GPU is
+    # memory_gib x 1024 / shard_mib (gen-config writes it, check-config checks it).
+    shard_mib: int = DEFAULT_SHARD_MIB
+
+
+@dataclass(frozen=True)
 class HookConfig:
     """Settings the Lua hook reads (written to gpushare_hook.json by ``hook-config``)."""
 
@@ -147,6 +160,7 @@ class Config:
     daemon: DaemonConfig = field(default_factory=DaemonConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     hook: HookConfig = field(default_factory=HookConfig)
+    shares: SharesConfig = field(default_factory=SharesConfig)
     gpu_types: tuple[GpuType, ...] = ()
     path: str = ""
 
@@ -159,9 +173,14 @@ class Config:
     def hook_settings(self) -> dict[str, Any]:
         # max_share_count: the most shards (or MPS percent) one GPU has; a larger count in a
         # decision cannot be valid here and the hook refuses it.
-        counts = [100 if g.sharing == "mps" else g.memory_gib for g in self.gpu_types]
+        counts = [100 if g.sharing == "mps" else shards_per_gpu(g) for g in self.gpu_types]
         return {"socket": self.daemon.socket, **_asdict(self.hook),
                 "max_share_count": max(counts, default=100)}
+
+
+def shards_per_gpu(gpu_type: GpuType) -> int:
+    """gres/shard Count of one GPU of this type."""
+    return gpu_type.memory_gib * 1024 // gpu_type.shard_mib
 
 
 def _asdict(obj) -> dict[str, Any]:
@@ -194,10 +213,14 @@ def _section(cls, raw: dict[str, Any], where: str):
 
 
 def parse_config(raw: dict[str, Any], path: str = "") -> Config:
-    allowed = {"daemon", "policy", "hook", "gpu_types"}
+    allowed = {"daemon", "policy", "hook", "shares", "gpu_types"}
     unknown = set(raw) - allowed
     if unknown:
         raise ConfigError(f"unknown section(s): {', '.join(sorted(unknown))}")
+    shares = _section(SharesConfig, raw.get("shares", {}), "shares")
+    if not MIN_SHARD_MIB <= shares.shard_mib <= MAX_SHARD_MIB:
+        raise ConfigError(f"[shares] shard_mib = {shares.shard_mib} is out of range "
+                          f"({MIN_SHARD_MIB} to {MAX_SHARD_MIB})")
     gpu_types = []
     for name, spec in raw.get("gpu_types", {}).items():
         if not isinstance(spec, dict) or "memory_gib" not in spec:
@@ -213,12 +236,16 @@ def parse_config(raw: dict[str, Any], path: str = "") -> Config:
             raise ConfigError(f"[gpu_types.{name}] sharing must be \"shard\" or \"mps\"")
         gpu_types.append(
             GpuType(name=name, memory_gib=memory, feature=spec.get("feature", ""),
-                    model=spec.get("model", ""), sharing=sharing)
+                    model=spec.get("model", ""), sharing=sharing, shard_mib=shares.shard_mib)
         )
+        if sharing == "shard" and memory * 1024 < shares.shard_mib:
+            raise ConfigError(f"[gpu_types.{name}] has less memory than one shard "
+                              f"([shares] shard_mib = {shares.shard_mib})")
     config = Config(
         daemon=_section(DaemonConfig, raw.get("daemon", {}), "daemon"),
         policy=_section(PolicyConfig, raw.get("policy", {}), "policy"),
         hook=_section(HookConfig, raw.get("hook", {}), "hook"),
+        shares=shares,
         gpu_types=tuple(gpu_types),
         path=path,
     )
@@ -238,6 +265,9 @@ def parse_config(raw: dict[str, Any], path: str = "") -> Config:
     return config
 
 
+# Slurm sets no cap on shards per GPU (gres.c's MAX_GRES_BITMAP = 1024 applies only to
+# gres with File= that are not shared, 22.05 to 24.11); the bounds keep counts readable.
+MIN_SHARD_MIB, MAX_SHARD_MIB = 64, 16384
 # (section, key, lowest, highest): values outside are configuration errors, not surprises.
 RANGES = (
     ("daemon", "max_request_bytes", 4096, 64 << 20),

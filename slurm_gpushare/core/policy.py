@@ -14,7 +14,7 @@ from typing import Mapping, Protocol, Sequence
 from slurm_gpushare.core import feasibility
 from slurm_gpushare.core import tres as tresmod
 from slurm_gpushare.core.tag import Tag
-from slurm_gpushare.core.config import Config, GpuType
+from slurm_gpushare.core.config import Config, GpuType, shards_per_gpu
 from slurm_gpushare.core.types import Decision, JobRequest
 
 SHARED_GRES = ("shard", "mps")
@@ -202,8 +202,8 @@ MPS_PER_GPU = 100  # gres/mps Count per GPU: percent of one GPU
 
 
 def capacity(gpu_type: GpuType) -> int:
-    """Units of the shared gres on one GPU: shards (GiB) or MPS percent."""
-    return MPS_PER_GPU if gpu_type.sharing == "mps" else gpu_type.memory_gib
+    """Units of the shared gres on one GPU: shards (of shard_mib) or MPS percent."""
+    return MPS_PER_GPU if gpu_type.sharing == "mps" else shards_per_gpu(gpu_type)
 
 
 def units_needed(gpu_type: GpuType, memory_mib: float, util_pct: float | None,
@@ -211,7 +211,8 @@ def units_needed(gpu_type: GpuType, memory_mib: float, util_pct: float | None,
     """Units a job needs on one GPU type: its memory, or its part of the GPU-time budget
     (co-runners' peak utilisations may add up to ``budget_pct``) if that is more."""
     memory_fraction = memory_mib / (gpu_type.memory_gib * 1024)
-    units = math.ceil(memory_fraction * capacity(gpu_type) - 1e-9)
+    units = (math.ceil(memory_mib / gpu_type.shard_mib - 1e-9) if gpu_type.sharing == "shard"
+             else math.ceil(memory_fraction * MPS_PER_GPU - 1e-9))
     if util_pct is None or budget_pct <= 0:
         return units
     return max(units, math.ceil(util_pct / budget_pct * capacity(gpu_type) - 1e-9))
@@ -363,7 +364,7 @@ def share_or_keep(request: JobRequest, config: Config, *, estimate: JobEstimate 
                              estimate.runtime_s.get(g.name, 0.0)))
     best = fits[0]
     if best.sharing == "shard" and budget <= 0:
-        # A shard is 1 GiB on every type, so one count means the same memory everywhere: ask
+        # A shard is the same memory on every type, so one count means the same memory everywhere: ask
         # for the most any fitting type needs and offer every type it fits on, so the job
         # never waits for one type while another it fits on has room.
         same = [g for g in fits if g.sharing == "shard"]
@@ -398,12 +399,21 @@ def share_or_keep(request: JobRequest, config: Config, *, estimate: JobEstimate 
     code = f"{estimate.source}-share"
     # The memory the job may use wherever it lands (MPS enforces it: the TaskProlog reads it).
     limit_mib = math.ceil(max(estimate.memory_mib[g.name] for g in fits))
-    share_gib = units if best.sharing == "shard" else math.ceil(limit_mib / 1024)
+    shard_mib = best.shard_mib
+    share_gib = (units * shard_mib / 1024 if best.sharing == "shard"
+                 else math.ceil(limit_mib / 1024))
+    share_gib = int(share_gib) if float(share_gib).is_integer() else share_gib
+    # A shard share's memory is shard x 1 GiB unless the site's shards are another size
+    # (then written out, as for MPS: the agent and reports read the tag's mem=).
+    sized = ({"shard": units} if shard_mib == 1024 else
+             {"shard": units, "mem_mib": units * shard_mib})
     writes["admin_comment"] = Tag(
         "share", code, decision_id, types=type_names, job_class=estimate.job_class,
-        **({"shard": units} if best.sharing == "shard" else {"mps": units, "mem_mib": limit_mib}),
+        **(sized if best.sharing == "shard" else {"mps": units, "mem_mib": limit_mib}),
     ).encode()
-    what = (f"{units} GiB share (gres/shard)" if best.sharing == "shard" else
+    what = (f"{units} GiB share (gres/shard)" if best.sharing == "shard" and shard_mib == 1024
+            else f"{units * shard_mib / 1024:g} GiB share ({units} x {shard_mib} MiB gres/shard)"
+            if best.sharing == "shard" else
             f"{units}% MPS share (gres/mps, memory limit {limit_mib / 1024:.1f} GiB)")
     reason = (f"{estimate.detail}: {what} on "
               f"{', '.join(f'{g.name} ({g.memory_gib} GiB)' for g in fits)}")

@@ -34,10 +34,12 @@ class Resize:
 def resize(tag: Tag, peak_mib: float, config: Config) -> Resize:
     """The request a share that peaked at ``peak_mib`` gets on its next run."""
     types = [g for g in (config.gpu_type(name) for name in tag.types) if g is not None]
-    need = math.ceil(peak_mib * (1 + config.policy.hint_margin) / 1024)
+    shard_mib = config.shares.shard_mib
+    need = math.ceil(peak_mib * (1 + config.policy.hint_margin) / shard_mib)
     shard_types = [g for g in types if g.sharing == "shard"]
     if tag.shard is not None and shard_types and need <= min(capacity(g) for g in shard_types):
-        new_tag = replace(tag, shard=need, why="requeue-resized")
+        new_tag = replace(tag, shard=need, why="requeue-resized",
+                          mem_mib=None if shard_mib == 1024 else need * shard_mib)
         return Resize(f"gres:shard:{need}", new_tag, whole_gpu=False)
     # Does not fit a share (or an MPS share, whose memory limit cannot be raised in place).
     typed = f"{types[0].name}:" if len(types) == 1 else ""

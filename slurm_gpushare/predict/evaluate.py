@@ -98,6 +98,22 @@ def schedtune_table(frame: pd.DataFrame, seeds: int = 3) -> dict:
     return results
 
 
+# Shard sizes whose over-allocation is measured (``[shares] shard_mib``: docs/admin-guide.md).
+SHARD_SIZES_MIB = (128, 256, 512, 1024, 2048)
+
+
+def shard_over_allocation(true, safe, shard_mib: int) -> dict:
+    """What shares of ``shard_mib`` shards give jobs beyond their real peak: median and p95 of
+    ``shards x shard_mib / peak - 1``, and the part of it that is rounding to whole shards."""
+    true, safe = np.asarray(true, float), np.asarray(safe, float)
+    given = np.maximum(1, np.ceil(safe / shard_mib - 1e-9)) * shard_mib
+    return {"median": float(np.median(given / true - 1)),
+            "p95": float(np.percentile(given / true - 1, 95)),
+            "mean": float(np.mean(given / true - 1)),
+            "rounding_median": float(np.median(given / safe - 1)),
+            "oom_misses": int(np.sum(given < true))}
+
+
 def _spec_vector(model: str) -> list[float]:
     return default_catalogue().lookup(model).features()
 
@@ -192,7 +208,9 @@ def privacy_table(frame: pd.DataFrame, coverage: float = 1.0) -> tuple[dict, dic
     oom["all"] = {"n": int(true.size), "misses_mib": int(np.sum(safe < true)),
                   "oom_misses_shards": int(np.sum(shards * MIB_PER_GIB < true)),
                   "median_over_allocation": float(np.median(safe / true - 1)),
-                  "median_shard_over_allocation": float(np.median(shards * MIB_PER_GIB / true - 1))}
+                  "median_shard_over_allocation": float(np.median(shards * MIB_PER_GIB / true - 1)),
+                  "shard_over_allocation_by_mib": {
+                      str(mib): shard_over_allocation(true, safe, mib) for mib in SHARD_SIZES_MIB}}
     oom["by_history"]["observed on the target type"] = {
         "median_margin": CrossTypeMemoryPredictor().same_type_margin,
         "note": "run-to-run spread of the job's own runs, at least same_type_margin "

@@ -146,6 +146,8 @@ def job_outcome(job_id: str) -> dict[str, str] | None:
 
 def share_phrase(tag: Tag) -> str:
     """What a share is, in words: ``22 GiB share (gres/shard)`` or an MPS share and its limit."""
+    if tag.shard is not None and tag.mem_mib is not None:  # shards other than 1 GiB
+        return f"{tag.mem_mib / 1024:g} GiB share ({tag.shard} shards of gres/shard)"
     if tag.shard is not None:
         return f"{tag.shard} GiB share (gres/shard)"
     limit = f", memory limit {tag.mem_mib / 1024:.1f} GiB" if tag.mem_mib is not None else ""
@@ -165,7 +167,8 @@ def decision_from_tag(tag: Tag) -> dict[str, Any]:
     elif tag.shard is not None:
         details["sharing"] = "shard"
     return {"action": tag.action, "code": code, "reason": reason,
-            "decision_id": tag.decision_id, "share_gib": tag.shard,
+            "decision_id": tag.decision_id,
+            "share_gib": tag.mem_mib / 1024 if tag.shard is not None and tag.mem_mib else tag.shard,
             "gpu_types": list(tag.types), "details": details}
 
 

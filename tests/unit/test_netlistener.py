@@ -218,3 +218,35 @@ def test_a_delivery_that_cannot_be_sealed_is_not_lost(tmp_path):
     spool = tmp_path / "spool"
     assert agent.default_deliver("/x.sock", spool, link=link)(summary("401")) == "spooled"
     assert (spool / "c1-401-0.json").exists()
+
+
+def test_the_agent_starts_a_detached_drainer_that_delivers_once_the_daemon_is_up(tmp_path,
+                                                                                   realms):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    state = tmp_path / "node"
+    args = agent.build_parser().parse_args([
+        "drain", "--state-dir", str(state), "--socket", "/nonexistent.sock",
+        "--daemon-address", f"127.0.0.1:{port}", "--munge-socket", realms[0]])
+    deliver = agent.default_deliver(args.socket, agent.spool_dir(state), link=agent.link_of(args),
+                                    on_spooled=lambda: agent.start_drainer(args))
+    assert [deliver(summary(job)) for job in ("501", "502")] == ["spooled", "spooled"]
+    assert wait_for(lambda: "retry" in (state / "agent.log").read_text()
+                    if (state / "agent.log").exists() else False, timeout=30)
+    running = NetDaemon(tmp_path / "ctl", realms[0], port=port)
+    try:
+        assert wait_for(lambda: not list(agent.spool_dir(state).glob("*.json")), timeout=60)
+        assert sorted(s["job_id"] for s in running.store.all_summaries()) == ["501", "502"]
+        assert wait_for(lambda: "spool drained: 2 sent" in (state / "agent.log").read_text())
+    finally:
+        running.stop()
+
+
+def test_a_bad_listen_address_is_a_configuration_error(tmp_path):
+    from slurm_gpushare.core.config import ConfigError, parse_config
+
+    for bad in ("6830", "host:port", "::1:6830", "10.0.0.1:70000"):
+        with pytest.raises(ConfigError, match="listen_tcp"):
+            parse_config({"daemon": {"listen_tcp": bad}})
+    assert parse_config({"daemon": {"listen_tcp": "[::1]:6830"}}).daemon.listen_tcp == "[::1]:6830"

@@ -349,7 +349,11 @@ def _drain_quietly(args: argparse.Namespace) -> None:
 
 def start_drainer(args: argparse.Namespace) -> None:
     """Start the detached process that retries the spool with backoff (``agent drain``); a
-    second one exits at once (the spool's lock), so this may be called on every spooling."""
+    second one exits at once (the spool's lock), so this may be called on every spooling.
+    Only for a daemon on another host: a daemon on this host is back when a new job's prolog
+    reaches it, which drains the spool then."""
+    if not args.daemon_address:
+        return
     try:
         command = [sys.executable, "-m", "slurm_gpushare.node.agent", "drain",
                    *_forward_link(args)]

@@ -250,3 +250,11 @@ def test_a_bad_listen_address_is_a_configuration_error(tmp_path):
         with pytest.raises(ConfigError, match="listen_tcp"):
             parse_config({"daemon": {"listen_tcp": bad}})
     assert parse_config({"daemon": {"listen_tcp": "[::1]:6830"}}).daemon.listen_tcp == "[::1]:6830"
+
+
+def test_a_live_overrun_report_arrives_over_the_network_once(net, realms):
+    link = Link("/nonexistent.sock", address=net.address, munge_socket=realms[0])
+    report = {"v": 1, "op": "overrun", "job_id": "601", "peak_mib": 9000.0, "limit_mib": 8192.0}
+    assert link.send_one(report) == {"id": delivery.item_id(report), "ok": True}
+    assert link.send_one(report)["duplicate"] is True
+    assert net.service.counters["share-overrun"] == 1

@@ -6,6 +6,7 @@
 # whatever happens, it exits 0.
 [ -r "${GPUSHARE_AGENT_ENV:-/etc/default/slurm-gpushare}" ] && . "${GPUSHARE_AGENT_ENV:-/etc/default/slurm-gpushare}"
 export GPUSHARE_STATE_DIR GPUSHARE_SOCKET GPUSHARE_TELEMETRY_PROVIDER GPUSHARE_TELEMETRY_SCENARIO
+export GPUSHARE_DAEMON_ADDRESS GPUSHARE_MUNGE_SOCKET
 "${GPUSHARE_PYTHON:-/opt/slurm-gpushare/bin/python}" -m slurm_gpushare.node.agent start >/dev/null 2>&1
 # On nodes whose GPUs are shared with gres/mps (GPUSHARE_MPS=1 in the env file), make sure the
 # MPS control daemon runs; it stays up between jobs, as NVIDIA recommends for shared nodes.

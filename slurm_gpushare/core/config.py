@@ -82,6 +82,13 @@ class DaemonConfig:
     # Runs, decisions and co-runs older than this are forgotten (checked daily on the writer
     # thread; SQLite reuses the space). 0 keeps everything.
     history_retention_days: float = 730.0
+    # TCP listener for compute nodes' agents ("ADDR:PORT", e.g. "0.0.0.0:6830"); empty: off.
+    # It takes only munge-sealed telemetry deliveries (daemon/netlistener.py).
+    listen_tcp: str = ""
+    # uids whose munge credentials may deliver over TCP; empty: root and SlurmUser.
+    tcp_allowed_uids: tuple[int, ...] = ()
+    # munged's socket for verifying credentials; empty: munge's default.
+    munge_socket: str = ""
 
 
 @dataclass(frozen=True)
@@ -302,9 +309,17 @@ def _check_ranges(config: Config) -> None:
             raise ConfigError(f"[{section}] {key} = {value} is out of range ({low} to {high})")
     if config.daemon.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
         raise ConfigError("[daemon] log_level must be debug, info, warning, error or critical")
-    for uid in config.daemon.allowed_uids:
-        if isinstance(uid, bool) or not isinstance(uid, int) or not 0 <= uid < 2**32:
-            raise ConfigError("[daemon] allowed_uids must be uids (non-negative integers)")
+    for key in ("allowed_uids", "tcp_allowed_uids"):
+        for uid in getattr(config.daemon, key):
+            if isinstance(uid, bool) or not isinstance(uid, int) or not 0 <= uid < 2**32:
+                raise ConfigError(f"[daemon] {key} must be uids (non-negative integers)")
+    if config.daemon.listen_tcp:
+        from slurm_gpushare.core.address import parse_address
+
+        try:
+            parse_address(config.daemon.listen_tcp, any_port=True)
+        except ValueError as exc:
+            raise ConfigError(f"[daemon] listen_tcp: {exc}") from None
     for name in config.policy.sharing_partitions:
         if not isinstance(name, str) or not name:
             raise ConfigError("[policy] sharing_partitions must be partition names")

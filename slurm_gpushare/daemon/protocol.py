@@ -284,18 +284,25 @@ def reply_error(message: str) -> dict[str, Any]:
 MAX_REPLY_BYTES = 1 << 20
 
 
-def request(socket_path: str, message: dict[str, Any], timeout: float = 2.0) -> Any:
+def request(socket_path: str | tuple[str, int], message: dict[str, Any],
+            timeout: float = 2.0) -> Any:
     """Send one request line to a daemon socket and return its decoded reply line.
 
     The one client for the CLI, the wrapper, the telemetry agent, tests and benchmarks (the Lua
-    hook has its own). Raises OSError when the socket cannot be used, ValueError for an
-    unreadable or oversized reply.
+    hook has its own). ``socket_path`` is a Unix socket's path, or a (host, port) pair for the
+    daemon's TCP listener (agents on other hosts). Raises OSError when the socket cannot be
+    used, ValueError for an unreadable or oversized reply.
     """
     import socket  # late: the request parsing above needs no sockets
 
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+    if isinstance(socket_path, tuple):
+        sock = socket.create_connection(socket_path, timeout=timeout)
+    else:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    with sock:
         sock.settimeout(timeout)
-        sock.connect(socket_path)
+        if not isinstance(socket_path, tuple):
+            sock.connect(socket_path)
         sock.sendall(json.dumps(message, separators=(",", ":")).encode() + b"\n")
         data = b""
         while not data.endswith(b"\n"):

@@ -299,6 +299,10 @@ def serve(config_path: str | None) -> None:
     servers = [DaemonServer(service, stopping=stopping)]
     if config.daemon.query_socket:
         servers.append(DaemonServer(service, public=True, stopping=stopping))
+    if config.daemon.listen_tcp:
+        from slurm_gpushare.daemon.netlistener import NetListener
+
+        servers.append(NetListener(service, config.daemon.listen_tcp, stopping=stopping))
 
     def reload(_signum, _frame):
         try:
@@ -311,11 +315,12 @@ def serve(config_path: str | None) -> None:
             event(logging.ERROR, "reload-refused", config=new.path, problem=problem,
                    detail="the running configuration stays")
             return
-        if (new.daemon.socket, new.daemon.query_socket, new.daemon.state_dir) != (
+        if (new.daemon.socket, new.daemon.query_socket, new.daemon.state_dir,
+                new.daemon.listen_tcp) != (
                 service.config.daemon.socket, service.config.daemon.query_socket,
-                service.config.daemon.state_dir):
+                service.config.daemon.state_dir, service.config.daemon.listen_tcp):
             event(logging.WARNING, "reload-needs-restart",
-                   detail="socket paths and state_dir change only on restart")
+                   detail="socket paths, listen_tcp and state_dir change only on restart")
         setup_logging(new)
         service.config = new
         service.fingerprinter = Fingerprinter.from_file(new.daemon.secret_file)
@@ -335,7 +340,8 @@ def serve(config_path: str | None) -> None:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     event(logging.INFO, "started", version=__version__, socket=config.daemon.socket,
-           query_socket=config.daemon.query_socket, pid=os.getpid(), config=config.path)
+           query_socket=config.daemon.query_socket, listen_tcp=config.daemon.listen_tcp,
+           pid=os.getpid(), config=config.path)
     extra = [threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.5},
                               daemon=True) for server in servers[1:]]
     for thread in extra:

@@ -12,11 +12,15 @@ a job; each leaves one line in ``<state_dir>/agent.log`` (job ids and counts onl
 On stop the collector reduces its samples to one summary per GPU (``telemetry.sampler``) and
 hands each to ``deliver(summary)``. The default delivery sends
 ``{"v": 1, "op": "ingest", "summary": {...}}`` as one JSON line to the daemon's Unix socket
-and reads one reply line; if the daemon is unreachable or says no, the summary is spooled as
-``<state_dir>/spool/<cluster>-<job>-<gpu>.json`` for later ``drain_spool``.
+(or, with ``GPUSHARE_DAEMON_ADDRESS``, munge-sealed to its TCP listener: ``delivery.py``) and
+reads one reply line; if the daemon is unreachable or says no, the summary is spooled as
+``<state_dir>/spool/<cluster>-<job>-<gpu>.json`` and a detached ``drain`` process retries it
+with backoff until the daemon takes it (``delivery.drain_loop``).
 
 Environment: ``SLURM_JOB_ID``, ``SLURM_JOB_GPUS`` (else ``CUDA_VISIBLE_DEVICES``),
 ``SLURM_CLUSTER_NAME``, ``GPUSHARE_STATE_DIR``, ``GPUSHARE_SOCKET``,
+``GPUSHARE_DAEMON_ADDRESS`` (``HOST:PORT`` of the daemon's TCP listener; set on nodes that do
+not run the daemon), ``GPUSHARE_MUNGE_SOCKET`` (munged's socket, if not the default),
 ``GPUSHARE_TELEMETRY_SCENARIO`` (a profile to replay instead of real NVML).
 """
 
@@ -36,7 +40,7 @@ from typing import Any, Callable, Iterable
 from slurm_gpushare import PROTOCOL_VERSION
 from slurm_gpushare.core.config import DaemonConfig
 from slurm_gpushare.core.files import pid_alive, replace_atomically
-from slurm_gpushare.daemon.protocol import request
+from slurm_gpushare.node.delivery import DeliveryError, Link, drain_loop, drain_once, ingest_op
 
 DEFAULT_INTERVAL_S = 0.25
 # A collector whose epilog never came (slurmd crash) ends by itself after this long.
@@ -88,28 +92,15 @@ def _read_pid(path: Path) -> int | None:
 
 
 # -- delivery --------------------------------------------------------------------------------
-class DeliveryError(RuntimeError):
-    """The daemon did not take the summary."""
-
-
 def send_to_daemon(summary: dict[str, Any], socket_path: str, timeout_s: float = 5.0) -> dict:
     """Send one ingest request and return the daemon's reply; raises DeliveryError."""
-    return send_message({"v": PROTOCOL_VERSION, "op": "ingest", "summary": summary},
-                        socket_path, timeout_s)
+    return Link(socket_path, timeout_s=timeout_s).send_one(ingest_op(summary))
 
 
-def send_message(message: dict[str, Any], socket_path: str, timeout_s: float = 5.0) -> dict:
-    """Send one request to the daemon and return its reply; raises DeliveryError."""
-    try:
-        message = request(socket_path, message, timeout_s)
-    except OSError as exc:
-        raise DeliveryError(f"daemon unreachable ({exc.strerror or type(exc).__name__})") from None
-    except ValueError:
-        raise DeliveryError("daemon sent an unreadable reply") from None
-    if not isinstance(message, dict) or not message.get("ok"):
-        error = message.get("error") if isinstance(message, dict) else None
-        raise DeliveryError(f"daemon refused the request: {error or 'no reply'}")
-    return message
+def link_of(args: argparse.Namespace) -> Link:
+    """The way to the daemon that the command line and environment name."""
+    return Link(args.socket, address=args.daemon_address or None,
+                munge_socket=args.munge_socket or None)
 
 
 def share_limit_mib(job_id: str) -> float | None:
@@ -156,18 +147,26 @@ def spool(summary: dict[str, Any], directory: str | os.PathLike) -> Path:
 
 
 def default_deliver(socket_path: str, spool_path: str | os.PathLike,
-                    timeout_s: float = 5.0) -> Deliver:
-    """Deliver to the daemon, spooling when it is unreachable or refuses. Returns "sent" or
+                    timeout_s: float = 5.0, *, link: Link | None = None,
+                    on_spooled: Callable[[], Any] | None = None) -> Deliver:
+    """Deliver to the daemon (``link``, else its Unix socket), spooling when it is unreachable
+    or refuses, then calling ``on_spooled`` (e.g. start the drainer). Returns "sent" or
     "spooled"."""
+    link = link or Link(socket_path, timeout_s=timeout_s)
 
     def deliver(summary: dict[str, Any]) -> str:
         try:
-            send_to_daemon(summary, socket_path, timeout_s)
+            link.send_one(ingest_op(summary))
         except DeliveryError:
             spool(summary, spool_path)
+            if on_spooled is not None:
+                on_spooled()
             return "spooled"
         # The daemon is back: hand it what was spooled while it was not (once per contact).
-        sent, _ = drain_spool(spool_path, lambda s: send_to_daemon(s, socket_path, timeout_s))
+        try:
+            sent, _, _ = drain_once(Path(spool_path), link)
+        except DeliveryError:
+            sent = 0
         return f"sent (+{sent} from the spool)" if sent else "sent"
 
     return deliver
@@ -289,7 +288,9 @@ def run(args: argparse.Namespace, deliver: Deliver | None = None) -> int:
         signal.signal(signum, lambda *_: stop.set())
     saved = checkpoint_path(state_dir, args.job_id)
     try:
-        deliver = deliver or default_deliver(args.socket, spool_dir(state_dir))
+        link = link_of(args)
+        deliver = deliver or default_deliver(args.socket, spool_dir(state_dir), link=link,
+                                             on_spooled=lambda: start_drainer(args))
         _drain_quietly(args)
         # Under slurmd (the prolog started us): the job's share, to report it going above.
         limit = share_limit_mib(args.job_id) if os.environ.get("SLURMD_NODENAME") else None
@@ -297,7 +298,7 @@ def run(args: argparse.Namespace, deliver: Deliver | None = None) -> int:
                 interval_s=args.interval, max_duration_s=args.max_duration,
                 keys=[k for k in (args.keys or "").split(",") if k],
                 scenario=args.scenario, log=lambda m: _log(state_dir, m),
-                notify=lambda message: send_message(message, args.socket), limit_mib=limit,
+                notify=link.send_one, limit_mib=limit,
                 checkpoint=lambda summaries: replace_atomically(
                     saved, json.dumps(summaries).encode(), mode=0o600))
     finally:
@@ -317,7 +318,8 @@ def recover(args: argparse.Namespace, why: str) -> None:
     except (OSError, ValueError):
         _log(state_dir, f"job {job_id}: collector {why}; no checkpoint, its samples are lost")
         return
-    deliver = default_deliver(args.socket, spool_dir(state_dir))
+    deliver = default_deliver(args.socket, spool_dir(state_dir), link=link_of(args),
+                              on_spooled=lambda: start_drainer(args))
     outcomes = []
     for summary in summaries if isinstance(summaries, list) else []:
         if isinstance(summary, dict):
@@ -332,14 +334,43 @@ def recover(args: argparse.Namespace, why: str) -> None:
 
 
 def _drain_quietly(args: argparse.Namespace) -> None:
-    """Send what this node spooled while the daemon was away (a new job is a contact)."""
+    """Send what this node spooled while the daemon was away (a new job is a contact); what
+    is still left goes to the drainer."""
+    directory = spool_dir(args.state_dir)
     try:
-        sent, kept = drain_spool(spool_dir(args.state_dir),
-                                 lambda s: send_to_daemon(s, args.socket))
-        if sent or kept:
-            _log(args.state_dir, f"spool drained: {sent} sent, {kept} kept")
+        sent, refused, left = drain_once(directory, link_of(args))
+        if sent or refused:
+            _log(args.state_dir, f"spool drained: {sent} sent, {refused} refused, {left} kept")
+    except DeliveryError:
+        start_drainer(args)
     except Exception as exc:  # noqa: BLE001
         _log(args.state_dir, f"spool drain failed: {type(exc).__name__}")
+
+
+def start_drainer(args: argparse.Namespace) -> None:
+    """Start the detached process that retries the spool with backoff (``agent drain``); a
+    second one exits at once (the spool's lock), so this may be called on every spooling.
+    Only for a daemon on another host: a daemon on this host is back when a new job's prolog
+    reaches it, which drains the spool then."""
+    if not args.daemon_address:
+        return
+    try:
+        command = [sys.executable, "-m", "slurm_gpushare.node.agent", "drain",
+                   *_forward_link(args)]
+        subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL, close_fds=True, start_new_session=True,
+                         cwd="/")
+    except Exception as exc:  # noqa: BLE001
+        _log(args.state_dir, f"could not start the spool drainer: {type(exc).__name__}")
+
+
+def drain(args: argparse.Namespace) -> int:
+    """The drainer itself: deliver the spool, retrying with backoff, until it is empty."""
+    outcome = drain_loop(spool_dir(args.state_dir), link_of(args),
+                         log=lambda m: _log(args.state_dir, m))
+    if outcome is not None and any(outcome):
+        _log(args.state_dir, f"spool drained: {outcome[0]} sent, {outcome[1]} refused")
+    return 0
 
 
 def start(args: argparse.Namespace) -> int:
@@ -411,8 +442,14 @@ def _mtime(path: Path) -> float:
         return 0.0
 
 
+def _forward_link(args: argparse.Namespace) -> list[str]:
+    return ["--state-dir", str(args.state_dir), "--socket", args.socket,
+            "--daemon-address", args.daemon_address or "",
+            "--munge-socket", args.munge_socket or ""]
+
+
 def _forward(args: argparse.Namespace) -> list[str]:
-    out = ["--job-id", args.job_id, "--state-dir", str(args.state_dir), "--socket", args.socket,
+    out = ["--job-id", args.job_id, *_forward_link(args),
            "--cluster", args.cluster, "--interval", str(args.interval),
            "--max-duration", str(args.max_duration), "--gpus", args.gpus or ""]
     if args.scenario:
@@ -426,13 +463,17 @@ def build_parser() -> argparse.ArgumentParser:
     env = os.environ.get
     parser = argparse.ArgumentParser(prog="python -m slurm_gpushare.node.agent",
                                      description="Per-job GPU telemetry collector.")
-    parser.add_argument("action", choices=("start", "stop", "run", "flush"))
+    parser.add_argument("action", choices=("start", "stop", "run", "flush", "drain"))
     parser.add_argument("--job-id", default=env("SLURM_JOB_ID", ""))
     parser.add_argument("--gpus", default=env("SLURM_JOB_GPUS") or env("CUDA_VISIBLE_DEVICES"),
                         help="GPU indices or UUIDs, comma-separated")
     parser.add_argument("--cluster", default=env("SLURM_CLUSTER_NAME", ""))
     parser.add_argument("--state-dir", default=env("GPUSHARE_STATE_DIR", DaemonConfig.state_dir))
     parser.add_argument("--socket", default=env("GPUSHARE_SOCKET", DaemonConfig.socket))
+    parser.add_argument("--daemon-address", default=env("GPUSHARE_DAEMON_ADDRESS", ""),
+                        help="HOST:PORT of the daemon's TCP listener (instead of --socket)")
+    parser.add_argument("--munge-socket", default=env("GPUSHARE_MUNGE_SOCKET", ""),
+                        help="munged's socket (default: munge's own)")
     parser.add_argument("--interval", type=float, default=DEFAULT_INTERVAL_S)
     parser.add_argument("--max-duration", type=float, default=DEFAULT_MAX_DURATION_S)
     parser.add_argument("--scenario", default=env("GPUSHARE_TELEMETRY_SCENARIO"))
@@ -451,12 +492,17 @@ def main(argv: list[str] | None = None) -> int:
         args.interval = DEFAULT_INTERVAL_S
     if args.action == "flush":
         try:
-            handled, failed = drain_spool(spool_dir(args.state_dir),
-                                          lambda s: send_to_daemon(s, args.socket))
-            _log(args.state_dir, f"spool flushed: {handled} sent, {failed} kept")
+            sent, refused, left = drain_once(spool_dir(args.state_dir), link_of(args))
+            _log(args.state_dir, f"spool flushed: {sent} sent, {refused} refused, {left} kept")
         except Exception as exc:  # noqa: BLE001
             _log(args.state_dir, f"spool flush failed: {type(exc).__name__}")
         return 0
+    if args.action == "drain":
+        try:
+            return drain(args)
+        except Exception as exc:  # noqa: BLE001
+            _log(args.state_dir, f"spool drain failed: {type(exc).__name__}")
+            return 0
     if not _valid_job_id(args.job_id):
         _log(args.state_dir, f"{args.action}: no valid job id; nothing done")
         return 0

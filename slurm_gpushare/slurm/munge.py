@@ -56,11 +56,13 @@ def _socket_args(socket: str | None) -> list[str]:
 
 
 def encode(payload: str, *, socket: str | None = None, ttl_s: int = DEFAULT_TTL_S,
-           timeout: float = 10.0) -> str:
-    """A credential from the local munged carrying ``payload``."""
+           timeout: float = 10.0, uid: int | None = None) -> str:
+    """A credential from the local munged carrying ``payload``. ``uid``: the identity to
+    encode instead of the caller's (munged grants it to root only; tests of refusals)."""
+    uid_args = ["--uid", str(uid)] if uid is not None else []
     try:
-        result = cmd.run(["munge", *_socket_args(socket), "--string", payload, "--ttl",
-                          str(ttl_s)], timeout=timeout)
+        result = cmd.run(["munge", *_socket_args(socket), *uid_args, "--string", payload,
+                          "--ttl", str(ttl_s)], timeout=timeout)
     except cmd.SlurmError as exc:
         raise MungeError("munge-unavailable", str(exc)) from None
     if not result.ok:
@@ -88,10 +90,10 @@ def decode(credential: str, *, socket: str | None = None, timeout: float = 10.0)
 
 
 def seal(message: dict[str, Any], *, socket: str | None = None,
-         ttl_s: int = DEFAULT_TTL_S) -> dict[str, Any]:
+         ttl_s: int = DEFAULT_TTL_S, uid: int | None = None) -> dict[str, Any]:
     """The message with an ``auth`` field: a credential vouching for the rest of it."""
     body = {k: v for k, v in message.items() if k != "auth"}
-    return {**body, "auth": encode(digest(body), socket=socket, ttl_s=ttl_s)}
+    return {**body, "auth": encode(digest(body), socket=socket, ttl_s=ttl_s, uid=uid)}
 
 
 def verify(message: dict[str, Any], allowed_uids: Collection[int], *,

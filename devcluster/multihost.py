@@ -48,6 +48,15 @@ exec sleep infinity
 '''
 
 
+def _daemon_listens_on_tcp() -> bool:
+    """Whether this product's daemon has the TCP listener for nodes (``daemon.listen_tcp``)."""
+    from dataclasses import fields
+
+    from slurm_gpushare.core.config import DaemonConfig
+
+    return "listen_tcp" in {field.name for field in fields(DaemonConfig)}
+
+
 class MultiHostCluster(TestCluster):
     """The test cluster with one network host per compute node."""
 
@@ -89,8 +98,20 @@ class MultiHostCluster(TestCluster):
 
     def _agent_delivery_env(self) -> list[str]:
         return [f"GPUSHARE_STATE_DIR={self.agent_state_dir}",
-                # No such socket on a node: the agent delivers over the network.
-                f"GPUSHARE_SOCKET={self.daemon_socket}"]
+                # No such socket on a node: the agent delivers to the daemon's TCP listener,
+                # sealed by the node's own munged.
+                f"GPUSHARE_SOCKET={self.daemon_socket}",
+                f"GPUSHARE_DAEMON_ADDRESS={self.daemon_tcp}",
+                f"GPUSHARE_MUNGE_SOCKET={self.munge_socket}",
+                "export GPUSHARE_DAEMON_ADDRESS GPUSHARE_MUNGE_SOCKET"]
+
+    def _daemon_toml(self) -> str:
+        text = super()._daemon_toml()
+        if not _daemon_listens_on_tcp():
+            return text  # a product without the TCP listener: nodes spool, nothing is learnt
+        listener = (f'listen_tcp = "{self.daemon_tcp}"\n'
+                    f'munge_socket = "{self.munge_socket}"\n')
+        return text.replace("[daemon]\n", "[daemon]\n" + listener, 1)
 
     @property
     def controller_host(self) -> str:

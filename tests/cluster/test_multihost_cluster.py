@@ -4,8 +4,8 @@ Each slurmd runs in its own network, UTS and mount namespaces (devcluster/multih
 job on a node sees that node's hostname and address, the node's own munged (with the site's
 key) and its own run/spool directories, and not the controller's Unix sockets. A network cut is a
 firewall rule in the node's namespace that drops only the daemon's TCP port: Slurm's own traffic
-(and so the node's jobs) is unaffected. The last test stops the cluster and checks that no
-namespace, link, mount or process of it is left.
+(and so the node's jobs) is unaffected. One test stops the cluster, checks that no
+namespace, link, mount or process of it is left, and starts it again.
 """
 
 from __future__ import annotations
@@ -117,6 +117,7 @@ def test_stop_removes_every_namespace_link_mount_and_process(multihost_cluster):
         assert not _alive(pid)
     routes = subprocess.run(["ip", "-4", "route"], capture_output=True, text=True).stdout
     assert str(cluster.network.subnet) not in routes
+    cluster.start()  # as the session's other multi-host tests expect it
 
 
 def _alive(pid: int) -> bool:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import socket
 import subprocess
 import threading
-import time
 
 import pytest
 

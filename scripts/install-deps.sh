@@ -8,7 +8,8 @@ cd "$(dirname "$0")/.."
 
 PACKAGES=(slurmctld slurmd slurm-client slurmdbd munge mariadb-server chromium
           lua5.1 lua-socket lua-cjson python3 python3-venv python3-pip sqlite3
-          mmdebstrap)  # mmdebstrap: the Debian trixie root of the Slurm 24.11 test cluster
+          mmdebstrap  # mmdebstrap: the Debian trixie root of the Slurm 24.11 test cluster
+          nftables iputils-ping)  # the multi-host test cluster: network cuts, reachability
 # chromium: the HTML report is checked in headless Chromium by the test suite.
 # Do NOT add slurm-wlm-emulator: it switches slurmctld/slurmd to a front-end build.
 

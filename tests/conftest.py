@@ -155,6 +155,22 @@ def cluster():
     yield test_cluster
 
 
+@pytest.fixture(scope="session")
+def multihost_cluster():
+    """The multi-host test cluster (each node a network host of its own), started once per
+    session beside the single-host one and stopped after."""
+    if os.environ.get("GPUSHARE_SKIP_CLUSTER"):
+        pytest.skip("GPUSHARE_SKIP_CLUSTER is set")
+    if (os.environ.get("GPUSHARE_SLURM") or "22.05") != "22.05":
+        pytest.skip("the multi-host test cluster runs Slurm 22.05 only for now")
+    from devcluster.multihost import MultiHostCluster
+
+    test_cluster = MultiHostCluster()
+    test_cluster.start()
+    yield test_cluster
+    test_cluster.stop()
+
+
 def pytest_report_header(config):
     return f"test cluster: Slurm {os.environ.get('GPUSHARE_SLURM') or '22.05'} (GPUSHARE_SLURM)"
 

@@ -146,7 +146,7 @@ class Corpus:
         self.seed = seed
         self.work_s = work_s
         self.nonce = f"{int(time.time())}{seed}"
-        self.python = cluster.python
+        self.python = cluster.node_python  # the Python jobs run with (the root's on 24.11)
         self.dir = cluster.root / "corpus" / self.nonce
         self.dir.mkdir(parents=True, exist_ok=True)
         fake = f"{self.python} -m devcluster.fakegpu"

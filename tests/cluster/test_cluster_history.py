@@ -209,7 +209,7 @@ def test_a_light_job_keeps_off_nodes_full_of_heavy_shares(cluster):
             heavy_jobs.append(cluster.sbatch("--gres=gpu:v100:1", script=heavy,
                                              env={"WORK": "120"}))
         for job_id in heavy_jobs:
-            assert cluster.job(job_id)["TresPerNode"].startswith("gres:shard:")
+            assert cluster.job(job_id)["TresPerNode"].startswith(f"{cluster.gres_prefix}shard:")
             assert cluster.wait_state(job_id, {"RUNNING"}, timeout=60) == "RUNNING"
         assert {cluster.job(j)["NodeList"] for j in heavy_jobs} == {"v100-1", "v100-2"}
         # The daemon's view of running shares refreshes in the background: poll.

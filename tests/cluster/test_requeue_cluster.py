@@ -10,7 +10,8 @@ from slurm_gpushare.slurm.jobs import lookup_job
 
 
 def test_a_running_share_is_requeued_with_its_peak_plus_margin(cluster, monkeypatch):
-    monkeypatch.setenv("SLURM_CONF", str(cluster.slurm_conf))
+    for name, value in cluster.client_environ().items():  # SLURM_CONF (and PATH for 24.11)
+        monkeypatch.setenv(name, value)
     job_id = cluster.sbatch("--gres=gpu:1", "--comment=gpushare:mem=4G", "-p", "gpu",
                             script="#!/bin/sh\nsleep 120\n")
     try:
@@ -21,7 +22,7 @@ def test_a_running_share_is_requeued_with_its_peak_plus_margin(cluster, monkeypa
         assert done, detail
         after = cluster.job(job_id)
         # 9,000 MiB x 1.1 -> 10 GiB: a share of 10 shards, its tag saying so.
-        assert after["TresPerNode"] == "gres:shard:10" and after["Restarts"] == "1"
+        assert after["TresPerNode"] == f"{cluster.gres_prefix}shard:10" and after["Restarts"] == "1"
         tag = Tag.decode(after["AdminComment"])
         assert tag.shard == 10 and tag.why == "requeue-resized"
         assert tag.decision_id == job.tag.decision_id

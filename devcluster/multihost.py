@@ -48,15 +48,6 @@ exec sleep infinity
 '''
 
 
-def _daemon_listens_on_tcp() -> bool:
-    """Whether this product's daemon has the TCP listener for nodes (``daemon.listen_tcp``)."""
-    from dataclasses import fields
-
-    from slurm_gpushare.core.config import DaemonConfig
-
-    return "listen_tcp" in {field.name for field in fields(DaemonConfig)}
-
-
 class MultiHostCluster(TestCluster):
     """The test cluster with one network host per compute node."""
 
@@ -107,8 +98,6 @@ class MultiHostCluster(TestCluster):
 
     def _daemon_toml(self) -> str:
         text = super()._daemon_toml()
-        if not _daemon_listens_on_tcp():
-            return text  # a product without the TCP listener: nodes spool, nothing is learnt
         listener = (f'listen_tcp = "{self.daemon_tcp}"\n'
                     f'munge_socket = "{self.munge_socket}"\n')
         return text.replace("[daemon]\n", "[daemon]\n" + listener, 1)

@@ -47,6 +47,7 @@ DEFAULT_INTERVAL_S = 0.25
 DEFAULT_MAX_DURATION_S = 14 * 24 * 3600.0
 
 Deliver = Callable[[dict[str, Any]], Any]
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 # -- paths and logging --------------------------------------------------------------------------
@@ -284,8 +285,11 @@ def run(args: argparse.Namespace, deliver: Deliver | None = None) -> int:
     state_dir = args.state_dir
     pidfile = pid_path(state_dir, args.job_id)
     stop = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    for signum in STOP_SIGNALS:
         signal.signal(signum, lambda *_: stop.set())
+    # `start` spawned us with these blocked: an epilog's SIGTERM that came while we were still
+    # importing waited, pending, and is handled now instead of killing us before we deliver.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     saved = checkpoint_path(state_dir, args.job_id)
     try:
         link = link_of(args)
@@ -394,9 +398,14 @@ def start(args: argparse.Namespace) -> int:
         else:
             return 0
         command = [sys.executable, "-m", "slurm_gpushare.node.agent", "run", *_forward(args)]
-        child = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                 stderr=subprocess.DEVNULL, close_fds=True,
-                                 start_new_session=True, cwd="/")
+        # The child inherits the blocked mask and unblocks once its handlers are in place.
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        try:
+            child = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL, close_fds=True,
+                                     start_new_session=True, cwd="/")
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         with os.fdopen(fd, "w") as handle:
             handle.write(f"{child.pid}\n")
         _log(state_dir, f"job {job_id}: collector started (pid {child.pid}, gpus {args.gpus})")

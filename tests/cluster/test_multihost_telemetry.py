@@ -1,8 +1,7 @@
 """Telemetry across hosts on the multi-host test cluster: a node's agent delivers to the daemon on
 the controller over TCP (munge-sealed), and nothing is lost while the link is cut.
 
-Needs the daemon's TCP listener (``daemon.listen_tcp``); on a product without it the tests skip
-and say so. The network cut drops only the daemon's TCP port on one node (a firewall rule in
+The network cut drops only the daemon's TCP port on one node (a firewall rule in
 the node's namespace, ``devcluster/netns.py``): slurmd and slurmctld keep talking, so the node's
 jobs run and finish while their summaries wait in the node's spool. Its figures are recorded in
 ``bench/results/multihost_network_cut.json``.
@@ -18,12 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from devcluster.multihost import _daemon_listens_on_tcp
 from test_cluster_history import unique_script
 
-pytestmark = [pytest.mark.cluster,
-              pytest.mark.skipif(not _daemon_listens_on_tcp(),
-                                 reason="the daemon has no TCP listener (daemon.listen_tcp) yet")]
+pytestmark = pytest.mark.cluster
 
 RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results" / "multihost_network_cut.json"
 

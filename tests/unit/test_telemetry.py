@@ -355,3 +355,19 @@ def test_a_failing_report_does_not_stop_the_watch():
 
     overrun_watch("42", 8192.0, broken, logged.append)(Sampler())
     assert "report failed" in logged[0]
+
+
+def test_an_epilog_right_after_the_prolog_still_gets_its_summary(tmp_path):
+    """A job shorter than the collector's start-up: the epilog's SIGTERM arrives while the
+    collector is still importing. It must wait (blocked) and be handled, not kill it."""
+    scenario = tmp_path / "profile.json"
+    scenario.write_text(json.dumps(SHARED))
+    state = tmp_path / "state"
+    common = ["--job-id", "32", "--gpus", "0", "--cluster", "c1", "--state-dir", str(state),
+              "--socket", str(tmp_path / "absent.sock"), "--scenario", str(scenario),
+              "--interval", "0.05"]
+    assert agent.main(["start", *common]) == 0
+    assert agent.main(["stop", *common, "--wait", "30"]) == 0  # no pause: SIGTERM at once
+    assert wait_for(lambda: (agent.spool_dir(state) / "c1-32-0.json").exists())
+    summary = json.loads((agent.spool_dir(state) / "c1-32-0.json").read_text())
+    assert summary["samples"] >= 1

@@ -13,10 +13,13 @@ deps:
 demo: deps
 	$(PY) -m devcluster demo
 
-## The whole suite on Slurm 22.05 (the host's).
+## The whole suite on Slurm 22.05 (the host's): unit and Lua tests on two workers (they share
+## nothing), then the cluster tests one at a time against the running cluster (the multi-host
+## tests start their own network-namespace cluster beside it).
 test: deps
+	GPUSHARE_SKIP_CLUSTER=1 $(PY) -m pytest -q -ra -n 2 tests/unit tests/lua
 	$(PY) -m devcluster cluster start
-	$(PY) -m pytest -q -ra
+	$(PY) -m pytest -q -ra tests/cluster
 
 ## The cluster integration tests on Slurm 24.11 (Debian trixie in a root of its own, built on
 ## first use and cached). Not yet part of `make test`: see the README.
@@ -27,7 +30,7 @@ test-24.11: deps
 
 ## Unit tests only (no Slurm daemons).
 test-unit: deps
-	GPUSHARE_SKIP_CLUSTER=1 $(PY) -m pytest -q -m "not cluster"
+	GPUSHARE_SKIP_CLUSTER=1 $(PY) -m pytest -q -n 2 tests/unit tests/lua
 
 ## Submission-path benchmark (records figures under bench/results/).
 bench: deps

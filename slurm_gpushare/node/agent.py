@@ -295,7 +295,9 @@ def run(args: argparse.Namespace, deliver: Deliver | None = None) -> int:
         link = link_of(args)
         deliver = deliver or default_deliver(args.socket, spool_dir(state_dir), link=link,
                                              on_spooled=lambda: start_drainer(args))
-        _drain_quietly(args)
+        # Beside the sampling, never before it: with the daemon cut off, a drain waits for its
+        # connection's timeout, and a short job would end before its first sample.
+        threading.Thread(target=_drain_quietly, args=(args,), daemon=True).start()
         # Under slurmd (the prolog started us): the job's share, to report it going above.
         limit = share_limit_mib(args.job_id) if os.environ.get("SLURMD_NODENAME") else None
         collect(args.job_id, args.gpus, deliver=deliver, stop=stop, cluster=args.cluster,

@@ -104,6 +104,8 @@ def test_a_cut_drops_only_the_daemon_port_and_jobs_still_run(multihost_cluster):
 
 
 def test_stop_removes_every_namespace_link_mount_and_process(multihost_cluster):
+    # Runs after the agent tests (file order): a cluster restarted in one go leaves the daemon's
+    # view of the nodes stale for a while (daemon started before slurmctld; under study).
     cluster = multihost_cluster
     job_id = cluster.sbatch("-w", "a100-1", script="#!/bin/sh\nsleep 300\n")
     cluster.wait_state(job_id, {"RUNNING"}, timeout=60)

@@ -96,7 +96,7 @@ def test_twenty_jobs_finish_during_a_60s_cut_and_their_telemetry_arrives_after(m
     delays = sorted(got[j]["ts"] - restored_at for j in got)
     result = {
         "what": "20 jobs finish on one node while its link to the daemon's TCP port is cut for 60 s",
-        "command": "python -m pytest tests/cluster/test_multihost_telemetry.py -k cut",
+        "command": "python -m pytest tests/cluster/test_multihost_agent.py -k cut",
         "host": platform.node(), "jobs": jobs, "cut_s": cut_s,
         "jobs_finished_during_cut_s": round(finished_in_cut, 1),
         "spooled_at_restore": spooled, "delivered": len(got), "lost": jobs - len(got),

@@ -26,7 +26,6 @@ connection that sends nothing for ``IDLE_S`` is closed.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -42,7 +41,7 @@ from slurm_gpushare.core.address import parse_address
 from slurm_gpushare.daemon.logs import event, log
 from slurm_gpushare.daemon.protocol import ProtocolError, decode_line, peek_op, peek_rid, \
     reply_error, reply_ok
-from slurm_gpushare.daemon.server import DaemonError, _Handler, _Oversized
+from slurm_gpushare.daemon.server import ConnectionCaps, DaemonError, _Handler, _Oversized
 from slurm_gpushare.daemon.service import LogBudget, Peer, Service
 from slurm_gpushare.slurm import cmd, munge
 
@@ -115,7 +114,7 @@ class _NetHandler(_Handler):
                 return
 
 
-class NetListener(socketserver.ThreadingMixIn, socketserver.TCPServer):
+class NetListener(socketserver.ThreadingMixIn, socketserver.TCPServer, ConnectionCaps):
     daemon_threads = True
     allow_reuse_address = True
     request_queue_size = 256
@@ -125,8 +124,7 @@ class NetListener(socketserver.ThreadingMixIn, socketserver.TCPServer):
         self.service = service
         self.stopping = stopping or threading.Event()
         self.ids = DeliveryIds()
-        self.open: dict[str, int] = {}  # peer address -> open connections
-        self.open_lock = threading.Lock()
+        ConnectionCaps.__init__(self)  # keyed by peer address
         self._log_budget = LogBudget(per_second=20)
         self._slurm_user: tuple[float, int | None] = (-SLURM_USER_TTL_S, None)
         host, port = parse_address(address, any_port=True)
@@ -154,44 +152,17 @@ class NetListener(socketserver.ThreadingMixIn, socketserver.TCPServer):
 
     # -- admission ----------------------------------------------------------------------------
     def process_request(self, request, client_address) -> None:
-        host = client_address[0]
-        cap = self.service.config.daemon.max_connections
-        with self.open_lock:
-            refused = (sum(self.open.values()) >= cap
-                       or self.open.get(host, 0) >= CONNECTIONS_PER_HOST)
-            if not refused:
-                self.open[host] = self.open.get(host, 0) + 1
-        if refused:
-            self.service._count("connections-refused")
-            try:
-                request.setblocking(False)
-                request.send(json.dumps(reply_error("too many connections") | {"rid": None})
-                             .encode() + b"\n")
-            except OSError:
-                pass
-            self.shutdown_request(request)
-            return
-        try:
-            threading.Thread(target=self._serve_connection, args=(request, client_address),
-                             daemon=True).start()
-        except RuntimeError:
-            self._release(host)
-            self.shutdown_request(request)
+        self.admit(request, client_address, client_address[0],
+                   self.service.config.daemon.max_connections, CONNECTIONS_PER_HOST)
 
-    def _serve_connection(self, request, client_address) -> None:
+    def _serve_connection(self, request, client_address, host: str) -> None:
         try:
             _NetHandler(request, client_address, self, uid=-1)
         except Exception:  # noqa: BLE001
-            log.exception("connection-error", extra={"fields": {"peer": client_address[0]}})
+            log.exception("connection-error", extra={"fields": {"peer": host}})
         finally:
             self.shutdown_request(request)
-            self._release(client_address[0])
-
-    def _release(self, host: str) -> None:
-        with self.open_lock:
-            self.open[host] -= 1
-            if not self.open[host]:
-                del self.open[host]
+            self.release(host)
 
     # -- deliveries ---------------------------------------------------------------------------
     def refuse(self, host: str, reason: str, error: str, rid=None, uid: int | None = None

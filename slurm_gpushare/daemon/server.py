@@ -163,7 +163,47 @@ class RateLimit:
             return allowed
 
 
-class DaemonServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+class ConnectionCaps:
+    """Open connections counted per key (a uid, a peer address): one over a cap is answered
+    "too many connections" and closed, without a thread. The server provides ``service`` and
+    ``_serve_connection(request, client_address, key)``, which ends with ``release(key)``."""
+
+    def __init__(self) -> None:
+        self.open: dict = {}  # key -> open connections
+        self.open_lock = threading.Lock()
+
+    def admit(self, request, client_address, key, total_cap: int,
+              key_cap: int | None = None) -> None:
+        with self.open_lock:
+            refused = (sum(self.open.values()) >= total_cap
+                       or (key_cap is not None and self.open.get(key, 0) >= key_cap))
+            if not refused:
+                self.open[key] = self.open.get(key, 0) + 1
+        if refused:
+            self.service._count("connections-refused")
+            try:
+                request.setblocking(False)
+                request.send(json.dumps(reply_error("too many connections") | {"rid": None})
+                             .encode() + b"\n")
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            return
+        try:
+            threading.Thread(target=self._serve_connection, args=(request, client_address, key),
+                             daemon=True).start()
+        except RuntimeError:  # no thread to be had: refuse, do not crash the accept loop
+            self.release(key)
+            self.shutdown_request(request)
+
+    def release(self, key) -> None:
+        with self.open_lock:
+            self.open[key] -= 1
+            if not self.open[key]:
+                del self.open[key]
+
+
+class DaemonServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer, ConnectionCaps):
     """One listening socket. The main one is 0600 (slurmctld, prolog/epilog, admins); the
     public query socket is 0666 and serves only Service.USER_OPS, for the caller's uid.
 
@@ -183,8 +223,7 @@ class DaemonServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
         self.stopping = stopping or threading.Event()
         daemon_config = service.config.daemon
         self.rate = RateLimit(daemon_config.query_rate_per_s, 2 * daemon_config.query_rate_per_s)
-        self.open: dict[int, int] = {}  # uid -> open connections
-        self.open_lock = threading.Lock()
+        ConnectionCaps.__init__(self)  # keyed by uid
         path = daemon_config.query_socket if public else daemon_config.socket
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         _remove_stale_socket(path)
@@ -213,29 +252,11 @@ class DaemonServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
             self.shutdown_request(request)
             return
         daemon_config = self.service.config.daemon
-        cap = daemon_config.query_max_connections if self.public else daemon_config.max_connections
-        with self.open_lock:
-            total = sum(self.open.values())
-            refused = total >= cap or (self.public and self.open.get(uid, 0)
-                                       >= daemon_config.query_connections_per_uid)
-            if not refused:
-                self.open[uid] = self.open.get(uid, 0) + 1
-        if refused:
-            self.service._count("connections-refused")
-            try:
-                request.setblocking(False)
-                request.send(json.dumps(reply_error("too many connections") | {"rid": None})
-                             .encode() + b"\n")
-            except OSError:
-                pass
-            self.shutdown_request(request)
-            return
-        try:
-            threading.Thread(target=self._serve_connection, args=(request, client_address, uid),
-                             daemon=True).start()
-        except RuntimeError:  # no thread to be had: refuse, do not crash the accept loop
-            self._release(uid)
-            self.shutdown_request(request)
+        if self.public:
+            self.admit(request, client_address, uid, daemon_config.query_max_connections,
+                       daemon_config.query_connections_per_uid)
+        else:
+            self.admit(request, client_address, uid, daemon_config.max_connections)
 
     def _serve_connection(self, request, client_address, uid: int) -> None:
         try:
@@ -244,13 +265,7 @@ class DaemonServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
             log.exception("connection-error", extra={"fields": {"uid": uid}})
         finally:
             self.shutdown_request(request)
-            self._release(uid)
-
-    def _release(self, uid: int) -> None:
-        with self.open_lock:
-            self.open[uid] -= 1
-            if not self.open[uid]:
-                del self.open[uid]
+            self.release(uid)
 
     def server_close(self) -> None:
         super().server_close()

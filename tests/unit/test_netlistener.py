@@ -264,7 +264,7 @@ def test_a_collector_samples_at_once_while_its_spool_waits_for_an_unreachable_da
         tmp_path, realms):
     # A daemon that accepts connections and never answers (a cut link looks the same to the
     # node until the timeout): the spool's drain must not hold up the new job's sampling.
-    from test_telemetry import SHARED
+    from test_telemetry import collector_args
 
     from slurm_gpushare.node import agent
 
@@ -272,15 +272,11 @@ def test_a_collector_samples_at_once_while_its_spool_waits_for_an_unreachable_da
     hung.bind(("127.0.0.1", 0))
     hung.listen(16)
     try:
-        state = tmp_path / "state"
+        state, common = collector_args(tmp_path, "41")
+        common += ["--daemon-address", "127.0.0.1:%d" % hung.getsockname()[1],
+                   "--munge-socket", realms[0]]
         agent.spool_dir(state).mkdir(parents=True)
         (agent.spool_dir(state) / "c1-1-0.json").write_text(json.dumps(summary("1")))
-        scenario = tmp_path / "profile.json"
-        scenario.write_text(json.dumps(SHARED))
-        common = ["--job-id", "41", "--gpus", "0", "--cluster", "c1", "--state-dir", str(state),
-                  "--socket", str(tmp_path / "absent.sock"), "--scenario", str(scenario),
-                  "--interval", "0.05", "--daemon-address", "127.0.0.1:%d" % hung.getsockname()[1],
-                  "--munge-socket", realms[0]]
         assert agent.main(["start", *common]) == 0
         time.sleep(2.0)  # well below the delivery timeout (5 s)
         assert agent.main(["stop", *common, "--wait", "30"]) == 0

@@ -274,13 +274,19 @@ def test_default_delivery_sends_ingest_or_spools(tmp_path):
     assert list((tmp_path / "spool").iterdir()) == []
 
 
-def test_prolog_start_and_epilog_stop_are_idempotent_and_exit_0(tmp_path):
+def collector_args(tmp_path, job_id: str) -> tuple:
+    """The agent's state dir and the arguments of a collector for GPU 0 fed by the SHARED
+    scenario, with no daemon to deliver to (summaries are spooled)."""
     scenario = tmp_path / "profile.json"
     scenario.write_text(json.dumps(SHARED))
     state = tmp_path / "state"
-    common = ["--job-id", "31", "--gpus", "0", "--cluster", "c1", "--state-dir", str(state),
-              "--socket", str(tmp_path / "absent.sock"), "--scenario", str(scenario),
-              "--interval", "0.05"]
+    return state, ["--job-id", job_id, "--gpus", "0", "--cluster", "c1", "--state-dir",
+                   str(state), "--socket", str(tmp_path / "absent.sock"), "--scenario",
+                   str(scenario), "--interval", "0.05"]
+
+
+def test_prolog_start_and_epilog_stop_are_idempotent_and_exit_0(tmp_path):
+    state, common = collector_args(tmp_path, "31")
     started = time.monotonic()
     assert agent.main(["start", *common]) == 0
     assert agent.main(["start", *common]) == 0  # already running: no second collector
@@ -360,12 +366,7 @@ def test_a_failing_report_does_not_stop_the_watch():
 def test_an_epilog_right_after_the_prolog_still_gets_its_summary(tmp_path):
     """A job shorter than the collector's start-up: the epilog's SIGTERM arrives while the
     collector is still importing. It must wait (blocked) and be handled, not kill it."""
-    scenario = tmp_path / "profile.json"
-    scenario.write_text(json.dumps(SHARED))
-    state = tmp_path / "state"
-    common = ["--job-id", "32", "--gpus", "0", "--cluster", "c1", "--state-dir", str(state),
-              "--socket", str(tmp_path / "absent.sock"), "--scenario", str(scenario),
-              "--interval", "0.05"]
+    state, common = collector_args(tmp_path, "32")
     assert agent.main(["start", *common]) == 0
     assert agent.main(["stop", *common, "--wait", "30"]) == 0  # no pause: SIGTERM at once
     assert wait_for(lambda: (agent.spool_dir(state) / "c1-32-0.json").exists())

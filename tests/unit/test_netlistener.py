@@ -241,6 +241,7 @@ def test_the_agent_starts_a_detached_drainer_that_delivers_once_the_daemon_is_up
         assert wait_for(lambda: "spool drained: 2 sent" in (state / "agent.log").read_text())
     finally:
         running.stop()
+        _kill_processes_naming(str(tmp_path))  # a drainer still waiting must not outlive us
 
 
 def test_a_bad_listen_address_is_a_configuration_error(tmp_path):

@@ -35,6 +35,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from devcluster.munge import start_munged  # noqa: E402
 from slurm_gpushare.node.delivery import Link  # noqa: E402
 from slurm_gpushare.slurm import munge  # noqa: E402
 
@@ -47,23 +48,6 @@ def summary() -> dict:
         job = next(JOB_IDS)
     return {"job_id": str(job), "gpu_index": 0, "cluster": "bench", "samples": 600,
             "mgmap_max_mib": 6144.0, "mgup_max": 55.0, "gpu_model": "A100-80GB"}
-
-
-def start_munged(root: Path) -> str:
-    root.mkdir(parents=True)
-    key = root / "munge.key"
-    key.write_bytes(os.urandom(1024))
-    key.chmod(0o400)
-    sock = root / "munge.socket"
-    subprocess.run(["munged", "--force", f"--socket={sock}", f"--key-file={key}",
-                    f"--pid-file={root}/munged.pid", f"--log-file={root}/munged.log",
-                    f"--seed-file={root}/munged.seed", "--num-threads=4"], check=True, timeout=30)
-    deadline = time.monotonic() + 10
-    while not sock.exists():
-        if time.monotonic() > deadline:
-            raise SystemExit("munged did not start")
-        time.sleep(0.02)
-    return str(sock)
 
 
 def free_port() -> int:
@@ -165,7 +149,7 @@ def main() -> None:
     parser.add_argument("--out", default=str(REPO / "bench" / "results" / "telemetry_net.json"))
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="gs-bench-net-"))
-    munge_socket = start_munged(tmp / "munge")
+    munge_socket = start_munged(tmp / "munge", threads=4)
     rounds = []
     try:
         for round_no in range(args.rounds):

@@ -10,31 +10,16 @@ from pathlib import Path
 
 import pytest
 
+from devcluster.munge import start_munged
 from slurm_gpushare.slurm import munge
 
 pytestmark = pytest.mark.skipif(shutil.which("munged") is None, reason="munge is not installed")
 
 
-def _munged(root: Path) -> str:
-    root.mkdir(parents=True)
-    key = root / "munge.key"
-    key.write_bytes(os.urandom(1024))
-    key.chmod(0o400)
-    sock = root / "munge.socket"
-    subprocess.run(["munged", "--force", f"--socket={sock}", f"--key-file={key}",
-                    f"--pid-file={root}/munged.pid", f"--log-file={root}/munged.log",
-                    f"--seed-file={root}/munged.seed"], check=True, timeout=30)
-    deadline = time.monotonic() + 10
-    while not sock.exists():
-        assert time.monotonic() < deadline, "munged did not start"
-        time.sleep(0.02)
-    return str(sock)
-
-
 @pytest.fixture(scope="module")
 def realms(tmp_path_factory):
     root = tmp_path_factory.mktemp("munge")
-    site, foreign = _munged(root / "site"), _munged(root / "foreign")
+    site, foreign = start_munged(root / "site"), start_munged(root / "foreign")
     yield site, foreign
     for name in ("site", "foreign"):
         pid = int((root / name / "munged.pid").read_text())

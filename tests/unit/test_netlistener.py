@@ -23,7 +23,7 @@ from slurm_gpushare.daemon.service import Service
 from slurm_gpushare.node import agent, delivery
 from slurm_gpushare.node.delivery import DeliveryError, Link
 from slurm_gpushare.slurm import munge
-from test_munge import _munged
+from devcluster.munge import start_munged
 
 pytestmark = pytest.mark.skipif(shutil.which("munged") is None, reason="munge is not installed")
 
@@ -34,7 +34,7 @@ def realms():
     # must reach the socket.
     root = Path(tempfile.mkdtemp(prefix="gs-netmunge-"))
     root.chmod(0o755)
-    site, foreign = _munged(root / "site"), _munged(root / "foreign")
+    site, foreign = start_munged(root / "site"), start_munged(root / "foreign")
     yield site, foreign
     for name in ("site", "foreign"):
         os.kill(int((root / name / "munged.pid").read_text()), 15)

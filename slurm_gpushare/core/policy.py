@@ -210,9 +210,9 @@ def units_needed(gpu_type: GpuType, memory_mib: float, util_pct: float | None,
                  budget_pct: float) -> int:
     """Units a job needs on one GPU type: its memory, or its part of the GPU-time budget
     (co-runners' peak utilisations may add up to ``budget_pct``) if that is more."""
-    memory_fraction = memory_mib / (gpu_type.memory_gib * 1024)
-    units = (math.ceil(memory_mib / gpu_type.shard_mib - 1e-9) if gpu_type.sharing == "shard"
-             else math.ceil(memory_fraction * MPS_PER_GPU - 1e-9))
+    unit_mib = (gpu_type.shard_mib if gpu_type.sharing == "shard"
+                else gpu_type.memory_gib * 1024 / MPS_PER_GPU)  # MPS: 1% of the GPU's memory
+    units = math.ceil(memory_mib / unit_mib - 1e-9)
     if util_pct is None or budget_pct <= 0:
         return units
     return max(units, math.ceil(util_pct / budget_pct * capacity(gpu_type) - 1e-9))
@@ -411,10 +411,12 @@ def share_or_keep(request: JobRequest, config: Config, *, estimate: JobEstimate 
         "share", code, decision_id, types=type_names, job_class=estimate.job_class,
         **(sized if best.sharing == "shard" else {"mps": units, "mem_mib": limit_mib}),
     ).encode()
-    what = (f"{units} GiB share (gres/shard)" if best.sharing == "shard" and shard_mib == 1024
-            else f"{units * shard_mib / 1024:g} GiB share ({units} x {shard_mib} MiB gres/shard)"
-            if best.sharing == "shard" else
-            f"{units}% MPS share (gres/mps, memory limit {limit_mib / 1024:.1f} GiB)")
+    if best.sharing == "mps":
+        what = f"{units}% MPS share (gres/mps, memory limit {limit_mib / 1024:.1f} GiB)"
+    elif shard_mib == 1024:
+        what = f"{units} GiB share (gres/shard)"
+    else:
+        what = f"{units * shard_mib / 1024:g} GiB share ({units} x {shard_mib} MiB gres/shard)"
     reason = (f"{estimate.detail}: {what} on "
               f"{', '.join(f'{g.name} ({g.memory_gib} GiB)' for g in fits)}")
     by_memory = units_needed(best, estimate.memory_mib[best.name], None, 0)

@@ -49,8 +49,12 @@ def pid_alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:
+        pass
+    try:  # a zombie (exited, not yet reaped; orphans under a container's init may stay so)
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
         return True
-    return True
 
 
 def write_locked(path: str | os.PathLike, data: bytes | str) -> None:

@@ -372,3 +372,18 @@ def test_an_epilog_right_after_the_prolog_still_gets_its_summary(tmp_path):
     assert wait_for(lambda: (agent.spool_dir(state) / "c1-32-0.json").exists())
     summary = json.loads((agent.spool_dir(state) / "c1-32-0.json").read_text())
     assert summary["samples"] >= 1
+
+
+def test_an_exited_process_not_yet_reaped_is_not_alive():
+    # A fake GPU registration or a collector pid file of a zombie must not count as running.
+    import os
+    import subprocess
+
+    from slurm_gpushare.core.files import pid_alive
+
+    child = subprocess.Popen(["true"])
+    assert wait_for(lambda: open(f"/proc/{child.pid}/stat").read().rsplit(")", 1)[1].split()[0]
+                    == "Z")
+    assert not pid_alive(child.pid)
+    child.wait()
+    assert pid_alive(os.getpid())

@@ -591,7 +591,20 @@ class TestCluster:
         self.start_daemon()
         self._start_slurmctld()
         self._start_slurmds()
+        self.wait_view(since=time.time())
         self.wait_hook()
+
+    def wait_view(self, since: float, timeout: float = 60) -> None:
+        """Poll until the daemon has read the nodes from Slurm after ``since`` (when every
+        slurmd had registered): until its next refresh it still sees them as they were while
+        they registered (not responding, or missing), and keeps jobs it would share."""
+        from slurm_gpushare.daemon.protocol import request as request_once
+
+        def current() -> bool:
+            view = request_once(str(self.daemon_socket), {"v": 1, "op": "ping"}, 2).get("view")
+            return bool(view) and (view.get("refreshed_at") or 0) >= since
+
+        _wait_until(current, timeout, "the daemon to read the registered nodes", interval=0.2)
 
     def wait_hook(self, timeout: float = 60) -> None:
         """Poll until slurmctld's hook gets answers from the daemon again (its circuit breaker

@@ -50,6 +50,12 @@ def ping_command(config_path: str | None, socket_path: str | None, as_json: bool
     if not as_json:
         click.echo(f"daemon {reply.get('version')} on {socket_path}: {elapsed:.2f} ms; "
                    f"counters {reply.get('counters')}")
+        view = reply.get("view")
+        if isinstance(view, dict):
+            read = view.get("refreshed_at")
+            age = f"read {time.time() - read:.1f} s ago" if read else "not read from Slurm yet"
+            click.echo(f"cluster view: {view.get('usable')} of {view.get('nodes')} GPU nodes "
+                       f"take jobs; {age}")
 
 
 @click.command("hook-config")

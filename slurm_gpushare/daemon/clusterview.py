@@ -240,6 +240,7 @@ class SlurmClusterView:
         self._resident_jobs: dict[str, list[str]] = {}  # node -> decision ids of its shares
         self._position: dict[str, int] = {}  # node -> its index in the snapshot
         self._refreshes = 0
+        self.refreshed_at: float | None = None  # wall clock of the last good refresh
         # ("memo" | "checks", question) -> (the refresh it was last asked after, the knowledge
         # base it was asked with, for exclusions): what the next refresh pre-answers.
         self._recent: dict[tuple, tuple[int, object]] = {}
@@ -337,7 +338,15 @@ class SlurmClusterView:
         snapshot = Snapshot(nodes)
         self._warm(snapshot, self._snapshot)
         self._snapshot = snapshot
+        self.refreshed_at = time.time()
         return True
+
+    def health(self) -> dict:
+        """GPU nodes known, how many take jobs now, and when Slurm was last read (for `ping`:
+        decisions see a node's new state only after the next refresh)."""
+        nodes = self._snapshot
+        return {"nodes": len(nodes), "usable": sum(state_usable(n.state) for n in nodes),
+                "refreshed_at": self.refreshed_at}
 
     def _warm(self, snapshot: Snapshot, previous: Snapshot) -> None:
         """Answer on the new snapshot, here on the refresh thread, what decisions asked

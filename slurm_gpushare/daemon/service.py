@@ -294,7 +294,9 @@ class Service:
             if problem:
                 return reply_error(f"daemon cannot decide: {problem}") | {
                     "version": __version__, "counters": counters}
-            return reply_ok(version=__version__, counters=counters)
+            health = getattr(self.view, "health", None)
+            return reply_ok(version=__version__, counters=counters,
+                            **({"view": health()} if health else {}))
         deadline = message.get("deadline")
         if op == "decide" and isinstance(deadline, (int, float)) and time.time() > deadline:
             # The hook gave up on this request long ago (it sat in the socket's backlog while

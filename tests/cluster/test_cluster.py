@@ -38,7 +38,7 @@ def test_ordinary_gpu_job_becomes_a_share(cluster):
     job_id = cluster.sbatch("--gres=gpu:1", HINT, script=SLEEP.format(1))
     job = cluster.job(job_id)
     assert job["TresPerNode"] == cluster.gres_prefix + "shard:8"
-    assert job["Features"] == "a100|v100"
+    assert job["Features"] == "a100|v100", job["AdminComment"]
     assert re.fullmatch(r"gpushare:v1:share:id=[0-9a-f]{8}:shard=8:types=a100\+v100:"
                         r"why=hint-share", job["AdminComment"])
 
@@ -69,13 +69,15 @@ def test_gpus_option_and_typed_request(cluster):
     job = cluster.job(job_id)
     assert job["TresPerNode"] == cluster.gres_prefix + "shard:8" and "TresPerJob" not in job
     typed = cluster.job(cluster.sbatch("--gres=gpu:a100:1", HINT, script=SLEEP.format(0)))
-    assert typed["TresPerNode"] == cluster.gres_prefix + "shard:8" and typed["Features"] == "a100"
+    assert typed["TresPerNode"] == cluster.gres_prefix + "shard:8" and typed["Features"] == "a100", \
+        typed["AdminComment"]
 
 
 def test_memory_hint_excludes_gpus_it_does_not_fit(cluster):
     job = cluster.job(cluster.sbatch("--gres=gpu:1", "--comment=gpushare:mem=20G",
                                      script=SLEEP.format(0)))
-    assert job["TresPerNode"] == cluster.gres_prefix + "shard:22" and job["Features"] == "a100"
+    assert job["TresPerNode"] == cluster.gres_prefix + "shard:22" and job["Features"] == "a100", \
+        job["AdminComment"]
 
 
 def _gres_index(cluster, job_id):

@@ -44,8 +44,16 @@ def test_ping_without_daemon_is_a_clear_error(tmp_path, capsys):
 
 
 def test_ping_with_daemon(daemon, capsys):
+    from slurm_gpushare.daemon.clusterview import SlurmClusterView
+
+    daemon.service.view = SlurmClusterView(daemon.service.config)  # not read from Slurm yet
     assert main(["ping", "--socket", daemon.socket, "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["ok"] is True
+    reply = json.loads(capsys.readouterr().out)
+    assert reply["ok"] is True
+    # The daemon's view of the cluster: how many GPU nodes take jobs, when Slurm was last read.
+    assert set(reply["view"]) == {"nodes", "usable", "refreshed_at"}
+    assert main(["ping", "--socket", daemon.socket]) == 0
+    assert "0 of 0 GPU nodes take jobs; not read from Slurm yet" in capsys.readouterr().out
 
 
 def test_usage_errors_exit_2(capsys):

@@ -243,3 +243,29 @@ def test_claiming_an_idle_gpu_keeps_the_answers_it_does_not_change(monkeypatch):
     assert ("idle", ("v100",), ("gpu", "debug")) not in dict.keys(view.nodes().checks)
     assert ("idle", ("a100",), ("gpu", "debug")) in dict.keys(view.nodes().checks)
     assert idle_types([v100], ["gpu", "debug"], view) == []
+
+
+def test_health_says_how_many_nodes_take_jobs_and_when_the_view_was_read(monkeypatch):
+    """What `ping` reports (an admin's check, and what the test cluster waits for after its
+    slurmd register): nodes not responding or drained count as not usable."""
+    fake = FakeSlurm(4, {})
+    states = {"n0": "idle", "n1": "idle*", "n2": "drain", "n3": "mix"}
+    real_run = fake.run
+
+    def run(argv, **kwargs):
+        result = real_run(argv, **kwargs)
+        if argv[0] != "sinfo":
+            return result
+        lines = [f"{line}|{states[line.split('|')[0]]}" for line in result.stdout.split()]
+        return cmd.Result(result.argv, 0, "\n".join(lines) + "\n", "")
+
+    monkeypatch.setattr(cmd, "run", run)
+    view = clusterview.SlurmClusterView(CONFIG)
+    assert view.health() == {"nodes": 0, "usable": 0, "refreshed_at": None}
+    assert view.refresh()
+    health = view.health()
+    assert (health["nodes"], health["usable"]) == (4, 2)
+    first = health["refreshed_at"]
+    states["n1"] = "idle"
+    assert view.refresh()
+    assert view.health()["usable"] == 3 and view.health()["refreshed_at"] >= first

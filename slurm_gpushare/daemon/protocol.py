@@ -40,17 +40,22 @@ NUMBER_FIELDS = (
 # a job with a script is then a batch job.
 JOB_FIELDS = STRING_FIELDS + NUMBER_FIELDS + ("argv", "batch")
 
-# srun options in a script that ask a step for whole GPUs, which a share cannot give.
+# srun options on one command line that ask a step for whole GPUs, which a share cannot give.
 _STEP_GPU_OPTION = re.compile(
-    r"^\s*(?:[^#\n]*[\s;&|(])?srun\b[^\n]*\s(?:--gres[= ]\S*gpu|--gpus(?:-per-\w+)?[= ]|-G\s*\d)",
-    re.MULTILINE)
+    r"^\s*(?:[^#]*[\s;&|(])?srun\b.*\s(?:--gres[= ]\S*gpu|--gpus(?:-per-\w+)?[= ]|-G\s*\d)")
+_COMMENT = re.compile(r"(^|\s)#.*")
 
 
 def steps_ask_for_gpus(script: str) -> bool:
     """Whether a script runs ``srun`` steps that ask for GPUs themselves (--gres=gpu, --gpus,
     -G, --gpus-per-*): such steps need the job to hold whole GPUs."""
-    code = re.sub(r"(^|\s)#.*", "", script or "")  # shell comments say nothing
-    return bool(_STEP_GPU_OPTION.search(code))
+    if not script or "srun" not in script:
+        return False  # most scripts, whatever their size, in one scan
+    # Lines continued with a backslash are one command (options often follow `srun \`).
+    code = script.replace("\\\r\n", " ").replace("\\\n", " ")
+    return any(_STEP_GPU_OPTION.search(_COMMENT.sub("", line))  # comments say nothing
+               for line in code.split("\n") if "srun" in line)
+
 
 # Names Slurm gives jobs that were not named (sbatch reading stdin, --wrap, salloc/srun shells):
 # they would make unrelated jobs look like one, so they form no name key.

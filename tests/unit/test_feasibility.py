@@ -165,6 +165,18 @@ def test_scripts_whose_steps_ask_for_gpus_keep_a_whole_gpu():
     assert not ok.steps_ask_gpus
 
 
+def test_steps_asking_for_gpus_on_continued_lines_are_seen():
+    """A step's options are often on the lines after ``srun \\``: the shell reads one command."""
+    from slurm_gpushare.daemon.protocol import steps_ask_for_gpus
+
+    assert steps_ask_for_gpus("#!/bin/bash\nsrun --ntasks=1 \\\n     --gres=gpu:1 python t.py\n")
+    assert steps_ask_for_gpus("#!/bin/bash\nsrun \\\r\n  -G 1 python t.py\n")
+    assert steps_ask_for_gpus("#!/bin/sh\nexport X=1; srun --gpus=1 python t.py\n")
+    assert not steps_ask_for_gpus("#!/bin/sh\nsrun python t.py \\\n  --epochs 3\n")
+    assert not steps_ask_for_gpus("#!/bin/sh\n# srun --gres=gpu:1\npython t.py\n")
+    assert not steps_ask_for_gpus("#!/bin/sh\n" + "echo a line of a long job script\n" * 2000)
+
+
 def test_het_components_are_left_alone():
     _, component = parse_request({"v": 1, "op": "decide", "job": {
         "uid": 1000, "partition": "gpu", "tres_per_node": "gres:gpu:1", "script": "#!/bin/sh\n",

@@ -54,6 +54,19 @@ def set_mode(cluster, mode: str, empty_hook: Path) -> None:
         cluster.wait_hook()
 
 
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int | None) -> float:
+    """User + system CPU time of a process (0 when it is gone): the figure a busy machine
+    disturbs least, unlike wall-clock latency."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, TypeError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
 def percentile(values, q):
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
@@ -148,6 +161,9 @@ def main(argv=None):
     latency = {mode: [] for mode in MODES}
     throughput = {mode: [] for mode in MODES}
     per_round = {mode: [] for mode in MODES}
+    # CPU milliseconds per submission: slurmctld's (the Lua plugin and hook run in it) and the
+    # daemon's (its decisions), over each block of sequential and parallel submissions.
+    cpu_per_job = {mode: {"slurmctld": [], "daemon": []} for mode in MODES}
     empty_hook = cluster.root / "empty_job_submit.lua"
     empty_hook.write_text(EMPTY_HOOK)
     jobs_held = len(cluster.slurm("squeue", "-h", "-t", "all", "-o", "%i").stdout.split())
@@ -158,14 +174,21 @@ def main(argv=None):
             for mode in order:
                 set_mode(cluster, mode, empty_hook)
                 latency_block(cluster, 10)  # warm up: connections, caches
+                pids = {"slurmctld": cluster._pid("slurmctld"), "daemon": cluster.daemon_pid()}
+                cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
                 block = latency_block(cluster, args.jobs)
                 latency[mode] += block
                 per_round[mode].append(ms(block))
                 throughput[mode].append(throughput_block(cluster, args.jobs))
+                for name, pid in pids.items():
+                    used = cpu_seconds(pid) - cpu_before[name]
+                    cpu_per_job[mode][name].append(round(used / (2 * args.jobs) * 1000, 3))
                 cancel_all(cluster)
                 print(f"round {round_no + 1}/{args.rounds} {mode:9}: "
                       f"p50 {percentile(latency[mode], 50) * 1000:.2f} ms, "
-                      f"{throughput[mode][-1]:.1f} jobs/s", flush=True)
+                      f"{throughput[mode][-1]:.1f} jobs/s; CPU ms/job slurmctld "
+                      f"{cpu_per_job[mode]['slurmctld'][-1]}, daemon "
+                      f"{cpu_per_job[mode]['daemon'][-1]}", flush=True)
 
         # Hook on from here: the daemon's own round trip, then the failure modes.
         set_mode(cluster, "hook", empty_hook)
@@ -232,6 +255,10 @@ def main(argv=None):
             "mean": round(statistics.mean(ratios), 3), "min": min(ratios), "max": max(ratios),
             "stdev": round(statistics.stdev(ratios), 3) if len(ratios) > 1 else None},
         "loadavg_per_round": load_per_round,
+        "cpu_ms_per_job_per_round": cpu_per_job,
+        "cpu_ms_per_job": {mode: {name: round(statistics.mean(values), 3)
+                                  for name, values in by_process.items()}
+                           for mode, by_process in cpu_per_job.items()},
         "daemon_round_trip": ms(round_trip),
         "daemon_round_trip_64k_script": ms(big_trip),
         "daemon_round_trip_64k_as_digest": ms(digest_trip) if digest_trip else None,

@@ -294,7 +294,12 @@ def test_prolog_start_and_epilog_stop_are_idempotent_and_exit_0(tmp_path):
     pidfile = agent.pid_path(state, "31")
     pid = int(pidfile.read_text())
     assert wait_for(lambda: b"collector" in (state / "agent.log").read_bytes())
-    time.sleep(0.3)
+
+    def sampled_twice() -> bool:  # its first checkpoint (after ~2 s) says how far it got
+        saved = agent.checkpoint_path(state, "31")
+        return saved.exists() and json.loads(saved.read_text() or "[]")[0]["samples"] >= 2
+
+    assert wait_for(sampled_twice, timeout=30)
     assert agent.main(["stop", *common, "--wait", "10"]) == 0
     assert wait_for(lambda: (agent.spool_dir(state) / "c1-31-0.json").exists())
     assert not pidfile.exists()

@@ -104,6 +104,10 @@ exec unshare --mount --propagation private -- /bin/sh -c '
   root=$1 user=$2 cwd=$3; shift 3
   for fs in dev proc sys; do mount --rbind "/$fs" "$root/$fs"; done
   for dir in {binds}; do mount --bind "$dir" "$root$dir"; done
+  # The names of this host: srun, slurmctld and slurmstepd address each other by its name
+  # (unresolvable, every step completion is retried for minutes and nodes drain).
+  # (No single quotes in this script: it is one quoted argument.)
+  mount --bind /etc/hosts "$root/etc/hosts"
   set +e
   PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin; export PATH
   if [ -n "$user" ]; then

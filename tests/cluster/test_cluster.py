@@ -26,6 +26,18 @@ def test_cluster_comes_up_within_a_minute(cluster):
     assert all(cluster.status().values()), cluster.status()
 
 
+def test_slurm_resolves_this_hosts_name(cluster):
+    # srun, slurmctld and slurmstepd reach each other by the submit host's name; inside a
+    # Slurm root without it every step completion was retried for minutes and nodes drained.
+    import socket
+    import subprocess
+
+    name = socket.gethostname()
+    found = subprocess.run(cluster.in_root(["getent", "hosts", name]), capture_output=True,
+                           text=True, timeout=30)
+    assert found.returncode == 0 and name in found.stdout, found
+
+
 def test_first_run_is_profiled_on_a_whole_gpu(cluster):
     job_id = cluster.sbatch("--gres=gpu:1", script=SLEEP.format(0) + f"RUN={time.time()}\n")
     job = cluster.job(job_id)

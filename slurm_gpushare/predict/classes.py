@@ -26,8 +26,6 @@ from __future__ import annotations
 import json
 import os
 from functools import lru_cache
-from importlib import resources
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -40,17 +38,13 @@ from threadpoolctl import threadpool_limits
 
 from slurm_gpushare.core import files
 from slurm_gpushare.core.files import write_locked
+from slurm_gpushare.predict.datasets import load_alnair
 
 FEATURES = ("MGUP", "MGMAP", "MGTSAMP")
 MODEL_FORMAT = "slurm-gpushare/interference-classes/1"
 
 
-# -- package data and atomic files (shared with knowledge.py) -----------------------------
-def data_path(*parts: str) -> Path:
-    """Path of a file shipped in ``slurm_gpushare/data``."""
-    return Path(str(resources.files("slurm_gpushare").joinpath("data", *parts)))
-
-
+# -- atomic files (shared with knowledge.py) --------------------------------------------
 def write_atomic(path: str | os.PathLike, text: str) -> None:
     """Write ``text`` to ``path`` atomically under ``<path>.lock`` (see files.py)."""
     write_locked(path, text)
@@ -225,13 +219,13 @@ class InterferenceClasses(ClusterMixin, BaseEstimator):
 # -- the paper's data ------------------------------------------------------------------------
 def alnair_records() -> pd.DataFrame:
     """The paper's K-means input (175 rows: 49 measured jobs + interpolated batch sizes)."""
-    return pd.read_csv(data_path("alnair", "clustering_record_175.csv"))
+    return load_alnair("records")
 
 
 def alnair_job_telemetry(table: pd.DataFrame) -> pd.DataFrame:
     """Adds MGUP, MGMAP, MGTSAMP to rows naming (task, batch size), e.g. Table II, from the
     matching row of the 175-record file."""
-    codes = pd.read_csv(data_path("alnair", "job_records.csv")).set_index("task")["model_code"]
+    codes = load_alnair("jobs").set_index("task")["model_code"]
     records = alnair_records().set_index(["Model", "Batch Size"])
     out = table.copy()
     rows = [records.loc[(int(codes[t]), int(b))] for t, b in zip(out["task"], out["batch_size"])]
@@ -254,7 +248,7 @@ def _default_classes_dict() -> dict[str, Any]:
 def reproduce_alnair(k_max: int = 10, random_state: int = 0) -> dict[str, Any]:
     """Fit on the paper's 175 records; map the 12 jobs of Table II and compare with the paper."""
     model = InterferenceClasses(k_max=k_max, random_state=random_state).fit(alnair_records())
-    jobs = alnair_job_telemetry(pd.read_csv(data_path("alnair", "single_runs_table2.csv")))
+    jobs = alnair_job_telemetry(load_alnair("single_runs"))
     jobs["class"] = model.predict(jobs)
     table = pd.crosstab(jobs["cluster_id"], jobs["class"])
     return {

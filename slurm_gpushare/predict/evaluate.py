@@ -26,9 +26,10 @@ from sklearn.preprocessing import FunctionTransformer, StandardScaler
 from sklearn.svm import SVR
 
 from slurm_gpushare.core.gpus import default_catalogue
-from slurm_gpushare.predict.memory import (MIB_PER_GIB, CrossTypeMemoryPredictor, data_dir, load_schedtune,
-                     observations_from_schedtune)
-from slurm_gpushare.predict.runtime import evaluate_transfer, load_gavel
+from slurm_gpushare.predict.datasets import load_gavel_isolated, load_schedtune, package_dir
+from slurm_gpushare.predict.memory import (MIB_PER_GIB, CrossTypeMemoryPredictor,
+                                           observations_from_schedtune)
+from slurm_gpushare.predict.runtime import evaluate_transfer
 
 # SchedTune paper (Albahar et al., CCGrid 2022), random forest, their own split.
 PAPER = {"rmse_mib": 110.6, "avg_rel_err": 0.0150, "max_rel_err": 0.0898,
@@ -221,17 +222,17 @@ def privacy_table(frame: pd.DataFrame, coverage: float = 1.0) -> tuple[dict, dic
 
 
 def evaluate(data: Path | None = None, seeds: int = 3, coverage: float = 1.0) -> dict:
-    data = Path(data) if data else data_dir()
+    data = Path(data) if data else package_dir()
     frame = load_schedtune(data / "schedtune")
     privacy, oom = privacy_table(frame, coverage)
     return {
         "data": {"schedtune_rows": int(len(frame)), "does_not_fit_rows": int((~frame.fits).sum()),
-                 "gavel_job_types": int(load_gavel(data / "gavel").job.nunique())},
+                 "gavel_job_types": int(load_gavel_isolated(data / "gavel").job.nunique())},
         "paper_random_forest": PAPER,
         "schedtune_replication": schedtune_table(frame, seeds),
         "privacy_preserving_lomo": privacy,
         "oom_safety": oom,
-        "runtime_transfer_lojo": evaluate_transfer(load_gavel(data / "gavel")),
+        "runtime_transfer_lojo": evaluate_transfer(load_gavel_isolated(data / "gavel")),
     }
 
 

@@ -57,8 +57,9 @@ from sklearn.ensemble import HistGradientBoostingRegressor
 from sklearn.utils.validation import check_is_fitted
 from threadpoolctl import threadpool_limits
 
-from slurm_gpushare.predict.classes import (InterferenceClasses, alnair_job_telemetry, data_path, read_locked,
-                      write_atomic)
+from slurm_gpushare.predict.classes import (InterferenceClasses, alnair_job_telemetry, read_locked,
+                                            write_atomic)
+from slurm_gpushare.predict.datasets import load_alnair, load_gavel_pairs
 
 DEFAULT_THRESHOLD = 0.7
 KB_FORMAT = "slurm-gpushare/knowledge-base/1"
@@ -323,7 +324,7 @@ class KnowledgeBase:
 
 def alnair_pairs(classes: InterferenceClasses | None = None) -> pd.DataFrame:
     """The paper's 34 measured pairs with ISD and PS as fractions and each side's class."""
-    raw = pd.read_csv(data_path("alnair", "pairs_tables3_4.csv"))
+    raw = load_alnair("pairs")
     out = pd.DataFrame({
         "task_a": raw["task_a"], "bs_a": raw["bs_a"], "task_b": raw["task_b"],
         "bs_b": raw["bs_b"], "paper_class_a": raw["cluster_a"], "paper_class_b": raw["cluster_b"],
@@ -464,15 +465,11 @@ def _side_features(sides: pd.DataFrame) -> np.ndarray:
                             sides["mem_total_mib"] / 1024.0])
 
 
-def gavel_pairs() -> pd.DataFrame:
-    return pd.read_csv(data_path("interference", "gavel_pairs_scale1.csv"))
-
-
 def gavel_profiles(speed_quantile: float = GAVEL_SPEED_QUANTILE) -> pd.DataFrame:
     """The telemetry proxy of each Gavel job type on each GPU (see the module text):
     columns gpu, job, gpu_util_pct, mem_util_pct (None: not derivable), mem_used_mib (None),
     mem_total_mib."""
-    pairs = gavel_pairs()
+    pairs = load_gavel_pairs()
     alone = pd.concat([
         pairs[["gpu", "job_a", "tput_a_alone"]].set_axis(["gpu", "job", "tput"], axis=1),
         pairs[["gpu", "job_b", "tput_b_alone"]].set_axis(["gpu", "job", "tput"], axis=1),
@@ -496,7 +493,7 @@ def gavel_sides(speed_quantile: float = GAVEL_SPEED_QUANTILE) -> pd.DataFrame:
     """One row per (GPU, job, co-runner) with the measured normalised speed. Dropped: failed
     pairs ([0, 0], likely out of memory) and V100 pairs whose shared throughput equals the alone
     one exactly (filled in, not measured)."""
-    pairs = gavel_pairs()
+    pairs = load_gavel_pairs()
     usable = pairs[~pairs["infeasible_zero"] & ~pairs["a_equals_alone"] & ~pairs["b_equals_alone"]]
     util = gavel_profiles(speed_quantile).set_index(["gpu", "job"])["gpu_util_pct"]
     rows = []

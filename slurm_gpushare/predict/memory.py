@@ -28,7 +28,6 @@ import math
 import os
 import pickle
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
@@ -40,46 +39,9 @@ from sklearn.utils.validation import check_is_fitted
 
 from slurm_gpushare.core.files import lock_for, read_locked, replace_atomically
 from slurm_gpushare.core.gpus import Catalogue, GpuSpec, UnknownGpu, default_catalogue
+from slurm_gpushare.predict.datasets import load_schedtune
 
 MIB_PER_GIB = 1024
-
-# SchedTune names its GPUs only by their characteristics; CUDA cores tell them apart.
-SCHEDTUNE_GPUS = {2496: "K80", 2560: "RTX2070S", 5120: "V100-16GB", 5888: "RTX3070",
-                  10496: "RTX3090"}
-SCHEDTUNE_COLUMNS = ["model", "batch_size", "activations_mb", "parameters_mb", "input_mb",
-                     "peak_mib", "cuda_cores", "memory_bandwidth_gbs", "memory_clock_mhz",
-                     "tensor_cores", "sm_count"]
-
-
-def data_dir() -> Path:
-    """The packaged data (SchedTune, Gavel, catalogue)."""
-    return Path(str(resources.files("slurm_gpushare").joinpath("data")))
-
-
-def load_schedtune(path: str | os.PathLike | None = None,
-                   catalogue: Catalogue | None = None) -> pd.DataFrame:
-    """SchedTune's model_stats.csv with the GPU named and a ``fits`` label per row.
-
-    A row fits when its peak is within the GPU's usable memory; the others are the paper's
-    interpolations for runs that hit OOM and must not be used as measurements.
-    """
-    catalogue = catalogue or default_catalogue()
-    path = Path(path) if path else data_dir() / "schedtune" / "model_stats.csv"
-    if path.is_dir():
-        path = path / "model_stats.csv"
-    frame = pd.read_csv(path)
-    if len(frame.columns) != len(SCHEDTUNE_COLUMNS):
-        raise ValueError(f"{path}: expected {len(SCHEDTUNE_COLUMNS)} columns")
-    frame.columns = SCHEDTUNE_COLUMNS
-    unknown = set(frame.cuda_cores) - set(SCHEDTUNE_GPUS)
-    if unknown:
-        raise ValueError(f"{path}: unknown GPU with {sorted(unknown)} CUDA cores")
-    frame["gpu"] = frame.cuda_cores.map(SCHEDTUNE_GPUS)
-    frame["usable_mib"] = frame.gpu.map(lambda m: catalogue.lookup(m).usable_mib)
-    frame["fits"] = frame.peak_mib <= frame.usable_mib
-    frame["job"] = frame.model + "/bs" + frame.batch_size.astype(str)
-    return frame
-
 
 def observations_from_schedtune(frame: pd.DataFrame) -> pd.DataFrame:
     """The long table the predictor trains on: job, group, gpu, peak_mib (measured rows)."""

@@ -401,12 +401,13 @@ def training_sides() -> pd.DataFrame:
 
 @lru_cache(maxsize=1)
 def _data_sets() -> tuple:
-    from slurm_gpushare.predict.knowledge import (GAVEL_MEM_MIB, alnair_pairs, gavel_pairs,
-                                                  gavel_profiles, speed_of)
+    from slurm_gpushare.predict.datasets import load_gavel_pairs
+    from slurm_gpushare.predict.knowledge import (GAVEL_MEM_MIB, alnair_pairs, gavel_profiles,
+                                                  speed_of)
 
     out = []
     util = gavel_profiles().set_index(["gpu", "job"])["gpu_util_pct"]
-    raw = gavel_pairs()
+    raw = load_gavel_pairs()
     usable = raw[~raw["infeasible_zero"] & ~raw["a_equals_alone"] & ~raw["b_equals_alone"]]
     for gpu, frame in usable.groupby("gpu"):
         profiles = {job: {"gpu_util_pct": float(util[(gpu, job)]),
@@ -551,9 +552,9 @@ PRIOR_FORMAT = "slurm-gpushare/pair-prior/2"
 
 
 def prior_path():
-    from slurm_gpushare.predict.classes import data_path
+    from slurm_gpushare.predict.datasets import package_path
 
-    return data_path("interference", "pair_prior.json")
+    return package_path("interference", "pair_prior.json")
 
 
 def fitted_prior() -> dict[str, Any]:

@@ -55,8 +55,9 @@ def fit_memory_model(config: Config, store) -> dict:
     """Fit on SchedTune + the site's multi-type jobs, save, and return the metadata."""
     import pandas as pd
 
-    from slurm_gpushare.predict.memory import (CrossTypeMemoryPredictor, load_schedtune, observations_from_schedtune,
-                         save_predictor)
+    from slurm_gpushare.predict.datasets import load_schedtune
+    from slurm_gpushare.predict.memory import (CrossTypeMemoryPredictor, observations_from_schedtune,
+                                               save_predictor)
 
     site = site_observations(store)
     multi = site.groupby("job")["gpu"].nunique()

@@ -82,10 +82,10 @@ def test_gavel_proxy_uses_no_pair_measurement(monkeypatch):
     assert util[("v100", "ResNet-50 (batch size 64)")] > 50
     assert util[("v100", "Recommendation (batch size 1024)")] < 10
     assert profiles["mem_util_pct"].isna().all()  # not derivable: left unknown, not invented
-    pairs = knowledge.gavel_pairs()
+    pairs = knowledge.load_gavel_pairs()
     scrambled = pairs.assign(norm_a=pairs["norm_a"].sample(frac=1, random_state=0).to_numpy(),
                              norm_b=0.5)
-    monkeypatch.setattr(knowledge, "gavel_pairs", lambda: scrambled)
+    monkeypatch.setattr(knowledge, "load_gavel_pairs", lambda: scrambled)
     pd.testing.assert_frame_equal(knowledge.gavel_profiles(), profiles)
 
 

@@ -25,7 +25,7 @@ CLUSTER = [GpuType("v100", 16, model="V100-16GB"), GpuType("a100", 80, model="A1
 
 REPO = Path(__file__).resolve().parents[2]
 EVALUATION_INPUTS = [REPO / "slurm_gpushare" / "predict" / name
-                     for name in ("evaluate.py", "memory.py", "runtime.py")] + [
+                     for name in ("datasets.py", "evaluate.py", "memory.py", "runtime.py")] + [
     REPO / "slurm_gpushare" / "core" / "gpus.py", REPO / "slurm_gpushare" / "data" / "gpus.csv",
     *sorted((REPO / "slurm_gpushare" / "data" / "schedtune").glob("*"))]
 

@@ -5,7 +5,7 @@
     slurm-gpushare classes reproduce [--json]          # Ray et al.'s clustering, re-done
     slurm-gpushare kb show [--model PATH] [--store DB] [--gpu-type T] [--json]
     slurm-gpushare kb predict-pairs PROFILES.csv [--co-runs CORUNS.csv] [--json]
-    slurm-gpushare kb evaluate [--json]                # held-out figures of the pair model
+    slurm-gpushare kb evaluate [--json]                # held-out figures of the pair predictor
 
 ``kb predict-pairs`` (an interface other tools call): PROFILES.csv columns
 ``job,gpu_util_pct,mem_util_pct,mem_used_mib,mem_total_mib,gpu_type`` (mean utilisations, %;
@@ -362,20 +362,14 @@ def kb_predict_pairs(profiles_csv, coruns_csv, as_json) -> None:
 @json_option
 def kb_evaluate(as_json) -> None:
     """Held-out figures: the pair predictor (leave one data set out, cold and with co-runs as
-    history), the earlier pair model on Gavel (leave one job type / family out) and on the
-    alnair pairs, and the class lookup on the alnair pairs (leave one pair out)."""
+    history) and the class lookup on the alnair pairs (leave one pair out)."""
     from slurm_gpushare.predict.classes import default_classes
-    from slurm_gpushare.predict.knowledge import (evaluate_kb_on_alnair, evaluate_on_alnair,
-                            evaluate_pair_model)
-
+    from slurm_gpushare.predict.knowledge import evaluate_kb_on_alnair
     from slurm_gpushare.predict.pairs import leave_one_data_set_out
 
     classes = default_classes()
     result = {
         "pair_predictor_leave_one_data_set_out": leave_one_data_set_out(),
-        "pair_model_leave_one_job_type_out": evaluate_pair_model("job"),
-        "pair_model_leave_one_family_out": evaluate_pair_model("family"),
-        "pair_model_on_alnair": evaluate_on_alnair(),
         "class_kb_on_alnair_paper_ids": evaluate_kb_on_alnair(None),
         "class_kb_on_alnair_our_classes": evaluate_kb_on_alnair(classes),
     }
@@ -399,11 +393,6 @@ def kb_evaluate(as_json) -> None:
                 f"{figures['threshold']}x (all pairs: "
                 f"{figures['all_pairs_below_threshold_rate']:.1%} below)")
         click.echo(line)
-        if "safe_model" in figures:
-            safe = figures["safe_model"]
-            click.echo(f"  pessimistic (q={safe['quantile']}) model: Spearman {safe['spearman']}, "
-                       f"recommended {safe['recommended_pairs']}, "
-                       f"{safe['recommended_below_threshold']} below")
 
 
 def _share(value) -> str:

@@ -24,13 +24,12 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from slurm_gpushare.predict.pairs import (DEFAULT_THRESHOLD, PARAMETERS,  # noqa: E402
-                                          default_model, leave_one_data_set_out)
+from slurm_gpushare.predict.evaluate import leave_one_data_set_out  # noqa: E402
+from slurm_gpushare.predict.pairs import DEFAULT_THRESHOLD, PARAMETERS, default_model  # noqa: E402
 from slurm_gpushare.predict.datasets import MissingDataSet, load_ryu_chun  # noqa: E402
 
 def ryu_chun() -> dict:

@@ -130,7 +130,8 @@ def classes_fit(data_path, store_path, n_clusters, k_max, model_path, as_json) -
     """Fit the classes and save them (atomically, under a file lock)."""
     import pandas as pd
 
-    from slurm_gpushare.predict.classes import InterferenceClasses, alnair_records
+    from slurm_gpushare.predict.classes import InterferenceClasses
+    from slurm_gpushare.predict.datasets import load_alnair
 
     if data_path and store_path:
         raise click.ClickException("give --data or --store, not both")
@@ -149,7 +150,7 @@ def classes_fit(data_path, store_path, n_clusters, k_max, model_path, as_json) -
             raise click.ClickException(f"cannot read {data_path}: {exc}") from None
         source = f"{data_path} ({len(frame)} rows)"
     else:
-        frame = alnair_records()
+        frame = load_alnair("records")
         source = "alnair clustering_record_175.csv"
     if store_path and not frame.empty:
         frame = frame.dropna(subset=["mgup_max", "mgmap_max_pct", "mgtsamp_max"])
@@ -177,7 +178,7 @@ def classes_show(model_path, as_json) -> None:
 @json_option
 def classes_reproduce(k_max, as_json) -> None:
     """Re-do Ray et al.'s clustering on their 175 records and compare with their ids."""
-    from slurm_gpushare.predict.classes import reproduce_alnair
+    from slurm_gpushare.predict.evaluate import reproduce_alnair
 
     result = reproduce_alnair(k_max=k_max)
     if as_json:
@@ -364,8 +365,7 @@ def kb_evaluate(as_json) -> None:
     """Held-out figures: the pair predictor (leave one data set out, cold and with co-runs as
     history) and the class lookup on the alnair pairs (leave one pair out)."""
     from slurm_gpushare.predict.classes import default_classes
-    from slurm_gpushare.predict.knowledge import evaluate_kb_on_alnair
-    from slurm_gpushare.predict.pairs import leave_one_data_set_out
+    from slurm_gpushare.predict.evaluate import evaluate_kb_on_alnair, leave_one_data_set_out
 
     classes = default_classes()
     result = {

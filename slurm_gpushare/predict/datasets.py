@@ -66,6 +66,8 @@ ALNAIR_TABLES = {
     "single_runs": "single_runs_table2.csv",  # Table II: 12 jobs alone
     "pairs": "pairs_tables3_4.csv",  # Tables III/IV: 34 measured pairs
 }
+# The paper's telemetry features: max GPU utilisation, memory allocated, memory-access time (%).
+ALNAIR_FEATURES = ("MGUP", "MGMAP", "MGTSAMP")
 
 
 def load_alnair(table: str, data_dir: str | os.PathLike | None = None) -> "pd.DataFrame":
@@ -75,6 +77,18 @@ def load_alnair(table: str, data_dir: str | os.PathLike | None = None) -> "pd.Da
         raise ValueError(f"unknown alnair table {table!r} ({', '.join(ALNAIR_TABLES)})")
     base = Path(data_dir) / "alnair" if data_dir else package_path("alnair")
     return _read_csv(base / ALNAIR_TABLES[table], f"alnair {table}")
+
+
+def alnair_job_telemetry(table: pd.DataFrame) -> pd.DataFrame:
+    """Adds MGUP, MGMAP, MGTSAMP to rows naming (task, batch size), e.g. Table II, from the
+    matching row of the 175-record file."""
+    codes = load_alnair("jobs").set_index("task")["model_code"]
+    records = load_alnair("records").set_index(["Model", "Batch Size"])
+    out = table.copy()
+    rows = [records.loc[(int(codes[t]), int(b))] for t, b in zip(out["task"], out["batch_size"])]
+    for feature in ALNAIR_FEATURES:
+        out[feature] = [float(r[feature]) for r in rows]
+    return out
 
 
 # -- SchedTune (Albahar et al.) ----------------------------------------------------------------

@@ -34,7 +34,6 @@ optimistic.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import asdict, dataclass
@@ -43,11 +42,10 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 import pandas as pd
 from scipy.optimize import nnls
-from scipy.stats import spearmanr
 
-from slurm_gpushare.predict.classes import (InterferenceClasses, alnair_job_telemetry, read_locked,
-                                            write_atomic)
-from slurm_gpushare.predict.datasets import load_alnair, load_gavel_pairs
+from slurm_gpushare.predict.classes import InterferenceClasses
+from slurm_gpushare.predict.datasets import alnair_job_telemetry, load_alnair, load_gavel_pairs
+from slurm_gpushare.predict.persist import load_json, save_json
 
 DEFAULT_THRESHOLD = 0.7
 KB_FORMAT = "slurm-gpushare/knowledge-base/1"
@@ -300,11 +298,11 @@ class KnowledgeBase:
         return kb
 
     def save(self, path: str | os.PathLike) -> None:
-        write_atomic(path, json.dumps(self.to_dict(), indent=1, sort_keys=True) + "\n")
+        save_json(path, self.to_dict())
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "KnowledgeBase":
-        return cls.from_dict(json.loads(read_locked(path)))
+        return cls.from_dict(load_json(path))
 
 
 def alnair_pairs(classes: InterferenceClasses | None = None) -> pd.DataFrame:
@@ -349,63 +347,6 @@ def gavel_profiles(speed_quantile: float = GAVEL_SPEED_QUANTILE) -> pd.DataFrame
                          "mem_util_pct": None, "mem_used_mib": None,
                          "mem_total_mib": GAVEL_MEM_MIB[g]})
     return pd.DataFrame(rows)
-
-
-def _pair_figures(sides: pd.DataFrame, threshold: float) -> dict[str, Any]:
-    rho = spearmanr(sides["predicted"], sides["speed"]).statistic
-    per_gpu = {g: round(float(spearmanr(d["predicted"], d["speed"]).statistic), 4)
-               for g, d in sides.groupby("gpu")} if "gpu" in sides else {}
-    pair_key = sides.apply(lambda r: (r["gpu"],) + tuple(sorted((r["job"], r["other"]))), axis=1)
-    pairs = sides.groupby(pair_key).agg(pred_min=("predicted", "min"),
-                                        measured_min=("speed", "min"))
-    if "recommended" in sides:  # the predictor's own rule (e.g. the pessimistic KB verdict)
-        pairs["recommended"] = sides.groupby(pair_key)["recommended"].all()
-    else:
-        pairs["recommended"] = pairs["pred_min"] >= threshold
-    recommended = pairs[pairs["recommended"]]
-    return {
-        "sides": int(len(sides)),
-        "pairs": int(len(pairs)),
-        "spearman": round(float(rho), 4),
-        "spearman_per_gpu": per_gpu,
-        "mae": round(float((sides["predicted"] - sides["speed"]).abs().mean()), 4),
-        "recommended_pairs": int(len(recommended)),
-        "recommended_below_threshold": int((recommended["measured_min"] < threshold).sum()),
-        "recommended_below_threshold_rate": (
-            round(float((recommended["measured_min"] < threshold).mean()), 4)
-            if len(recommended) else None),
-        "all_pairs_below_threshold_rate": round(float((pairs["measured_min"] < threshold).mean()),
-                                                4),
-        "threshold": threshold,
-    }
-
-
-def evaluate_kb_on_alnair(classes: InterferenceClasses | None = None,
-                          threshold: float = DEFAULT_THRESHOLD) -> dict[str, Any]:
-    """Leave-one-pair-out for the class lookup: each of the 34 pairs is predicted from a base
-    seeded with the other 33 (its class pair's mean ISD, else the prior); a pair counts as
-    recommended when ``compatible`` (the pessimistic rule) says so."""
-    pairs = alnair_pairs(classes)
-    rows = []
-    for i, r in enumerate(pairs.itertuples(index=False)):
-        kb = KnowledgeBase(threshold=threshold)
-        for j, o in enumerate(pairs.itertuples(index=False)):
-            if j != i:
-                kb.observe(o.class_a, o.class_b, o.isd_a, o.isd_b, ps=o.ps,
-                           gpu_type=ALNAIR_GPU, prior=True)
-        stats = kb.pair(r.class_a, r.class_b, ALNAIR_GPU)
-        verdict = kb.compatible(r.class_a, r.class_b, ALNAIR_GPU)
-        name_a, name_b = f"{r.task_a}/{r.bs_a}", f"{r.task_b}/{r.bs_b}"
-        rows.append({"gpu": "p100", "job": name_a, "other": name_b, "predicted": stats.speed_a,
-                     "speed": speed_of(r.isd_a), "recommended": verdict})
-        rows.append({"gpu": "p100", "job": name_b, "other": name_a, "predicted": stats.speed_b,
-                     "speed": speed_of(r.isd_b), "recommended": verdict})
-    figures = _pair_figures(pd.DataFrame(rows), threshold)
-    figures.pop("spearman_per_gpu", None)
-    return figures | {"data": "alnair Tables III/IV (34 pairs)",
-                      "held_out": "leave-one-pair-out",
-                      "classes": "ours (fitted on the 175 records)" if classes is not None
-                      else "the paper's cluster ids"}
 
 
 def class_of_history(classes: InterferenceClasses, history: Iterable[Mapping[str, Any]]

@@ -20,24 +20,16 @@ nearest compute capability, then SM count) and gets an extra margin (``unseen_ty
 
 from __future__ import annotations
 
-import datetime as _dt
-import hashlib
 import itertools
-import json
 import math
-import os
-import pickle
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
-import sklearn
 from sklearn.base import BaseEstimator
 from sklearn.utils.validation import check_is_fitted
 
-from slurm_gpushare.core.files import lock_for, read_locked, replace_atomically
 from slurm_gpushare.core.gpus import Catalogue, GpuSpec, UnknownGpu, default_catalogue
 from slurm_gpushare.predict.datasets import load_schedtune
 
@@ -418,42 +410,6 @@ def _from_hint(hint_mib: float, margin: float, gpu_types, catalogue, why: str) -
                                f"+ {margin:.0%} margin", source="hint", per_type=per_type)
 
 
-# -- persistence ---------------------------------------------------------------------------
-
-def training_hash(X: pd.DataFrame) -> str:
-    """sha256 of the training table in a canonical order."""
-    canonical = X.sort_values(list(X.columns)).to_csv(index=False)
-    return hashlib.sha256(canonical.encode()).hexdigest()
-
-
-def save_predictor(predictor: BaseEstimator, path: str | os.PathLike, *,
-                   training_data: pd.DataFrame | None = None,
-                   metrics: Mapping[str, float] | None = None) -> dict:
-    """Write ``predictor`` with its metadata atomically (temp file + rename, under a lock)."""
-    check_is_fitted(predictor)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    metadata = {
-        "estimator": type(predictor).__name__,
-        "params": {k: v for k, v in predictor.get_params().items() if k != "catalogue"},
-        "trained_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "sklearn_version": sklearn.__version__,
-        "data_sha256": training_hash(training_data) if training_data is not None else None,
-        "n_rows": int(len(training_data)) if training_data is not None else None,
-        "metrics": dict(metrics or {}),
-    }
-    payload = pickle.dumps({"metadata": metadata, "estimator": predictor})
-    with lock_for(path):  # the model and its metadata side file change together
-        replace_atomically(path, payload)
-        replace_atomically(path.with_suffix(path.suffix + ".json"),
-                           json.dumps(metadata, indent=2).encode())
-    return metadata
-
-
-def load_predictor(path: str | os.PathLike) -> tuple[BaseEstimator, dict]:
-    """The estimator and metadata written by ``save_predictor`` (trusted local file)."""
-    payload = pickle.loads(read_locked(path))
-    return payload["estimator"], payload["metadata"]
 
 
 def default_predictor() -> CrossTypeMemoryPredictor:

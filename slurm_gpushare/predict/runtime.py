@@ -25,7 +25,6 @@ from sklearn.base import BaseEstimator
 from sklearn.utils.validation import check_is_fitted
 
 from slurm_gpushare.core.gpus import Catalogue, default_catalogue
-from slurm_gpushare.predict.datasets import load_gavel_isolated
 from slurm_gpushare.predict.memory import _huber_line
 
 def speed_proxy(spec) -> float:
@@ -128,25 +127,3 @@ class RuntimeTransfer(BaseEstimator):
         return {t: self.predict_runtime(observed_s, t, steps) for t in targets}
 
 
-def evaluate_transfer(frame: pd.DataFrame | None = None) -> dict:
-    """Leave-one-job-type-out relative error of run time from one type to another."""
-    frame = load_gavel_isolated() if frame is None else frame
-    wide = frame.pivot_table(index="job", columns="gpu", values="throughput")
-    errors: dict[str, list[float]] = {"same time everywhere": [], "per-pair median ratio": [],
-                                      "per-pair log-linear (ours)": []}
-    for job in wide.index:
-        train = frame[frame.job != job]
-        median = RuntimeTransfer(method="median").fit(train)
-        ours = RuntimeTransfer(method="loglinear").fit(train)
-        for a, b in itertools.permutations(wide.columns, 2):
-            # Run time of a fixed amount of work: steps / throughput; steps cancel in the error.
-            steps = 1000.0
-            t_a, t_b = steps / wide.loc[job, a], steps / wide.loc[job, b]
-            errors["same time everywhere"].append(abs(t_a / t_b - 1))
-            errors["per-pair median ratio"].append(
-                abs(median.predict_runtime({a: t_a}, b, steps) / t_b - 1))
-            errors["per-pair log-linear (ours)"].append(
-                abs(ours.predict_runtime({a: t_a}, b, steps) / t_b - 1))
-    return {name: {"avg_rel_err": float(np.mean(e)), "p95_rel_err": float(np.percentile(e, 95)),
-                   "median_rel_err": float(np.median(e)), "n": len(e)}
-            for name, e in errors.items()}

@@ -7,6 +7,7 @@ import pytest
 
 from slurm_gpushare.predict import knowledge
 from slurm_gpushare.predict.classes import default_classes
+from slurm_gpushare.predict.evaluate import evaluate_kb_on_alnair
 from slurm_gpushare.predict.knowledge import (KnowledgeBase, class_of_history, measured_isd,
                                               packing_saving)
 from slurm_gpushare.daemon.store import Store
@@ -89,7 +90,7 @@ def test_gavel_proxy_uses_no_pair_measurement(monkeypatch):
 
 
 def test_class_lookup_held_out_on_the_alnair_pairs():
-    figures = knowledge.evaluate_kb_on_alnair(None)
+    figures = evaluate_kb_on_alnair(None)
     assert (figures["pairs"], figures["sides"]) == (34, 68)
     assert figures["held_out"] == "leave-one-pair-out"
     assert figures["recommended_below_threshold"] <= figures["recommended_pairs"] <= 34

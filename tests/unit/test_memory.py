@@ -14,9 +14,11 @@ from sklearn.exceptions import NotFittedError
 from slurm_gpushare.cli import main
 from slurm_gpushare.core.files import replace_atomically
 from slurm_gpushare.core.config import GpuType
+from slurm_gpushare.predict.datasets import load_schedtune
 from slurm_gpushare.predict.memory import (CrossTypeMemoryPredictor, _huber_line, conformal_upper,
-                                   default_predictor, estimate_memory, load_predictor,
-                                   load_schedtune, observations_from_schedtune, save_predictor)
+                                           default_predictor, estimate_memory,
+                                           observations_from_schedtune)
+from slurm_gpushare.predict.persist import load_predictor, save_predictor
 from slurm_gpushare.predict.evaluate import render
 from slurm_gpushare.core.policy import JobEstimate
 

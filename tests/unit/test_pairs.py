@@ -150,7 +150,7 @@ def test_recommend_needs_memory_and_speed(model):
 
 
 def test_the_packaged_prior_is_the_fit_of_the_packaged_data():
-    from slurm_gpushare.predict.pairs import fitted_prior, prior_path
+    from slurm_gpushare.predict.persist import fitted_prior, prior_path
     import json
 
     stored = json.loads(prior_path().read_text())
@@ -164,7 +164,7 @@ def test_the_packaged_prior_is_the_fit_of_the_packaged_data():
 
 
 def test_leave_one_data_set_out_learns_from_co_runs():
-    from slurm_gpushare.predict.pairs import leave_one_data_set_out
+    from slurm_gpushare.predict.evaluate import leave_one_data_set_out
 
     result = leave_one_data_set_out(seeds=[0])
     assert set(result) == {"gavel-k80", "gavel-p100", "gavel-v100", "alnair-p100"}

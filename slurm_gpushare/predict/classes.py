@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import os
-from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -37,7 +36,7 @@ from sklearn.utils.validation import check_array, check_is_fitted
 from threadpoolctl import threadpool_limits
 
 from slurm_gpushare.predict.datasets import load_alnair
-from slurm_gpushare.predict.persist import load_json, save_json
+from slurm_gpushare.predict.persist import load_json, packaged_fit, save_json
 
 FEATURES = ("MGUP", "MGMAP", "MGTSAMP")
 MODEL_FORMAT = "slurm-gpushare/interference-classes/1"
@@ -208,13 +207,13 @@ class InterferenceClasses(ClusterMixin, BaseEstimator):
 
 
 def default_classes() -> InterferenceClasses:
-    """Classes fitted on the paper's 175 records: what a site starts with before its own data.
-    (The fit is done once per process; each call returns a fresh copy.)"""
-    return InterferenceClasses.from_dict(_default_classes_dict())
+    """Classes fitted on the paper's 175 records: what a site starts with before its own data,
+    as stored in the package (``persist.packaged_fit``); each call returns a fresh copy."""
+    return InterferenceClasses.from_dict(packaged_fit("classes"))
 
 
-@lru_cache(maxsize=1)
-def _default_classes_dict() -> dict[str, Any]:
-    return InterferenceClasses().fit(load_alnair("records")).to_dict()
+def fit_default_classes() -> InterferenceClasses:
+    """What ``default_classes`` holds, fitted afresh (``persist`` stores it)."""
+    return InterferenceClasses().fit(load_alnair("records"))
 
 

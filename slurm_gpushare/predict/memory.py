@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Iterable, Mapping, Sequence
 
 import numpy as np
@@ -32,8 +32,10 @@ from sklearn.utils.validation import check_is_fitted
 
 from slurm_gpushare.core.gpus import Catalogue, GpuSpec, UnknownGpu, default_catalogue
 from slurm_gpushare.predict.datasets import load_schedtune
+from slurm_gpushare.predict.persist import packaged_fit
 
 MIB_PER_GIB = 1024
+MEMORY_FORMAT = "slurm-gpushare/memory-predictor/1"
 
 def observations_from_schedtune(frame: pd.DataFrame) -> pd.DataFrame:
     """The long table the predictor trains on: job, group, gpu, peak_mib (measured rows)."""
@@ -275,6 +277,38 @@ class CrossTypeMemoryPredictor(BaseEstimator):
             basis += f" via {proxy_target} (nearest trained type)"
         return PeakPrediction(target, mean, margin + extra, basis)
 
+    # -- persistence (the packaged default: persist.packaged_fit) --------------------------
+    def to_dict(self) -> dict:
+        """The fitted state as plain data (``calibration_residuals_`` is not kept)."""
+        check_is_fitted(self, "pairs_")
+        return {
+            "format": MEMORY_FORMAT,
+            "params": {k: v for k, v in self.get_params().items() if k != "catalogue"},
+            "types": list(self.types_),
+            "pairs": [{"source": a, "target": b, **asdict(t)}
+                      for (a, b), t in sorted(self.pairs_.items())],
+            "margins": [{"target": t, "sources": key, "margin": m}
+                        for (t, key), m in sorted(self.margins_.items())],
+            "margin_by_count": {str(k): v for k, v in self.margin_by_count_.items()},
+            "n_jobs": self.n_jobs_,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping, catalogue: Catalogue | None = None
+                  ) -> "CrossTypeMemoryPredictor":
+        if data.get("format") != MEMORY_FORMAT:
+            raise ValueError(f"not a memory predictor (format {data.get('format')!r})")
+        model = cls(**data["params"], catalogue=catalogue)
+        model.types_ = list(data["types"])
+        model.pairs_ = {(p["source"], p["target"]): PairTransfer(
+            float(p["intercept"]), float(p["slope"]), float(p["lo"]), float(p["hi"]),
+            float(p["scale"]), int(p["n"])) for p in data["pairs"]}
+        model.margins_ = {(m["target"], m["sources"]): float(m["margin"])
+                          for m in data["margins"]}
+        model.margin_by_count_ = {int(k): float(v) for k, v in data["margin_by_count"].items()}
+        model.n_jobs_ = int(data["n_jobs"])
+        return model
+
     def predict(self, X: pd.DataFrame) -> np.ndarray:
         """Mean peak for rows ``source``, ``source_peak_mib``, ``target`` (one source each)."""
         check_is_fitted(self, "pairs_")
@@ -413,11 +447,17 @@ def _from_hint(hint_mib: float, margin: float, gpu_types, catalogue, why: str) -
 
 
 def default_predictor() -> CrossTypeMemoryPredictor:
-    """A predictor fitted on the packaged SchedTune measurements (until the site has its own)."""
+    """The predictor fitted on the packaged SchedTune measurements (until the site has its own),
+    as stored in the package (``persist.packaged_fit``: read, not refitted, at each start)."""
     global _DEFAULT
     if _DEFAULT is None:
-        _DEFAULT = CrossTypeMemoryPredictor().fit(observations_from_schedtune(load_schedtune()))
+        _DEFAULT = CrossTypeMemoryPredictor.from_dict(packaged_fit("memory"))
     return _DEFAULT
+
+
+def fit_default_predictor() -> CrossTypeMemoryPredictor:
+    """What ``default_predictor`` holds, fitted afresh (``persist`` stores it)."""
+    return CrossTypeMemoryPredictor().fit(observations_from_schedtune(load_schedtune()))
 
 
 _DEFAULT: CrossTypeMemoryPredictor | None = None

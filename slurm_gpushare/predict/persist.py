@@ -3,7 +3,8 @@ lock) and read back. The public data sets are read by ``datasets.py``, never her
 
 - the cross-type memory predictor (``models fit``: a pickle with its metadata beside it);
 - the interference classes (``classes fit``) and the knowledge base: JSON;
-- the packaged pair prior (``data/interference/pair_prior.json``), regenerated with
+- the packaged default fits (``data/models``: memory predictor, classes) and pair prior
+  (``data/interference/pair_prior.json``), regenerated with
   ``python -m slurm_gpushare.predict.persist``.
 
 The cross-type memory predictor (``slurm-gpushare models fit``) starts from the packaged SchedTune measurements. Every job the
@@ -162,6 +163,41 @@ def load_predictor(path: str | os.PathLike) -> tuple[BaseEstimator, dict]:
     return payload["estimator"], payload["metadata"]
 
 
+# -- the packaged default fits (data/models/*.json) ----------------------------------------
+# What a site starts with before its own data, fitted on the packaged data sets. Stored so that
+# a start reads them instead of fitting (seconds); a test checks each is the current fit.
+PACKAGED_FITS = ("memory", "classes")
+
+
+def packaged_fit_path(name: str) -> Path:
+    return package_path("models", f"{name}.json")
+
+
+@lru_cache(maxsize=len(PACKAGED_FITS))
+def _packaged_fit_text(name: str) -> str:
+    if name not in PACKAGED_FITS:
+        raise ValueError(f"no packaged fit {name!r}")
+    return packaged_fit_path(name).read_text()
+
+
+def packaged_fit(name: str) -> dict[str, Any]:
+    """The stored default fit ``name`` as a dict (a fresh copy each call)."""
+    return json.loads(_packaged_fit_text(name))
+
+
+def fresh_fit(name: str) -> dict[str, Any]:
+    """The default fit ``name`` computed now from the packaged data."""
+    if name == "memory":
+        from slurm_gpushare.predict.memory import fit_default_predictor
+
+        return fit_default_predictor().to_dict()
+    if name == "classes":
+        from slurm_gpushare.predict.classes import fit_default_classes
+
+        return fit_default_classes().to_dict()
+    raise ValueError(f"no packaged fit {name!r}")
+
+
 # -- the packaged pair prior (data/interference/pair_prior.json) ----------------------------
 PRIOR_FORMAT = "slurm-gpushare/pair-prior/2"
 
@@ -197,3 +233,8 @@ def stored_pair_prior() -> tuple[tuple[float, ...], float, float, float, int]:
 if __name__ == "__main__":
     prior_path().write_text(json.dumps(fitted_prior(), indent=1) + "\n")
     print(f"wrote {prior_path()}")
+    for fit_name in PACKAGED_FITS:
+        packaged_fit_path(fit_name).parent.mkdir(exist_ok=True)
+        packaged_fit_path(fit_name).write_text(
+            json.dumps(fresh_fit(fit_name), indent=1, sort_keys=True) + "\n")
+        print(f"wrote {packaged_fit_path(fit_name)}")

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import cached_json
 
 from slurm_gpushare.predict.memory import CrossTypeMemoryPredictor, default_predictor
 from slurm_gpushare.predict.persist import PACKAGED_FITS, fresh_fit, packaged_fit
@@ -35,7 +36,7 @@ def assert_close(stored, fresh, where="fit"):
 def test_the_packaged_fit_is_the_fit_of_the_packaged_data(name):
     """Stale after a change to the estimator or the data: run
     ``python -m slurm_gpushare.predict.persist`` and commit the files it writes."""
-    assert_close(packaged_fit(name), json.loads(json.dumps(fresh_fit(name))), name)
+    assert_close(packaged_fit(name), cached_json(f"fit-{name}", lambda: fresh_fit(name)), name)
 
 
 def test_the_memory_predictor_round_trips_and_predicts_the_same():
@@ -50,8 +51,8 @@ def test_the_memory_predictor_round_trips_and_predicts_the_same():
 
 START_PATH = """
 import sys
-sys.path.insert(0, "tests")
-from conftest import make_config
+from pathlib import Path
+from slurm_gpushare.core.config import parse_config
 from slurm_gpushare.daemon.server import open_store
 from slurm_gpushare.daemon.service import Service
 from slurm_gpushare.predict.classes import InterferenceClasses
@@ -61,8 +62,12 @@ def refuse(*args, **kwargs):
     raise AssertionError("the start path fitted a model")
 
 CrossTypeMemoryPredictor.fit = InterferenceClasses.fit = refuse
-from pathlib import Path
-config = make_config(Path(sys.argv[1]))
+tmp = Path(sys.argv[1])
+config = parse_config({
+    "daemon": {"socket": str(tmp / "d.sock"), "secret_file": str(tmp / "secret"),
+               "query_socket": str(tmp / "q.sock"), "state_dir": str(tmp / "state")},
+    "policy": {"sharing_partitions": ["gpu"]},
+    "gpu_types": {"v100": {"memory_gib": 16, "model": "V100-16GB"}}})
 service = Service(config, store=open_store(config), reader=open_store(config))
 assert service.estimator.predictor.pairs_ and service.estimator.classes.k_ == 3
 print(" ".join(m for m in ("pandas", "scipy", "sklearn") if m in sys.modules))

@@ -24,22 +24,21 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from slurm_gpushare.predict.pairs import (DEFAULT_THRESHOLD, PARAMETERS,  # noqa: E402
-                                          default_model, leave_one_data_set_out)
-from slurm_gpushare.sim.run import default_data_dir  # noqa: E402
+from slurm_gpushare.predict.evaluate import leave_one_data_set_out  # noqa: E402
+from slurm_gpushare.predict.pairs import DEFAULT_THRESHOLD, PARAMETERS, default_model  # noqa: E402
+from slurm_gpushare.predict.datasets import MissingDataSet, load_ryu_chun  # noqa: E402
 
 def ryu_chun() -> dict:
     """Their two statements, against the prior fitted on every packaged set. Profiles: SM % as
     the SM demand, the larger of DRAM read/write bandwidth % as memory-controller demand."""
-    path = default_data_dir() / "ryu_chun" / "table1_profiles.csv"
-    if not path.exists():
-        return {"skipped": f"{path} not found"}
-    table = pd.read_csv(path).set_index("model")
+    try:
+        table = load_ryu_chun()
+    except MissingDataSet as exc:
+        return {"skipped": str(exc)}
     profiles = {m: {"gpu_util_pct": r.sm_pct,
                     "mem_util_pct": max(r.dram_read_bw_pct, r.dram_write_bw_pct)}
                 for m, r in table.iterrows()}

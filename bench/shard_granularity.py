@@ -25,8 +25,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from slurm_gpushare.predict.evaluate import (SHARD_SIZES_MIB, data_dir, load_schedtune,  # noqa: E402
-                                             privacy_table, shard_over_allocation)
+from slurm_gpushare.predict.datasets import load_schedtune  # noqa: E402
+from slurm_gpushare.predict.evaluate import (SHARD_SIZES_MIB, privacy_table,  # noqa: E402
+                                             shard_over_allocation)
 from slurm_gpushare.predict.memory import CrossTypeMemoryPredictor  # noqa: E402
 
 
@@ -34,7 +35,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default=str(REPO / "bench" / "results" / "shard_granularity.json"))
     args = parser.parse_args(argv)
-    frame = load_schedtune(data_dir() / "schedtune")
+    frame = load_schedtune()
     _, oom = privacy_table(frame)
     fits = frame[frame.fits]
     margin = CrossTypeMemoryPredictor().same_type_margin

@@ -2,17 +2,44 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import socket
 import threading
 import time
 from pathlib import Path
+from typing import Any, Callable
 
 import pytest
 
 from slurm_gpushare.core.config import parse_config
 from slurm_gpushare.daemon.server import DaemonServer, open_store
 from slurm_gpushare.daemon.service import Service
+
+
+REPO = Path(__file__).resolve().parents[1]
+# Everything a predictor's fit or evaluation can read: its code and the packaged data.
+PREDICTOR_INPUTS = ("slurm_gpushare/predict", "slurm_gpushare/core", "slurm_gpushare/data")
+
+
+def cached_json(name: str, compute: Callable[[], Any], key: str = "") -> Any:
+    """``compute()``'s JSON-able result, kept in .cache/ under a hash of ``key`` and of every
+    file in ``PREDICTOR_INPUTS``: a fit or evaluation that takes seconds is done once per
+    version of the code and data, and any change to those recomputes it."""
+    from slurm_gpushare.core.files import replace_atomically
+
+    digest = hashlib.sha256(f"{name}\0{key}".encode())
+    for folder in PREDICTOR_INPUTS:
+        for path in sorted((REPO / folder).rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts:
+                digest.update(str(path.relative_to(REPO)).encode() + b"\0" + path.read_bytes())
+    cached = REPO / ".cache" / f"{name}-{digest.hexdigest()[:16]}.json"
+    if cached.is_file():
+        return json.loads(cached.read_text())
+    text = json.dumps(compute())
+    replace_atomically(cached, text.encode(), mode=0o644)
+    return json.loads(text)
 
 
 def make_config(tmp_path: Path, **policy):

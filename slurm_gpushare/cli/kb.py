@@ -5,7 +5,7 @@
     slurm-gpushare classes reproduce [--json]          # Ray et al.'s clustering, re-done
     slurm-gpushare kb show [--model PATH] [--store DB] [--gpu-type T] [--json]
     slurm-gpushare kb predict-pairs PROFILES.csv [--co-runs CORUNS.csv] [--json]
-    slurm-gpushare kb evaluate [--json]                # held-out figures of the pair model
+    slurm-gpushare kb evaluate [--json]                # held-out figures of the pair predictor
 
 ``kb predict-pairs`` (an interface other tools call): PROFILES.csv columns
 ``job,gpu_util_pct,mem_util_pct,mem_used_mib,mem_total_mib,gpu_type`` (mean utilisations, %;
@@ -130,7 +130,8 @@ def classes_fit(data_path, store_path, n_clusters, k_max, model_path, as_json) -
     """Fit the classes and save them (atomically, under a file lock)."""
     import pandas as pd
 
-    from slurm_gpushare.predict.classes import InterferenceClasses, alnair_records
+    from slurm_gpushare.predict.classes import InterferenceClasses
+    from slurm_gpushare.predict.datasets import load_alnair
 
     if data_path and store_path:
         raise click.ClickException("give --data or --store, not both")
@@ -149,7 +150,7 @@ def classes_fit(data_path, store_path, n_clusters, k_max, model_path, as_json) -
             raise click.ClickException(f"cannot read {data_path}: {exc}") from None
         source = f"{data_path} ({len(frame)} rows)"
     else:
-        frame = alnair_records()
+        frame = load_alnair("records")
         source = "alnair clustering_record_175.csv"
     if store_path and not frame.empty:
         frame = frame.dropna(subset=["mgup_max", "mgmap_max_pct", "mgtsamp_max"])
@@ -177,7 +178,7 @@ def classes_show(model_path, as_json) -> None:
 @json_option
 def classes_reproduce(k_max, as_json) -> None:
     """Re-do Ray et al.'s clustering on their 175 records and compare with their ids."""
-    from slurm_gpushare.predict.classes import reproduce_alnair
+    from slurm_gpushare.predict.evaluate import reproduce_alnair
 
     result = reproduce_alnair(k_max=k_max)
     if as_json:
@@ -362,20 +363,13 @@ def kb_predict_pairs(profiles_csv, coruns_csv, as_json) -> None:
 @json_option
 def kb_evaluate(as_json) -> None:
     """Held-out figures: the pair predictor (leave one data set out, cold and with co-runs as
-    history), the earlier pair model on Gavel (leave one job type / family out) and on the
-    alnair pairs, and the class lookup on the alnair pairs (leave one pair out)."""
+    history) and the class lookup on the alnair pairs (leave one pair out)."""
     from slurm_gpushare.predict.classes import default_classes
-    from slurm_gpushare.predict.knowledge import (evaluate_kb_on_alnair, evaluate_on_alnair,
-                            evaluate_pair_model)
-
-    from slurm_gpushare.predict.pairs import leave_one_data_set_out
+    from slurm_gpushare.predict.evaluate import evaluate_kb_on_alnair, leave_one_data_set_out
 
     classes = default_classes()
     result = {
         "pair_predictor_leave_one_data_set_out": leave_one_data_set_out(),
-        "pair_model_leave_one_job_type_out": evaluate_pair_model("job"),
-        "pair_model_leave_one_family_out": evaluate_pair_model("family"),
-        "pair_model_on_alnair": evaluate_on_alnair(),
         "class_kb_on_alnair_paper_ids": evaluate_kb_on_alnair(None),
         "class_kb_on_alnair_our_classes": evaluate_kb_on_alnair(classes),
     }
@@ -399,11 +393,6 @@ def kb_evaluate(as_json) -> None:
                 f"{figures['threshold']}x (all pairs: "
                 f"{figures['all_pairs_below_threshold_rate']:.1%} below)")
         click.echo(line)
-        if "safe_model" in figures:
-            safe = figures["safe_model"]
-            click.echo(f"  pessimistic (q={safe['quantile']}) model: Spearman {safe['spearman']}, "
-                       f"recommended {safe['recommended_pairs']}, "
-                       f"{safe['recommended_below_threshold']} below")
 
 
 def _share(value) -> str:

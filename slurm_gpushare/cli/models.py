@@ -44,7 +44,7 @@ def fit_command(config_path: str | None, as_json: bool) -> None:
 @click.option("--config", "config_path", type=click.Path(dir_okay=False))
 def show_command(config_path: str | None) -> None:
     """Which memory model the daemon would load, with its training metadata."""
-    from slurm_gpushare.predict.memory import load_predictor
+    from slurm_gpushare.predict.persist import load_predictor
 
     try:
         config = load_config(config_path)

@@ -25,39 +25,21 @@ from __future__ import annotations
 
 import json
 import os
-from functools import lru_cache
-from importlib import resources
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 from sklearn.base import BaseEstimator, ClusterMixin
 from sklearn.cluster import KMeans
-from sklearn.metrics import adjusted_rand_score, silhouette_score
+from sklearn.metrics import silhouette_score
 from sklearn.utils.validation import check_array, check_is_fitted
 from threadpoolctl import threadpool_limits
 
-from slurm_gpushare.core import files
-from slurm_gpushare.core.files import write_locked
+from slurm_gpushare.predict.datasets import load_alnair
+from slurm_gpushare.predict.persist import load_json, packaged_fit, save_json
 
 FEATURES = ("MGUP", "MGMAP", "MGTSAMP")
 MODEL_FORMAT = "slurm-gpushare/interference-classes/1"
-
-
-# -- package data and atomic files (shared with knowledge.py) -----------------------------
-def data_path(*parts: str) -> Path:
-    """Path of a file shipped in ``slurm_gpushare/data``."""
-    return Path(str(resources.files("slurm_gpushare").joinpath("data", *parts)))
-
-
-def write_atomic(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` to ``path`` atomically under ``<path>.lock`` (see files.py)."""
-    write_locked(path, text)
-
-
-def read_locked(path: str | os.PathLike) -> str:
-    return files.read_locked(path).decode()
 
 
 # -- the elbow -----------------------------------------------------------------------------
@@ -215,84 +197,23 @@ class InterferenceClasses(ClusterMixin, BaseEstimator):
         return model
 
     def save(self, path: str | os.PathLike) -> None:
-        write_atomic(path, json.dumps(self.to_dict(), indent=1, sort_keys=True) + "\n")
+        save_json(path, self.to_dict())
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "InterferenceClasses":
-        return cls.from_dict(json.loads(read_locked(path)))
+        return cls.from_dict(load_json(path))
 
 
-# -- the paper's data ------------------------------------------------------------------------
-def alnair_records() -> pd.DataFrame:
-    """The paper's K-means input (175 rows: 49 measured jobs + interpolated batch sizes)."""
-    return pd.read_csv(data_path("alnair", "clustering_record_175.csv"))
-
-
-def alnair_job_telemetry(table: pd.DataFrame) -> pd.DataFrame:
-    """Adds MGUP, MGMAP, MGTSAMP to rows naming (task, batch size), e.g. Table II, from the
-    matching row of the 175-record file."""
-    codes = pd.read_csv(data_path("alnair", "job_records.csv")).set_index("task")["model_code"]
-    records = alnair_records().set_index(["Model", "Batch Size"])
-    out = table.copy()
-    rows = [records.loc[(int(codes[t]), int(b))] for t, b in zip(out["task"], out["batch_size"])]
-    for feature in FEATURES:
-        out[feature] = [float(r[feature]) for r in rows]
-    return out
 
 
 def default_classes() -> InterferenceClasses:
-    """Classes fitted on the paper's 175 records: what a site starts with before its own data.
-    (The fit is done once per process; each call returns a fresh copy.)"""
-    return InterferenceClasses.from_dict(_default_classes_dict())
+    """Classes fitted on the paper's 175 records: what a site starts with before its own data,
+    as stored in the package (``persist.packaged_fit``); each call returns a fresh copy."""
+    return InterferenceClasses.from_dict(packaged_fit("classes"))
 
 
-@lru_cache(maxsize=1)
-def _default_classes_dict() -> dict[str, Any]:
-    return InterferenceClasses().fit(alnair_records()).to_dict()
+def fit_default_classes() -> InterferenceClasses:
+    """What ``default_classes`` holds, fitted afresh (``persist`` stores it)."""
+    return InterferenceClasses().fit(load_alnair("records"))
 
 
-def reproduce_alnair(k_max: int = 10, random_state: int = 0) -> dict[str, Any]:
-    """Fit on the paper's 175 records; map the 12 jobs of Table II and compare with the paper."""
-    model = InterferenceClasses(k_max=k_max, random_state=random_state).fit(alnair_records())
-    jobs = alnair_job_telemetry(pd.read_csv(data_path("alnair", "single_runs_table2.csv")))
-    jobs["class"] = model.predict(jobs)
-    table = pd.crosstab(jobs["cluster_id"], jobs["class"])
-    return {
-        "data": "alnair clustering_record_175.csv (175 rows), features MGUP, MGMAP, MGTSAMP "
-                "standardised",
-        "k": model.k_,
-        "k_rule": "kneedle on K-means distortion (inertia), k = 1..%d" % k_max,
-        "k_second_difference": model.k_second_difference_,
-        "paper_k": 3,
-        "distortions": {str(k): round(v, 3) for k, v in model.distortions_.items()},
-        "silhouette": None if model.silhouette_ is None else round(model.silhouette_, 4),
-        "centroids": [dict(zip(FEATURES, np.round(c, 2).tolist())) for c in model.centroids_],
-        "class_sizes": np.bincount(model.labels_, minlength=model.k_).tolist(),
-        "jobs": [
-            {"task": r.task, "batch_size": int(r.batch_size), "paper_cluster": int(r.cluster_id),
-             "class": int(r[-1]),
-             "MGUP": r.MGUP, "MGMAP": r.MGMAP, "MGTSAMP": r.MGTSAMP}
-            for r in jobs[["task", "batch_size", "cluster_id", "MGUP", "MGMAP", "MGTSAMP",
-                           "class"]].itertuples(index=False)
-        ],
-        "contingency": {"rows": "paper cluster id", "columns": "our class",
-                        "table": {str(i): {str(c): int(v) for c, v in row.items()}
-                                  for i, row in table.iterrows()}},
-        "adjusted_rand": round(float(adjusted_rand_score(jobs["cluster_id"], jobs["class"])), 4),
-        "matched_fraction": round(_best_match(table) / len(jobs), 4),
-    }
-
-
-def _best_match(table: pd.DataFrame) -> int:
-    """Jobs on which the two labelings agree under the best one-to-one matching of ids."""
-    from itertools import permutations
-
-    rows, cols = list(table.index), list(table.columns)
-    best = 0
-    if len(cols) >= len(rows):
-        for perm in permutations(cols, len(rows)):
-            best = max(best, sum(int(table.loc[r, c]) for r, c in zip(rows, perm)))
-    else:
-        for perm in permutations(rows, len(cols)):
-            best = max(best, sum(int(table.loc[r, c]) for r, c in zip(perm, cols)))
-    return best

@@ -1,23 +1,28 @@
-"""Evaluation of the memory and run-time predictors, and the ``memory`` commands.
+"""Evaluation of the predictors: every held-out figure, on data the model was not fitted to.
 
 ``slurm-gpushare memory evaluate`` prints:
   1. the SchedTune replication (model statistics + GPU characteristics, the regressors the
      paper compared) with a random 80/20 split like the paper's and leave-one-model-out;
   2. the privacy-preserving table (only peaks observed on other GPU types), leave-one-model-out;
-  3. OOM safety of the margin, run-time transfer error.
-``slurm-gpushare memory predict`` answers for one job profile.
+  3. OOM safety of the margin, run-time transfer error (leave one job type out).
+``slurm-gpushare classes reproduce``: Ray et al.'s clustering re-done on their 175 records.
+``slurm-gpushare kb evaluate``: the pair predictor leaving one data set out (cold and with co-runs
+as history) and the class lookup on the alnair pairs (leave one pair out).
 """
 
 from __future__ import annotations
 
 import itertools
 from pathlib import Path
+from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
 from sklearn.compose import TransformedTargetRegressor
 from sklearn.ensemble import GradientBoostingRegressor, RandomForestRegressor
+from scipy.stats import spearmanr
 from sklearn.linear_model import LinearRegression
+from sklearn.metrics import adjusted_rand_score
 from sklearn.model_selection import train_test_split
 from sklearn.neighbors import KNeighborsRegressor
 from sklearn.neural_network import MLPRegressor
@@ -26,9 +31,17 @@ from sklearn.preprocessing import FunctionTransformer, StandardScaler
 from sklearn.svm import SVR
 
 from slurm_gpushare.core.gpus import default_catalogue
-from slurm_gpushare.predict.memory import (MIB_PER_GIB, CrossTypeMemoryPredictor, data_dir, load_schedtune,
-                     observations_from_schedtune)
-from slurm_gpushare.predict.runtime import evaluate_transfer, load_gavel
+from slurm_gpushare.predict.classes import FEATURES, InterferenceClasses
+from slurm_gpushare.predict.datasets import (alnair_job_telemetry, load_alnair, load_gavel_isolated,
+                                             load_schedtune, package_dir)
+from slurm_gpushare.predict.knowledge import ALNAIR_GPU, KnowledgeBase, alnair_pairs, speed_of
+from slurm_gpushare.predict.memory import (MIB_PER_GIB, CrossTypeMemoryPredictor,
+                                           observations_from_schedtune)
+# The knowledge base's compatibility rule and the pair predictor share the threshold (0.7x).
+from slurm_gpushare.predict.pairs import (DEFAULT_THRESHOLD, HISTORY_PER_JOB, PARAMETERS,
+                                          PairSpeedModel, data_sets, demand_of, history_split,
+                                          pair_table, training_sides)
+from slurm_gpushare.predict.runtime import RuntimeTransfer
 
 # SchedTune paper (Albahar et al., CCGrid 2022), random forest, their own split.
 PAPER = {"rmse_mib": 110.6, "avg_rel_err": 0.0150, "max_rel_err": 0.0898,
@@ -221,17 +234,17 @@ def privacy_table(frame: pd.DataFrame, coverage: float = 1.0) -> tuple[dict, dic
 
 
 def evaluate(data: Path | None = None, seeds: int = 3, coverage: float = 1.0) -> dict:
-    data = Path(data) if data else data_dir()
+    data = Path(data) if data else package_dir()
     frame = load_schedtune(data / "schedtune")
     privacy, oom = privacy_table(frame, coverage)
     return {
         "data": {"schedtune_rows": int(len(frame)), "does_not_fit_rows": int((~frame.fits).sum()),
-                 "gavel_job_types": int(load_gavel(data / "gavel").job.nunique())},
+                 "gavel_job_types": int(load_gavel_isolated(data / "gavel").job.nunique())},
         "paper_random_forest": PAPER,
         "schedtune_replication": schedtune_table(frame, seeds),
         "privacy_preserving_lomo": privacy,
         "oom_safety": oom,
-        "runtime_transfer_lojo": evaluate_transfer(load_gavel(data / "gavel")),
+        "runtime_transfer_lojo": evaluate_transfer(load_gavel_isolated(data / "gavel")),
     }
 
 
@@ -296,4 +309,232 @@ def render(result: dict) -> str:
     return "\n".join(out)
 
 
-# -- commands ------------------------------------------------------------------------------
+# -- run time per GPU type (runtime.py) -------------------------------------------------------
+def evaluate_transfer(frame: pd.DataFrame | None = None) -> dict:
+    """Leave-one-job-type-out relative error of run time from one type to another."""
+    frame = load_gavel_isolated() if frame is None else frame
+    wide = frame.pivot_table(index="job", columns="gpu", values="throughput")
+    errors: dict[str, list[float]] = {"same time everywhere": [], "per-pair median ratio": [],
+                                      "per-pair log-linear (ours)": []}
+    for job in wide.index:
+        train = frame[frame.job != job]
+        median = RuntimeTransfer(method="median").fit(train)
+        ours = RuntimeTransfer(method="loglinear").fit(train)
+        for a, b in itertools.permutations(wide.columns, 2):
+            # Run time of a fixed amount of work: steps / throughput; steps cancel in the error.
+            steps = 1000.0
+            t_a, t_b = steps / wide.loc[job, a], steps / wide.loc[job, b]
+            errors["same time everywhere"].append(abs(t_a / t_b - 1))
+            errors["per-pair median ratio"].append(
+                abs(median.predict_runtime({a: t_a}, b, steps) / t_b - 1))
+            errors["per-pair log-linear (ours)"].append(
+                abs(ours.predict_runtime({a: t_a}, b, steps) / t_b - 1))
+    return {name: {"avg_rel_err": float(np.mean(e)), "p95_rel_err": float(np.percentile(e, 95)),
+                   "median_rel_err": float(np.median(e)), "n": len(e)}
+            for name, e in errors.items()}
+
+
+# -- interference classes (classes.py): Ray et al.'s clustering, re-done --------------------
+def reproduce_alnair(k_max: int = 10, random_state: int = 0) -> dict[str, Any]:
+    """Fit on the paper's 175 records; map the 12 jobs of Table II and compare with the paper."""
+    model = InterferenceClasses(k_max=k_max, random_state=random_state).fit(load_alnair("records"))
+    jobs = alnair_job_telemetry(load_alnair("single_runs"))
+    jobs["class"] = model.predict(jobs)
+    table = pd.crosstab(jobs["cluster_id"], jobs["class"])
+    return {
+        "data": "alnair clustering_record_175.csv (175 rows), features MGUP, MGMAP, MGTSAMP "
+                "standardised",
+        "k": model.k_,
+        "k_rule": "kneedle on K-means distortion (inertia), k = 1..%d" % k_max,
+        "k_second_difference": model.k_second_difference_,
+        "paper_k": 3,
+        "distortions": {str(k): round(v, 3) for k, v in model.distortions_.items()},
+        "silhouette": None if model.silhouette_ is None else round(model.silhouette_, 4),
+        "centroids": [dict(zip(FEATURES, np.round(c, 2).tolist())) for c in model.centroids_],
+        "class_sizes": np.bincount(model.labels_, minlength=model.k_).tolist(),
+        "jobs": [
+            {"task": r.task, "batch_size": int(r.batch_size), "paper_cluster": int(r.cluster_id),
+             "class": int(r[-1]),
+             "MGUP": r.MGUP, "MGMAP": r.MGMAP, "MGTSAMP": r.MGTSAMP}
+            for r in jobs[["task", "batch_size", "cluster_id", "MGUP", "MGMAP", "MGTSAMP",
+                           "class"]].itertuples(index=False)
+        ],
+        "contingency": {"rows": "paper cluster id", "columns": "our class",
+                        "table": {str(i): {str(c): int(v) for c, v in row.items()}
+                                  for i, row in table.iterrows()}},
+        "adjusted_rand": round(float(adjusted_rand_score(jobs["cluster_id"], jobs["class"])), 4),
+        "matched_fraction": round(_best_match(table) / len(jobs), 4),
+    }
+
+
+def _best_match(table: pd.DataFrame) -> int:
+    """Jobs on which the two labelings agree under the best one-to-one matching of ids."""
+    from itertools import permutations
+
+    rows, cols = list(table.index), list(table.columns)
+    best = 0
+    if len(cols) >= len(rows):
+        for perm in permutations(cols, len(rows)):
+            best = max(best, sum(int(table.loc[r, c]) for r, c in zip(rows, perm)))
+    else:
+        for perm in permutations(rows, len(cols)):
+            best = max(best, sum(int(table.loc[r, c]) for r, c in zip(perm, cols)))
+    return best
+
+
+# -- the class-pair knowledge base (knowledge.py) -------------------------------------------
+def _pair_figures(sides: pd.DataFrame, threshold: float) -> dict[str, Any]:
+    rho = spearmanr(sides["predicted"], sides["speed"]).statistic
+    per_gpu = {g: round(float(spearmanr(d["predicted"], d["speed"]).statistic), 4)
+               for g, d in sides.groupby("gpu")} if "gpu" in sides else {}
+    pair_key = sides.apply(lambda r: (r["gpu"],) + tuple(sorted((r["job"], r["other"]))), axis=1)
+    pairs = sides.groupby(pair_key).agg(pred_min=("predicted", "min"),
+                                        measured_min=("speed", "min"))
+    if "recommended" in sides:  # the predictor's own rule (e.g. the pessimistic KB verdict)
+        pairs["recommended"] = sides.groupby(pair_key)["recommended"].all()
+    else:
+        pairs["recommended"] = pairs["pred_min"] >= threshold
+    recommended = pairs[pairs["recommended"]]
+    return {
+        "sides": int(len(sides)),
+        "pairs": int(len(pairs)),
+        "spearman": round(float(rho), 4),
+        "spearman_per_gpu": per_gpu,
+        "mae": round(float((sides["predicted"] - sides["speed"]).abs().mean()), 4),
+        "recommended_pairs": int(len(recommended)),
+        "recommended_below_threshold": int((recommended["measured_min"] < threshold).sum()),
+        "recommended_below_threshold_rate": (
+            round(float((recommended["measured_min"] < threshold).mean()), 4)
+            if len(recommended) else None),
+        "all_pairs_below_threshold_rate": round(float((pairs["measured_min"] < threshold).mean()),
+                                                4),
+        "threshold": threshold,
+    }
+
+
+def evaluate_kb_on_alnair(classes: InterferenceClasses | None = None,
+                          threshold: float = DEFAULT_THRESHOLD) -> dict[str, Any]:
+    """Leave-one-pair-out for the class lookup: each of the 34 pairs is predicted from a base
+    seeded with the other 33 (its class pair's mean ISD, else the prior); a pair counts as
+    recommended when ``compatible`` (the pessimistic rule) says so."""
+    pairs = alnair_pairs(classes)
+    rows = []
+    for i, r in enumerate(pairs.itertuples(index=False)):
+        kb = KnowledgeBase(threshold=threshold)
+        for j, o in enumerate(pairs.itertuples(index=False)):
+            if j != i:
+                kb.observe(o.class_a, o.class_b, o.isd_a, o.isd_b, ps=o.ps,
+                           gpu_type=ALNAIR_GPU, prior=True)
+        stats = kb.pair(r.class_a, r.class_b, ALNAIR_GPU)
+        verdict = kb.compatible(r.class_a, r.class_b, ALNAIR_GPU)
+        name_a, name_b = f"{r.task_a}/{r.bs_a}", f"{r.task_b}/{r.bs_b}"
+        rows.append({"gpu": "p100", "job": name_a, "other": name_b, "predicted": stats.speed_a,
+                     "speed": speed_of(r.isd_a), "recommended": verdict})
+        rows.append({"gpu": "p100", "job": name_b, "other": name_a, "predicted": stats.speed_b,
+                     "speed": speed_of(r.isd_b), "recommended": verdict})
+    figures = _pair_figures(pd.DataFrame(rows), threshold)
+    figures.pop("spearman_per_gpu", None)
+    return figures | {"data": "alnair Tables III/IV (34 pairs)",
+                      "held_out": "leave-one-pair-out",
+                      "classes": "ours (fitted on the 175 records)" if classes is not None
+                      else "the paper's cluster ids"}
+
+
+# -- the pair predictor (pairs.py; bench/pairs_eval.py, kb evaluate) -------------------------
+def _figures(rows: pd.DataFrame, threshold: float = DEFAULT_THRESHOLD) -> dict:
+    """The judged figures over measured pairs. ``rows``: one per measured pair with pred_a,
+    pred_b (NaN where the table had no row), speed_a, speed_b, recommended. Spearman is over
+    both sides of every pair (predicted vs measured speed, all pairs pooled); a recommended pair
+    is bad when either side was measured below ``threshold``."""
+    sides_pred = np.concatenate([rows["pred_a"], rows["pred_b"]]).astype(float)
+    sides_true = np.concatenate([rows["speed_a"], rows["speed_b"]]).astype(float)
+    known = ~np.isnan(sides_pred)
+    worst = np.minimum(rows["speed_a"], rows["speed_b"])
+    rec = rows["recommended"].fillna(False).astype(bool)
+    missing = int(rows[["pred_a", "pred_b"]].isna().any(axis=1).sum())
+    return {
+        "pairs": int(len(rows)), "missing": missing,
+        "spearman": round(float(spearmanr(sides_pred[known], sides_true[known]).statistic), 4),
+        "mae": round(float(np.abs(sides_pred[known] - sides_true[known]).mean()), 4),
+        "recommended_share": round(float(rec.mean()), 4),
+        "recommended_bad_share": round(float((worst[rec] < threshold).mean()), 4) if rec.any()
+        else None,
+        "all_pairs_bad_share": round(float((worst < threshold).mean()), 4),
+    }
+
+
+def _evaluate(model: PairSpeedModel, measured, profiles, history=()) -> dict:
+    """The judged figures for ``measured`` pairs from the table ``kb predict-pairs`` prints
+    for every job in ``profiles`` with ``history`` given as co-runs."""
+    table = pair_table(model, [{"job": k, **v} for k, v in profiles.items()], history)
+    by_pair = {}
+    for row in table:
+        by_pair[(row["job_a"], row["job_b"])] = row
+        by_pair[(row["job_b"], row["job_a"])] = {
+            **row, "pred_speed_a": row["pred_speed_b"], "pred_speed_b": row["pred_speed_a"]}
+    out = []
+    for a, b, speed_a, speed_b in measured:
+        row = by_pair.get((a, b), {})
+        out.append({"pred_a": row.get("pred_speed_a", np.nan),
+                    "pred_b": row.get("pred_speed_b", np.nan), "speed_a": speed_a,
+                    "speed_b": speed_b, "recommended": row.get("recommended", False)})
+    return _figures(pd.DataFrame(out))
+
+
+def _baseline_rows(pairs, profiles) -> pd.DataFrame:
+    out = []
+    for a, b, speed_a, speed_b in pairs:
+        total = demand_of(profiles[a]).sm + demand_of(profiles[b]).sm
+        out.append({"pred_a": -total, "pred_b": -total, "speed_a": speed_a, "speed_b": speed_b,
+                    "recommended": total <= 1.0})
+    return pd.DataFrame(out)
+
+
+def _spread(values: list[float | None]) -> dict:
+    values = [v for v in values if v is not None]
+    if not values:
+        return {"mean": None, "min": None, "max": None}
+    return {"mean": round(float(np.mean(values)), 4), "min": round(float(min(values)), 4),
+            "max": round(float(max(values)), 4)}
+
+
+def leave_one_data_set_out(seeds: Sequence[int] = (0, 1, 2, 3, 4)) -> dict:
+    """Each packaged data set held out in turn, the margins calibrated on the others; figures
+    from the table ``kb predict-pairs`` prints: cold, with ``HISTORY_PER_JOB`` co-runs per job
+    given as history (per seed; figures over the other pairs; mean, min and max), with the prior's
+    shape fitted on the other sets instead of fixed, and for the baseline "add the two jobs' GPU
+    utilisations" (a side's score is -(u_a + u_b); a pair is recommended when the sum is at most
+    100%)."""
+    sides = training_sides()
+    out = {}
+    for name, pairs, profiles in data_sets():
+        training = sides[sides["group"] != name]
+        model = PairSpeedModel().fit(training)
+        fitted_shape = PairSpeedModel(latency=None).fit(training)
+        entry = {
+            "fitted_on": sorted(set(training["group"])),
+            "parameters": dict(zip(PARAMETERS, np.round(model.coef_, 4).tolist())),
+            "shrinkage": model.shrinkage_,
+            "margin": model.margin_, "margin_learned": model.margin_learned_,
+            "cold": _evaluate(model, pairs, profiles),
+            "baseline_sum_of_utilisations": _figures(_baseline_rows(pairs, profiles)),
+            "latency_fitted_on_the_others": {
+                "parameters": dict(zip(PARAMETERS, np.round(fitted_shape.coef_, 4).tolist())),
+                "margin": fitted_shape.margin_,
+                "cold": _evaluate(fitted_shape, pairs, profiles)},
+        }
+        per_seed = []
+        for seed in seeds:
+            history, test = history_split(pairs, seed)
+            per_seed.append({"seed": seed, "history_pairs": len(history),
+                             "test_pairs": len(test), "cold": _evaluate(model, test, profiles),
+                             "history": _evaluate(model, test, profiles, history)})
+        entry["with_history"] = {
+            "co_runs_per_job": HISTORY_PER_JOB,
+            "per_seed": per_seed,
+            **{f"{kind}_{metric}": _spread([s[kind][metric] for s in per_seed])
+               for kind in ("cold", "history")
+               for metric in ("spearman", "recommended_share", "recommended_bad_share")},
+        }
+        out[name] = entry
+    return out

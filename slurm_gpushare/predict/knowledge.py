@@ -1,5 +1,5 @@
-"""What is known about running two jobs on one GPU: the class-pair knowledge base and the
-pair-interference model.
+"""What is known about running two jobs on one GPU: the class-pair knowledge base (the pair
+predictor itself is ``pairs.py``).
 
 **Knowledge base.** For each unordered pair of interference classes (and GPU type where known)
 it keeps the slowdown of each side, ISD = T_packed / T_alone - 1, and the packing saving
@@ -17,14 +17,6 @@ normalised speed, 1 / (1 + ISD_mean + ISD_spread), is at least ``threshold`` (de
 job should run slower than 0.7x of alone). The spread of a cell with fewer than two
 observations is the prior's spread. Speed here means throughput when sharing / alone.
 
-**Pair-interference model.** ``PairInterferenceModel`` predicts each job's normalised speed
-(1.0 = no slowdown) from both jobs' telemetry: the job's own GPU utilisation, the co-runner's
-GPU utilisation and the GPU's memory size (which stands for the GPU generation). It is a
-gradient-boosted regressor constrained to be non-increasing in the co-runner's utilisation,
-fitted on Gavel's measured pairs (``data/interference``). Memory-access time (MGTSAMP) is not an
-input: no training set here has it measured for co-located pairs, so the model could not learn
-its effect; it still shapes the job's class.
-
 **The Gavel telemetry proxy (what it is, honestly).** Gavel published throughputs, not
 telemetry. Each job type's GPU utilisation on each GPU is *derived* from its isolated
 throughputs on K80, P100 and V100 with a two-term Amdahl model: step time = t_host + W / s(g),
@@ -35,30 +27,25 @@ W / s(g) * throughput(g), clipped to [0, 1]. It uses only isolated runs, never a
 held-out job type's proxy carries no information about its pairs; the speed index is a
 population statistic of isolated throughputs. It is a model of utilisation, not a measurement:
 a host-bound job (Recommendation) comes out near 0%, a GPU-bound one (ResNet) near 100%.
-The quantile 0.9 was chosen among 0.5/0.75/0.9/1.0 by the same leave-one-job-type-out
-evaluation that is reported, so those figures are slightly optimistic.
+The quantile 0.9 was chosen among 0.5/0.75/0.9/1.0 by a leave-one-job-type-out evaluation of
+the earlier gradient-boosted pair model on these pairs, so figures on Gavel are slightly
+optimistic.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import asdict, dataclass
-from functools import lru_cache
 from typing import Any, Iterable, Mapping
 
 import numpy as np
 import pandas as pd
 from scipy.optimize import nnls
-from scipy.stats import spearmanr
-from sklearn.base import BaseEstimator, RegressorMixin
-from sklearn.ensemble import HistGradientBoostingRegressor
-from sklearn.utils.validation import check_is_fitted
-from threadpoolctl import threadpool_limits
 
-from slurm_gpushare.predict.classes import (InterferenceClasses, alnair_job_telemetry, data_path, read_locked,
-                      write_atomic)
+from slurm_gpushare.predict.classes import InterferenceClasses
+from slurm_gpushare.predict.datasets import alnair_job_telemetry, load_alnair, load_gavel_pairs
+from slurm_gpushare.predict.persist import load_json, save_json
 
 DEFAULT_THRESHOLD = 0.7
 KB_FORMAT = "slurm-gpushare/knowledge-base/1"
@@ -67,9 +54,6 @@ ANY_GPU = "*"
 # Memory of the GPUs in Gavel's measurements (MiB): K80 counts one of its two 12 GB dies.
 GAVEL_MEM_MIB = {"k80": 12 * 1024, "p100": 16 * 1024, "v100": 16 * 1024}
 GAVEL_SPEED_QUANTILE = 0.9
-# The pair model's pessimistic estimate for recommending a pair: its 25th percentile of speed.
-SAFE_QUANTILE = 0.25
-MIN_SPEED = 0.05
 
 
 def measured_isd(time_with_s: float, time_solo_s: float) -> float:
@@ -314,16 +298,16 @@ class KnowledgeBase:
         return kb
 
     def save(self, path: str | os.PathLike) -> None:
-        write_atomic(path, json.dumps(self.to_dict(), indent=1, sort_keys=True) + "\n")
+        save_json(path, self.to_dict())
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "KnowledgeBase":
-        return cls.from_dict(json.loads(read_locked(path)))
+        return cls.from_dict(load_json(path))
 
 
 def alnair_pairs(classes: InterferenceClasses | None = None) -> pd.DataFrame:
     """The paper's 34 measured pairs with ISD and PS as fractions and each side's class."""
-    raw = pd.read_csv(data_path("alnair", "pairs_tables3_4.csv"))
+    raw = load_alnair("pairs")
     out = pd.DataFrame({
         "task_a": raw["task_a"], "bs_a": raw["bs_a"], "task_b": raw["task_b"],
         "bs_b": raw["bs_b"], "paper_class_a": raw["cluster_a"], "paper_class_b": raw["cluster_b"],
@@ -340,139 +324,12 @@ def alnair_pairs(classes: InterferenceClasses | None = None) -> pd.DataFrame:
     return out
 
 
-# -- the pair-interference model --------------------------------------------------------------
-PROFILE_FIELDS = ("gpu_util_pct", "mem_util_pct", "mem_used_mib", "mem_total_mib")
-
-
-def pair_features(own: Mapping[str, Any], other: Mapping[str, Any]) -> list[float]:
-    """Model inputs for ``own``'s speed next to ``other``: own and other GPU utilisation
-    (fractions) and the GPU's memory in GiB (the smaller of the two profiles' GPUs)."""
-    totals = [p.get("mem_total_mib") for p in (own, other)]
-    totals = [float(t) for t in totals if t is not None and not _isnan(t)]
-    return [_fraction(own.get("gpu_util_pct")), _fraction(other.get("gpu_util_pct")),
-            min(totals) / 1024.0 if totals else float("nan")]
-
-
-def _isnan(value) -> bool:
-    try:
-        return math.isnan(float(value))
-    except (TypeError, ValueError):
-        return True
-
-
-def _fraction(pct) -> float:
-    if pct is None or _isnan(pct):
-        return float("nan")
-    return min(max(float(pct), 0.0), 100.0) / 100.0
-
-
-def _matrix(X) -> np.ndarray:
-    X = np.asarray(X, dtype=float)  # NaN allowed: the regressor routes missing values
-    if X.ndim != 2:
-        raise ValueError("expected a 2-D array of pair features")
-    return X
-
-
-class PairInterferenceModel(RegressorMixin, BaseEstimator):
-    """Predicts a job's normalised speed next to a co-runner from both jobs' telemetry.
-
-    ``fit(X, y)`` takes rows of ``pair_features(own, other)`` and measured speeds;
-    ``predict_speed(profile_a, profile_b)`` returns ``(speed_a, speed_b)``, each in
-    [0.05, 1.0]. Non-increasing in the co-runner's utilisation by construction.
-    ``quantile=None`` predicts the mean speed (for ranking and reporting); a quantile (e.g.
-    ``SAFE_QUANTILE``) predicts that quantile of the speed, a pessimistic estimate for deciding
-    whether a pair may share.
-    """
-
-    def __init__(self, *, quantile: float | None = None, max_iter: int = 150,
-                 learning_rate: float = 0.05, max_depth: int = 3, min_samples_leaf: int = 20,
-                 random_state: int | None = 0):
-        self.quantile = quantile
-        self.max_iter = max_iter
-        self.learning_rate = learning_rate
-        self.max_depth = max_depth
-        self.min_samples_leaf = min_samples_leaf
-        self.random_state = random_state
-
-    def fit(self, X, y) -> "PairInterferenceModel":
-        X = _matrix(X)
-        y = np.asarray(y, dtype=float)
-        loss = {"loss": "quantile", "quantile": self.quantile} if self.quantile else {}
-        regressor = HistGradientBoostingRegressor(
-            max_iter=self.max_iter, learning_rate=self.learning_rate, max_depth=self.max_depth,
-            min_samples_leaf=self.min_samples_leaf, monotonic_cst=[0, -1, 0],
-            random_state=self.random_state, **loss)
-        # One thread: on a few thousand rows OpenMP start-up costs ten times the work.
-        with threadpool_limits(1, user_api="openmp"):
-            self.regressor_ = regressor.fit(X, y)
-        self.n_features_in_ = X.shape[1]
-        self.n_train_ = len(y)
-        return self
-
-    def predict(self, X) -> np.ndarray:
-        check_is_fitted(self, "regressor_")
-        X = _matrix(X)
-        if X.shape[1] != self.n_features_in_:
-            raise ValueError(f"expected {self.n_features_in_} features, got {X.shape[1]}")
-        with threadpool_limits(1, user_api="openmp"):
-            return np.clip(self.regressor_.predict(X), MIN_SPEED, 1.0)
-
-    def predict_speed(self, profile_a: Mapping[str, Any],
-                      profile_b: Mapping[str, Any]) -> tuple[float, float]:
-        """``(speed_a, speed_b)``: each job's throughput when sharing / alone."""
-        speeds = self.predict([pair_features(profile_a, profile_b),
-                               pair_features(profile_b, profile_a)])
-        return float(speeds[0]), float(speeds[1])
-
-    @classmethod
-    def default(cls, quantile: float | None = None) -> "PairInterferenceModel":
-        """Fitted on every usable Gavel pair (cached: fitting takes a fraction of a second)."""
-        return _default_pair_model(quantile)
-
-
-@lru_cache(maxsize=4)
-def _default_pair_model(quantile: float | None) -> PairInterferenceModel:
-    sides = gavel_sides()
-    return PairInterferenceModel(quantile=quantile).fit(_side_features(sides), sides["speed"])
-
-
-def recommend_pair(profile_a: Mapping[str, Any], profile_b: Mapping[str, Any], *,
-                   threshold: float = DEFAULT_THRESHOLD,
-                   model: PairInterferenceModel | None = None) -> bool:
-    """Whether two jobs may share a GPU by telemetry: both fit in memory together and each
-    side's pessimistic predicted speed (the ``SAFE_QUANTILE`` model) is at least ``threshold``."""
-    if fits_memory(profile_a, profile_b) is False:
-        return False
-    model = model or PairInterferenceModel.default(SAFE_QUANTILE)
-    speed_a, speed_b = model.predict_speed(profile_a, profile_b)
-    return speed_a >= threshold and speed_b >= threshold
-
-
-def fits_memory(profile_a: Mapping[str, Any], profile_b: Mapping[str, Any]) -> bool | None:
-    """Whether both jobs' memory fits together in one GPU of the smaller memory of the two
-    profiles; None if a figure is missing."""
-    values = [profile_a.get("mem_used_mib"), profile_b.get("mem_used_mib"),
-              profile_a.get("mem_total_mib"), profile_b.get("mem_total_mib")]
-    if any(_isnan(v) for v in values):
-        return None
-    used_a, used_b, total_a, total_b = (float(v) for v in values)
-    return used_a + used_b <= min(total_a, total_b)
-
-
-def _side_features(sides: pd.DataFrame) -> np.ndarray:
-    return np.column_stack([sides["util_self"] / 100.0, sides["util_other"] / 100.0,
-                            sides["mem_total_mib"] / 1024.0])
-
-
-def gavel_pairs() -> pd.DataFrame:
-    return pd.read_csv(data_path("interference", "gavel_pairs_scale1.csv"))
-
-
+# -- Gavel's telemetry proxy -------------------------------------------------------------------
 def gavel_profiles(speed_quantile: float = GAVEL_SPEED_QUANTILE) -> pd.DataFrame:
     """The telemetry proxy of each Gavel job type on each GPU (see the module text):
     columns gpu, job, gpu_util_pct, mem_util_pct (None: not derivable), mem_used_mib (None),
     mem_total_mib."""
-    pairs = gavel_pairs()
+    pairs = load_gavel_pairs()
     alone = pd.concat([
         pairs[["gpu", "job_a", "tput_a_alone"]].set_axis(["gpu", "job", "tput"], axis=1),
         pairs[["gpu", "job_b", "tput_b_alone"]].set_axis(["gpu", "job", "tput"], axis=1),
@@ -490,149 +347,6 @@ def gavel_profiles(speed_quantile: float = GAVEL_SPEED_QUANTILE) -> pd.DataFrame
                          "mem_util_pct": None, "mem_used_mib": None,
                          "mem_total_mib": GAVEL_MEM_MIB[g]})
     return pd.DataFrame(rows)
-
-
-def gavel_sides(speed_quantile: float = GAVEL_SPEED_QUANTILE) -> pd.DataFrame:
-    """One row per (GPU, job, co-runner) with the measured normalised speed. Dropped: failed
-    pairs ([0, 0], likely out of memory) and V100 pairs whose shared throughput equals the alone
-    one exactly (filled in, not measured)."""
-    pairs = gavel_pairs()
-    usable = pairs[~pairs["infeasible_zero"] & ~pairs["a_equals_alone"] & ~pairs["b_equals_alone"]]
-    util = gavel_profiles(speed_quantile).set_index(["gpu", "job"])["gpu_util_pct"]
-    rows = []
-    for r in usable.itertuples(index=False):
-        sides = [(r.job_a, r.job_b, r.norm_a)]
-        if r.job_a != r.job_b:
-            sides.append((r.job_b, r.job_a, r.norm_b))
-        for own, other, speed in sides:
-            rows.append({"gpu": r.gpu, "job": own, "other": other,
-                         "util_self": util[(r.gpu, own)], "util_other": util[(r.gpu, other)],
-                         "mem_total_mib": GAVEL_MEM_MIB[r.gpu], "speed": float(speed)})
-    return pd.DataFrame(rows)
-
-
-def job_family(job: str) -> str:
-    """Gavel job type without its batch size: 'ResNet-18 (batch size 16)' -> 'ResNet-18'."""
-    return job.split(" (")[0]
-
-
-def evaluate_pair_model(group: str = "job", threshold: float = DEFAULT_THRESHOLD,
-                        speed_quantile: float = GAVEL_SPEED_QUANTILE) -> dict[str, Any]:
-    """Leave-one-out over Gavel job types (``group="job"``) or model families ("family"):
-    for each held-out group, fit on pairs with no job of that group and predict the speeds of
-    the held-out group's jobs in every pair they are in. Reports Spearman's rank correlation of
-    predicted vs measured speeds (pooled and per GPU), the mean absolute error, and, over
-    unordered pairs, how many the model recommends (both predicted speeds >= threshold) and how
-    often a recommended pair measured a side below ``threshold``."""
-    sides = gavel_sides(speed_quantile)
-    key = sides["job"] if group == "job" else sides["job"].map(job_family)
-    other_key = sides["other"] if group == "job" else sides["other"].map(job_family)
-    X = _side_features(sides)
-    predicted = np.full(len(sides), np.nan)
-    safe = np.full(len(sides), np.nan)
-    for held in sorted(key.unique()):
-        train = ((key != held) & (other_key != held)).to_numpy()
-        test = (key == held).to_numpy()
-        model = PairInterferenceModel().fit(X[train], sides["speed"][train])
-        predicted[test] = model.predict(X[test])
-        pessimistic = PairInterferenceModel(quantile=SAFE_QUANTILE).fit(X[train],
-                                                                         sides["speed"][train])
-        safe[test] = pessimistic.predict(X[test])
-    figures = _pair_figures(sides.assign(predicted=predicted), threshold)
-    safe_figures = _pair_figures(sides.assign(predicted=safe), threshold)
-    figures["safe_model"] = {
-        "quantile": SAFE_QUANTILE,
-        **{name: safe_figures[name] for name in (
-            "spearman", "recommended_pairs", "recommended_below_threshold",
-            "recommended_below_threshold_rate")},
-    }
-    return figures | {
-        "data": "Gavel measured pairs, scale 1, K80/P100/V100 (failed and filled-in pairs "
-                "dropped)",
-        "held_out": f"leave-one-{group}-out ({key.nunique()} groups)",
-        "telemetry": f"Amdahl proxy from isolated throughputs, speed index quantile "
-                     f"{speed_quantile}",
-    }
-
-
-def _pair_figures(sides: pd.DataFrame, threshold: float) -> dict[str, Any]:
-    rho = spearmanr(sides["predicted"], sides["speed"]).statistic
-    per_gpu = {g: round(float(spearmanr(d["predicted"], d["speed"]).statistic), 4)
-               for g, d in sides.groupby("gpu")} if "gpu" in sides else {}
-    pair_key = sides.apply(lambda r: (r["gpu"],) + tuple(sorted((r["job"], r["other"]))), axis=1)
-    pairs = sides.groupby(pair_key).agg(pred_min=("predicted", "min"),
-                                        measured_min=("speed", "min"))
-    if "recommended" in sides:  # the predictor's own rule (e.g. the pessimistic KB verdict)
-        pairs["recommended"] = sides.groupby(pair_key)["recommended"].all()
-    else:
-        pairs["recommended"] = pairs["pred_min"] >= threshold
-    recommended = pairs[pairs["recommended"]]
-    return {
-        "sides": int(len(sides)),
-        "pairs": int(len(pairs)),
-        "spearman": round(float(rho), 4),
-        "spearman_per_gpu": per_gpu,
-        "mae": round(float((sides["predicted"] - sides["speed"]).abs().mean()), 4),
-        "recommended_pairs": int(len(recommended)),
-        "recommended_below_threshold": int((recommended["measured_min"] < threshold).sum()),
-        "recommended_below_threshold_rate": (
-            round(float((recommended["measured_min"] < threshold).mean()), 4)
-            if len(recommended) else None),
-        "all_pairs_below_threshold_rate": round(float((pairs["measured_min"] < threshold).mean()),
-                                                4),
-        "threshold": threshold,
-    }
-
-
-def evaluate_on_alnair(threshold: float = DEFAULT_THRESHOLD) -> dict[str, Any]:
-    """The Gavel-fitted model on Ray et al.'s 34 pairs (another data set entirely: TensorFlow on
-    a P100, telemetry = MGUP of each job). Measured speed = 1 / (1 + ISD)."""
-    model = PairInterferenceModel.default()
-    pairs = alnair_pairs()
-    rows = []
-    for r in pairs.itertuples(index=False):
-        a = {"gpu_util_pct": r.MGUP_a, "mem_util_pct": r.MGTSAMP_a,
-             "mem_total_mib": GAVEL_MEM_MIB["p100"]}
-        b = {"gpu_util_pct": r.MGUP_b, "mem_util_pct": r.MGTSAMP_b,
-             "mem_total_mib": GAVEL_MEM_MIB["p100"]}
-        speed_a, speed_b = model.predict_speed(a, b)
-        name_a, name_b = f"{r.task_a}/{r.bs_a}", f"{r.task_b}/{r.bs_b}"
-        rows.append({"gpu": "p100", "job": name_a, "other": name_b, "predicted": speed_a,
-                     "speed": speed_of(r.isd_a)})
-        rows.append({"gpu": "p100", "job": name_b, "other": name_a, "predicted": speed_b,
-                     "speed": speed_of(r.isd_b)})
-    figures = _pair_figures(pd.DataFrame(rows), threshold)
-    figures.pop("spearman_per_gpu", None)
-    return figures | {"data": "alnair Tables III/IV (34 pairs), none used to fit",
-                      "held_out": "whole data set"}
-
-
-def evaluate_kb_on_alnair(classes: InterferenceClasses | None = None,
-                          threshold: float = DEFAULT_THRESHOLD) -> dict[str, Any]:
-    """Leave-one-pair-out for the class lookup: each of the 34 pairs is predicted from a base
-    seeded with the other 33 (its class pair's mean ISD, else the prior); a pair counts as
-    recommended when ``compatible`` (the pessimistic rule) says so."""
-    pairs = alnair_pairs(classes)
-    rows = []
-    for i, r in enumerate(pairs.itertuples(index=False)):
-        kb = KnowledgeBase(threshold=threshold)
-        for j, o in enumerate(pairs.itertuples(index=False)):
-            if j != i:
-                kb.observe(o.class_a, o.class_b, o.isd_a, o.isd_b, ps=o.ps,
-                           gpu_type=ALNAIR_GPU, prior=True)
-        stats = kb.pair(r.class_a, r.class_b, ALNAIR_GPU)
-        verdict = kb.compatible(r.class_a, r.class_b, ALNAIR_GPU)
-        name_a, name_b = f"{r.task_a}/{r.bs_a}", f"{r.task_b}/{r.bs_b}"
-        rows.append({"gpu": "p100", "job": name_a, "other": name_b, "predicted": stats.speed_a,
-                     "speed": speed_of(r.isd_a), "recommended": verdict})
-        rows.append({"gpu": "p100", "job": name_b, "other": name_a, "predicted": stats.speed_b,
-                     "speed": speed_of(r.isd_b), "recommended": verdict})
-    figures = _pair_figures(pd.DataFrame(rows), threshold)
-    figures.pop("spearman_per_gpu", None)
-    return figures | {"data": "alnair Tables III/IV (34 pairs)",
-                      "held_out": "leave-one-pair-out",
-                      "classes": "ours (fitted on the 175 records)" if classes is not None
-                      else "the paper's cluster ids"}
 
 
 def class_of_history(classes: InterferenceClasses, history: Iterable[Mapping[str, Any]]

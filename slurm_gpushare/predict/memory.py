@@ -20,66 +20,22 @@ nearest compute capability, then SM count) and gets an extra margin (``unseen_ty
 
 from __future__ import annotations
 
-import datetime as _dt
-import hashlib
 import itertools
-import json
 import math
-import os
-import pickle
-from dataclasses import dataclass, field
-from importlib import resources
-from pathlib import Path
+from dataclasses import asdict, dataclass, field
 from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
-import sklearn
 from sklearn.base import BaseEstimator
 from sklearn.utils.validation import check_is_fitted
 
-from slurm_gpushare.core.files import lock_for, read_locked, replace_atomically
 from slurm_gpushare.core.gpus import Catalogue, GpuSpec, UnknownGpu, default_catalogue
+from slurm_gpushare.predict.datasets import load_schedtune
+from slurm_gpushare.predict.persist import packaged_fit
 
 MIB_PER_GIB = 1024
-
-# SchedTune names its GPUs only by their characteristics; CUDA cores tell them apart.
-SCHEDTUNE_GPUS = {2496: "K80", 2560: "RTX2070S", 5120: "V100-16GB", 5888: "RTX3070",
-                  10496: "RTX3090"}
-SCHEDTUNE_COLUMNS = ["model", "batch_size", "activations_mb", "parameters_mb", "input_mb",
-                     "peak_mib", "cuda_cores", "memory_bandwidth_gbs", "memory_clock_mhz",
-                     "tensor_cores", "sm_count"]
-
-
-def data_dir() -> Path:
-    """The packaged data (SchedTune, Gavel, catalogue)."""
-    return Path(str(resources.files("slurm_gpushare").joinpath("data")))
-
-
-def load_schedtune(path: str | os.PathLike | None = None,
-                   catalogue: Catalogue | None = None) -> pd.DataFrame:
-    """SchedTune's model_stats.csv with the GPU named and a ``fits`` label per row.
-
-    A row fits when its peak is within the GPU's usable memory; the others are the paper's
-    interpolations for runs that hit OOM and must not be used as measurements.
-    """
-    catalogue = catalogue or default_catalogue()
-    path = Path(path) if path else data_dir() / "schedtune" / "model_stats.csv"
-    if path.is_dir():
-        path = path / "model_stats.csv"
-    frame = pd.read_csv(path)
-    if len(frame.columns) != len(SCHEDTUNE_COLUMNS):
-        raise ValueError(f"{path}: expected {len(SCHEDTUNE_COLUMNS)} columns")
-    frame.columns = SCHEDTUNE_COLUMNS
-    unknown = set(frame.cuda_cores) - set(SCHEDTUNE_GPUS)
-    if unknown:
-        raise ValueError(f"{path}: unknown GPU with {sorted(unknown)} CUDA cores")
-    frame["gpu"] = frame.cuda_cores.map(SCHEDTUNE_GPUS)
-    frame["usable_mib"] = frame.gpu.map(lambda m: catalogue.lookup(m).usable_mib)
-    frame["fits"] = frame.peak_mib <= frame.usable_mib
-    frame["job"] = frame.model + "/bs" + frame.batch_size.astype(str)
-    return frame
-
+MEMORY_FORMAT = "slurm-gpushare/memory-predictor/1"
 
 def observations_from_schedtune(frame: pd.DataFrame) -> pd.DataFrame:
     """The long table the predictor trains on: job, group, gpu, peak_mib (measured rows)."""
@@ -321,6 +277,38 @@ class CrossTypeMemoryPredictor(BaseEstimator):
             basis += f" via {proxy_target} (nearest trained type)"
         return PeakPrediction(target, mean, margin + extra, basis)
 
+    # -- persistence (the packaged default: persist.packaged_fit) --------------------------
+    def to_dict(self) -> dict:
+        """The fitted state as plain data (``calibration_residuals_`` is not kept)."""
+        check_is_fitted(self, "pairs_")
+        return {
+            "format": MEMORY_FORMAT,
+            "params": {k: v for k, v in self.get_params().items() if k != "catalogue"},
+            "types": list(self.types_),
+            "pairs": [{"source": a, "target": b, **asdict(t)}
+                      for (a, b), t in sorted(self.pairs_.items())],
+            "margins": [{"target": t, "sources": key, "margin": m}
+                        for (t, key), m in sorted(self.margins_.items())],
+            "margin_by_count": {str(k): v for k, v in self.margin_by_count_.items()},
+            "n_jobs": self.n_jobs_,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping, catalogue: Catalogue | None = None
+                  ) -> "CrossTypeMemoryPredictor":
+        if data.get("format") != MEMORY_FORMAT:
+            raise ValueError(f"not a memory predictor (format {data.get('format')!r})")
+        model = cls(**data["params"], catalogue=catalogue)
+        model.types_ = list(data["types"])
+        model.pairs_ = {(p["source"], p["target"]): PairTransfer(
+            float(p["intercept"]), float(p["slope"]), float(p["lo"]), float(p["hi"]),
+            float(p["scale"]), int(p["n"])) for p in data["pairs"]}
+        model.margins_ = {(m["target"], m["sources"]): float(m["margin"])
+                          for m in data["margins"]}
+        model.margin_by_count_ = {int(k): float(v) for k, v in data["margin_by_count"].items()}
+        model.n_jobs_ = int(data["n_jobs"])
+        return model
+
     def predict(self, X: pd.DataFrame) -> np.ndarray:
         """Mean peak for rows ``source``, ``source_peak_mib``, ``target`` (one source each)."""
         check_is_fitted(self, "pairs_")
@@ -456,50 +444,20 @@ def _from_hint(hint_mib: float, margin: float, gpu_types, catalogue, why: str) -
                                f"+ {margin:.0%} margin", source="hint", per_type=per_type)
 
 
-# -- persistence ---------------------------------------------------------------------------
-
-def training_hash(X: pd.DataFrame) -> str:
-    """sha256 of the training table in a canonical order."""
-    canonical = X.sort_values(list(X.columns)).to_csv(index=False)
-    return hashlib.sha256(canonical.encode()).hexdigest()
-
-
-def save_predictor(predictor: BaseEstimator, path: str | os.PathLike, *,
-                   training_data: pd.DataFrame | None = None,
-                   metrics: Mapping[str, float] | None = None) -> dict:
-    """Write ``predictor`` with its metadata atomically (temp file + rename, under a lock)."""
-    check_is_fitted(predictor)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    metadata = {
-        "estimator": type(predictor).__name__,
-        "params": {k: v for k, v in predictor.get_params().items() if k != "catalogue"},
-        "trained_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "sklearn_version": sklearn.__version__,
-        "data_sha256": training_hash(training_data) if training_data is not None else None,
-        "n_rows": int(len(training_data)) if training_data is not None else None,
-        "metrics": dict(metrics or {}),
-    }
-    payload = pickle.dumps({"metadata": metadata, "estimator": predictor})
-    with lock_for(path):  # the model and its metadata side file change together
-        replace_atomically(path, payload)
-        replace_atomically(path.with_suffix(path.suffix + ".json"),
-                           json.dumps(metadata, indent=2).encode())
-    return metadata
-
-
-def load_predictor(path: str | os.PathLike) -> tuple[BaseEstimator, dict]:
-    """The estimator and metadata written by ``save_predictor`` (trusted local file)."""
-    payload = pickle.loads(read_locked(path))
-    return payload["estimator"], payload["metadata"]
 
 
 def default_predictor() -> CrossTypeMemoryPredictor:
-    """A predictor fitted on the packaged SchedTune measurements (until the site has its own)."""
+    """The predictor fitted on the packaged SchedTune measurements (until the site has its own),
+    as stored in the package (``persist.packaged_fit``: read, not refitted, at each start)."""
     global _DEFAULT
     if _DEFAULT is None:
-        _DEFAULT = CrossTypeMemoryPredictor().fit(observations_from_schedtune(load_schedtune()))
+        _DEFAULT = CrossTypeMemoryPredictor.from_dict(packaged_fit("memory"))
     return _DEFAULT
+
+
+def fit_default_predictor() -> CrossTypeMemoryPredictor:
+    """What ``default_predictor`` holds, fitted afresh (``persist`` stores it)."""
+    return CrossTypeMemoryPredictor().fit(observations_from_schedtune(load_schedtune()))
 
 
 _DEFAULT: CrossTypeMemoryPredictor | None = None

@@ -66,6 +66,8 @@ from scipy.stats import spearmanr
 from sklearn.base import BaseEstimator
 from sklearn.utils.validation import check_is_fitted
 
+from slurm_gpushare.predict.persist import stored_pair_prior
+
 DEFAULT_THRESHOLD = 0.7
 # Mean / peak utilisation where only the peak is known (alnair's 49 runs: median mean/peak SM
 # utilisation 0.17, memory 0.19; 0.5 errs towards more contention, the safe side).
@@ -401,12 +403,13 @@ def training_sides() -> pd.DataFrame:
 
 @lru_cache(maxsize=1)
 def _data_sets() -> tuple:
-    from slurm_gpushare.predict.knowledge import (GAVEL_MEM_MIB, alnair_pairs, gavel_pairs,
-                                                  gavel_profiles, speed_of)
+    from slurm_gpushare.predict.datasets import load_gavel_pairs
+    from slurm_gpushare.predict.knowledge import (GAVEL_MEM_MIB, alnair_pairs, gavel_profiles,
+                                                  speed_of)
 
     out = []
     util = gavel_profiles().set_index(["gpu", "job"])["gpu_util_pct"]
-    raw = gavel_pairs()
+    raw = load_gavel_pairs()
     usable = raw[~raw["infeasible_zero"] & ~raw["a_equals_alone"] & ~raw["b_equals_alone"]]
     for gpu, frame in usable.groupby("gpu"):
         profiles = {job: {"gpu_util_pct": float(util[(gpu, job)]),
@@ -434,27 +437,6 @@ def data_sets() -> list[tuple[str, list[tuple[str, str, float, float]], dict[str
             for name, pairs, profiles in _data_sets()]
 
 
-# -- evaluation (bench/pairs_eval.py, kb evaluate) ------------------------------------------
-def _figures(rows: pd.DataFrame, threshold: float = DEFAULT_THRESHOLD) -> dict:
-    """The judged figures over measured pairs. ``rows``: one per measured pair with pred_a,
-    pred_b (NaN where the table had no row), speed_a, speed_b, recommended. Spearman is over
-    both sides of every pair (predicted vs measured speed, all pairs pooled); a recommended pair
-    is bad when either side was measured below ``threshold``."""
-    sides_pred = np.concatenate([rows["pred_a"], rows["pred_b"]]).astype(float)
-    sides_true = np.concatenate([rows["speed_a"], rows["speed_b"]]).astype(float)
-    known = ~np.isnan(sides_pred)
-    worst = np.minimum(rows["speed_a"], rows["speed_b"])
-    rec = rows["recommended"].fillna(False).astype(bool)
-    missing = int(rows[["pred_a", "pred_b"]].isna().any(axis=1).sum())
-    return {
-        "pairs": int(len(rows)), "missing": missing,
-        "spearman": round(float(spearmanr(sides_pred[known], sides_true[known]).statistic), 4),
-        "mae": round(float(np.abs(sides_pred[known] - sides_true[known]).mean()), 4),
-        "recommended_share": round(float(rec.mean()), 4),
-        "recommended_bad_share": round(float((worst[rec] < threshold).mean()), 4) if rec.any()
-        else None,
-        "all_pairs_bad_share": round(float((worst < threshold).mean()), 4),
-    }
 
 
 def pair_table(model: PairSpeedModel, profiles: Sequence[Mapping[str, Any]],
@@ -470,128 +452,13 @@ def pair_table(model: PairSpeedModel, profiles: Sequence[Mapping[str, Any]],
     return learned.predict_pairs(profiles, keys)
 
 
-def _evaluate(model: PairSpeedModel, measured, profiles, history=()) -> dict:
-    """The judged figures for ``measured`` pairs from the table ``kb predict-pairs`` prints
-    for every job in ``profiles`` with ``history`` given as co-runs."""
-    table = pair_table(model, [{"job": k, **v} for k, v in profiles.items()], history)
-    by_pair = {}
-    for row in table:
-        by_pair[(row["job_a"], row["job_b"])] = row
-        by_pair[(row["job_b"], row["job_a"])] = {
-            **row, "pred_speed_a": row["pred_speed_b"], "pred_speed_b": row["pred_speed_a"]}
-    out = []
-    for a, b, speed_a, speed_b in measured:
-        row = by_pair.get((a, b), {})
-        out.append({"pred_a": row.get("pred_speed_a", np.nan),
-                    "pred_b": row.get("pred_speed_b", np.nan), "speed_a": speed_a,
-                    "speed_b": speed_b, "recommended": row.get("recommended", False)})
-    return _figures(pd.DataFrame(out))
-
-
-def _baseline_rows(pairs, profiles) -> pd.DataFrame:
-    out = []
-    for a, b, speed_a, speed_b in pairs:
-        total = demand_of(profiles[a]).sm + demand_of(profiles[b]).sm
-        out.append({"pred_a": -total, "pred_b": -total, "speed_a": speed_a, "speed_b": speed_b,
-                    "recommended": total <= 1.0})
-    return pd.DataFrame(out)
-
-
-def _spread(values: list[float | None]) -> dict:
-    values = [v for v in values if v is not None]
-    if not values:
-        return {"mean": None, "min": None, "max": None}
-    return {"mean": round(float(np.mean(values)), 4), "min": round(float(min(values)), 4),
-            "max": round(float(max(values)), 4)}
-
-
-def leave_one_data_set_out(seeds: Sequence[int] = (0, 1, 2, 3, 4)) -> dict:
-    """Each packaged data set held out in turn, the margins calibrated on the others; figures
-    from the table ``kb predict-pairs`` prints: cold, with ``HISTORY_PER_JOB`` co-runs per job
-    given as history (per seed; figures over the other pairs; mean, min and max), with the prior's
-    shape fitted on the other sets instead of fixed, and for the baseline "add the two jobs' GPU
-    utilisations" (a side's score is -(u_a + u_b); a pair is recommended when the sum is at most
-    100%)."""
-    sides = training_sides()
-    out = {}
-    for name, pairs, profiles in data_sets():
-        training = sides[sides["group"] != name]
-        model = PairSpeedModel().fit(training)
-        fitted_shape = PairSpeedModel(latency=None).fit(training)
-        entry = {
-            "fitted_on": sorted(set(training["group"])),
-            "parameters": dict(zip(PARAMETERS, np.round(model.coef_, 4).tolist())),
-            "shrinkage": model.shrinkage_,
-            "margin": model.margin_, "margin_learned": model.margin_learned_,
-            "cold": _evaluate(model, pairs, profiles),
-            "baseline_sum_of_utilisations": _figures(_baseline_rows(pairs, profiles)),
-            "latency_fitted_on_the_others": {
-                "parameters": dict(zip(PARAMETERS, np.round(fitted_shape.coef_, 4).tolist())),
-                "margin": fitted_shape.margin_,
-                "cold": _evaluate(fitted_shape, pairs, profiles)},
-        }
-        per_seed = []
-        for seed in seeds:
-            history, test = history_split(pairs, seed)
-            per_seed.append({"seed": seed, "history_pairs": len(history),
-                             "test_pairs": len(test), "cold": _evaluate(model, test, profiles),
-                             "history": _evaluate(model, test, profiles, history)})
-        entry["with_history"] = {
-            "co_runs_per_job": HISTORY_PER_JOB,
-            "per_seed": per_seed,
-            **{f"{kind}_{metric}": _spread([s[kind][metric] for s in per_seed])
-               for kind in ("cold", "history")
-               for metric in ("spearman", "recommended_share", "recommended_bad_share")},
-        }
-        out[name] = entry
-    return out
-
-
-PRIOR_FORMAT = "slurm-gpushare/pair-prior/2"
-
-
-def prior_path():
-    from slurm_gpushare.predict.classes import data_path
-
-    return data_path("interference", "pair_prior.json")
-
-
-def fitted_prior() -> dict[str, Any]:
-    """The prior fitted on every packaged data set, as stored in ``pair_prior.json``
-    (regenerate with ``python -m slurm_gpushare.predict.pairs``; a test checks it is current)."""
-    model = PairSpeedModel().fit(training_sides())
-    return {"format": PRIOR_FORMAT, "parameters": dict(zip(PARAMETERS, model.coef_.tolist())),
-            "shrinkage": model.shrinkage_, "margin": model.margin_,
-            "margin_learned": model.margin_learned_,
-            "sides": model.n_train_,
-            "data": sorted(set(training_sides()["group"]))}
-
-
-@lru_cache(maxsize=1)
-def _stored_prior() -> tuple[tuple[float, ...], float, float, float, int]:
-    import json
-
-    data = json.loads(prior_path().read_text())
-    if data.get("format") != PRIOR_FORMAT:
-        raise ValueError(f"not a pair prior (format {data.get('format')!r})")
-    return (tuple(float(data["parameters"][p]) for p in PARAMETERS), float(data["shrinkage"]),
-            float(data["margin"]), float(data["margin_learned"]), int(data["sides"]))
-
-
 def default_model() -> PairSpeedModel:
     """The packaged prior (fitted on every packaged data set; read once per process), a fresh
     copy with no corrections each call."""
-    coef, shrinkage, margin, margin_learned, sides = _stored_prior()
+    coef, shrinkage, margin, margin_learned, sides = stored_pair_prior()
     model = PairSpeedModel(latency=coef[0], shrinkage=shrinkage)
     model.coef_, model.margin_, model.n_train_ = np.array(coef), margin, sides
     model.shrinkage_ = shrinkage
     model.margin_learned_ = margin_learned
     model.suffers_, model.hurts_ = {}, {}
     return model
-
-
-if __name__ == "__main__":
-    import json
-
-    prior_path().write_text(json.dumps(fitted_prior(), indent=1) + "\n")
-    print(f"wrote {prior_path()}")

@@ -1,6 +1,13 @@
-"""The daemon's fitted models, refit from the site's own history: ``slurm-gpushare models fit``.
+"""Our fitted models on disk: where they live, how they are written (atomically, under a file
+lock) and read back. The public data sets are read by ``datasets.py``, never here.
 
-The cross-type memory predictor starts from the packaged SchedTune measurements. Every job the
+- the cross-type memory predictor (``models fit``: a pickle with its metadata beside it);
+- the interference classes (``classes fit``) and the knowledge base: JSON;
+- the packaged default fits (``data/models``: memory predictor, classes) and pair prior
+  (``data/interference/pair_prior.json``), regenerated with
+  ``python -m slurm_gpushare.predict.persist``.
+
+The cross-type memory predictor (``slurm-gpushare models fit``) starts from the packaged SchedTune measurements. Every job the
 site ran on more than one GPU type adds what it measured: its peak per type, keyed by its
 exact-script fingerprint (never by anything the job said about itself). The model is written
 atomically under a file lock with its training metadata; the daemon loads it at start and on
@@ -9,11 +16,23 @@ SIGHUP.
 
 from __future__ import annotations
 
+import datetime as _dt
+import hashlib
+import json
+import os
+import pickle
+from functools import lru_cache
 from pathlib import Path
-
+from typing import TYPE_CHECKING, Any, Mapping
 
 from slurm_gpushare.core.config import Config
+from slurm_gpushare.core.files import lock_for, read_locked, replace_atomically, write_locked
+from slurm_gpushare.predict.datasets import package_path
 from slurm_gpushare.predict.history import PREALLOC_PCT
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from sklearn.base import BaseEstimator
 
 MEMORY_MODEL = "memory.pkl"
 # `slurm-gpushare classes fit` writes here by default; the daemon loads it at start and on SIGHUP.
@@ -55,8 +74,8 @@ def fit_memory_model(config: Config, store) -> dict:
     """Fit on SchedTune + the site's multi-type jobs, save, and return the metadata."""
     import pandas as pd
 
-    from slurm_gpushare.predict.memory import (CrossTypeMemoryPredictor, load_schedtune, observations_from_schedtune,
-                         save_predictor)
+    from slurm_gpushare.predict.datasets import load_schedtune
+    from slurm_gpushare.predict.memory import CrossTypeMemoryPredictor, observations_from_schedtune
 
     site = site_observations(store)
     multi = site.groupby("job")["gpu"].nunique()
@@ -90,7 +109,132 @@ def load_memory_model(config: Config):
     path = model_path(config)
     if not path.exists():
         return None
-    from slurm_gpushare.predict.memory import load_predictor
-
     predictor, _metadata = load_predictor(path)
     return predictor
+
+
+# -- JSON models (interference classes, knowledge base) -------------------------------------
+def save_json(path: str | os.PathLike, data: Mapping[str, Any]) -> None:
+    """Write a model's dict as JSON atomically under ``<path>.lock`` (see core/files.py)."""
+    write_locked(path, json.dumps(data, indent=1, sort_keys=True) + "\n")
+
+
+def load_json(path: str | os.PathLike) -> dict[str, Any]:
+    return json.loads(read_locked(path).decode())
+
+
+# -- the memory predictor (a pickle with its metadata beside it) -----------------------------
+def training_hash(X: pd.DataFrame) -> str:
+    """sha256 of the training table in a canonical order."""
+    canonical = X.sort_values(list(X.columns)).to_csv(index=False)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def save_predictor(predictor: BaseEstimator, path: str | os.PathLike, *,
+                   training_data: pd.DataFrame | None = None,
+                   metrics: Mapping[str, float] | None = None) -> dict:
+    """Write ``predictor`` with its metadata atomically (temp file + rename, under a lock)."""
+    import sklearn
+    from sklearn.utils.validation import check_is_fitted
+
+    check_is_fitted(predictor)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    metadata = {
+        "estimator": type(predictor).__name__,
+        "params": {k: v for k, v in predictor.get_params().items() if k != "catalogue"},
+        "trained_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "sklearn_version": sklearn.__version__,
+        "data_sha256": training_hash(training_data) if training_data is not None else None,
+        "n_rows": int(len(training_data)) if training_data is not None else None,
+        "metrics": dict(metrics or {}),
+    }
+    payload = pickle.dumps({"metadata": metadata, "estimator": predictor})
+    with lock_for(path):  # the model and its metadata side file change together
+        replace_atomically(path, payload)
+        replace_atomically(path.with_suffix(path.suffix + ".json"),
+                           json.dumps(metadata, indent=2).encode())
+    return metadata
+
+
+def load_predictor(path: str | os.PathLike) -> tuple[BaseEstimator, dict]:
+    """The estimator and metadata written by ``save_predictor`` (trusted local file)."""
+    payload = pickle.loads(read_locked(path))
+    return payload["estimator"], payload["metadata"]
+
+
+# -- the packaged default fits (data/models/*.json) ----------------------------------------
+# What a site starts with before its own data, fitted on the packaged data sets. Stored so that
+# a start reads them instead of fitting (seconds); a test checks each is the current fit.
+PACKAGED_FITS = ("memory", "classes")
+
+
+def packaged_fit_path(name: str) -> Path:
+    return package_path("models", f"{name}.json")
+
+
+@lru_cache(maxsize=len(PACKAGED_FITS))
+def _packaged_fit_text(name: str) -> str:
+    if name not in PACKAGED_FITS:
+        raise ValueError(f"no packaged fit {name!r}")
+    return packaged_fit_path(name).read_text()
+
+
+def packaged_fit(name: str) -> dict[str, Any]:
+    """The stored default fit ``name`` as a dict (a fresh copy each call)."""
+    return json.loads(_packaged_fit_text(name))
+
+
+def fresh_fit(name: str) -> dict[str, Any]:
+    """The default fit ``name`` computed now from the packaged data."""
+    if name == "memory":
+        from slurm_gpushare.predict.memory import fit_default_predictor
+
+        return fit_default_predictor().to_dict()
+    if name == "classes":
+        from slurm_gpushare.predict.classes import fit_default_classes
+
+        return fit_default_classes().to_dict()
+    raise ValueError(f"no packaged fit {name!r}")
+
+
+# -- the packaged pair prior (data/interference/pair_prior.json) ----------------------------
+PRIOR_FORMAT = "slurm-gpushare/pair-prior/2"
+
+
+def prior_path() -> Path:
+    return package_path("interference", "pair_prior.json")
+
+
+def fitted_prior() -> dict[str, Any]:
+    """The prior fitted on every packaged data set, as stored in ``pair_prior.json``
+    (regenerate with ``python -m slurm_gpushare.predict.persist``; a test checks it is current)."""
+    from slurm_gpushare.predict.pairs import PARAMETERS, PairSpeedModel, training_sides
+
+    model = PairSpeedModel().fit(training_sides())
+    return {"format": PRIOR_FORMAT, "parameters": dict(zip(PARAMETERS, model.coef_.tolist())),
+            "shrinkage": model.shrinkage_, "margin": model.margin_,
+            "margin_learned": model.margin_learned_,
+            "sides": model.n_train_,
+            "data": sorted(set(training_sides()["group"]))}
+
+
+@lru_cache(maxsize=1)
+def stored_pair_prior() -> tuple[tuple[float, ...], float, float, float, int]:
+    from slurm_gpushare.predict.pairs import PARAMETERS
+
+    data = json.loads(prior_path().read_text())
+    if data.get("format") != PRIOR_FORMAT:
+        raise ValueError(f"not a pair prior (format {data.get('format')!r})")
+    return (tuple(float(data["parameters"][p]) for p in PARAMETERS), float(data["shrinkage"]),
+            float(data["margin"]), float(data["margin_learned"]), int(data["sides"]))
+
+
+if __name__ == "__main__":
+    prior_path().write_text(json.dumps(fitted_prior(), indent=1) + "\n")
+    print(f"wrote {prior_path()}")
+    for fit_name in PACKAGED_FITS:
+        packaged_fit_path(fit_name).parent.mkdir(exist_ok=True)
+        packaged_fit_path(fit_name).write_text(
+            json.dumps(fresh_fit(fit_name), indent=1, sort_keys=True) + "\n")
+        print(f"wrote {packaged_fit_path(fit_name)}")

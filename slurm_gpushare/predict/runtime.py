@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import itertools
 import math
-import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Mapping
 
 import numpy as np
@@ -27,25 +25,7 @@ from sklearn.base import BaseEstimator
 from sklearn.utils.validation import check_is_fitted
 
 from slurm_gpushare.core.gpus import Catalogue, default_catalogue
-from slurm_gpushare.predict.memory import _huber_line, data_dir
-
-GAVEL_GPUS = {"k80": "K80", "p100": "P100", "v100": "V100-16GB"}
-
-
-def load_gavel(path: str | os.PathLike | None = None) -> pd.DataFrame:
-    """Gavel's isolated throughputs at scale 1: columns job, gpu (catalogue model), throughput."""
-    path = Path(path) if path else data_dir() / "gavel"
-    if path.is_dir():
-        names = ["isolated_throughputs.csv", "DERIVED_gavel_isolated_throughputs.csv"]
-        found = [path / n for n in names if (path / n).exists()]
-        if not found:
-            raise FileNotFoundError(f"no Gavel throughput table in {path}")
-        path = found[0]
-    frame = pd.read_csv(path)
-    frame = frame[frame.scale_factor == 1]
-    return pd.DataFrame({"job": frame.job, "gpu": frame.gpu.map(GAVEL_GPUS),
-                         "throughput": frame.tput_alone.astype(float)}).reset_index(drop=True)
-
+from slurm_gpushare.predict.memory import _huber_line
 
 def speed_proxy(spec) -> float:
     return math.sqrt(spec.fp32_tflops * spec.memory_bandwidth_gbs)
@@ -147,25 +127,3 @@ class RuntimeTransfer(BaseEstimator):
         return {t: self.predict_runtime(observed_s, t, steps) for t in targets}
 
 
-def evaluate_transfer(frame: pd.DataFrame | None = None) -> dict:
-    """Leave-one-job-type-out relative error of run time from one type to another."""
-    frame = load_gavel() if frame is None else frame
-    wide = frame.pivot_table(index="job", columns="gpu", values="throughput")
-    errors: dict[str, list[float]] = {"same time everywhere": [], "per-pair median ratio": [],
-                                      "per-pair log-linear (ours)": []}
-    for job in wide.index:
-        train = frame[frame.job != job]
-        median = RuntimeTransfer(method="median").fit(train)
-        ours = RuntimeTransfer(method="loglinear").fit(train)
-        for a, b in itertools.permutations(wide.columns, 2):
-            # Run time of a fixed amount of work: steps / throughput; steps cancel in the error.
-            steps = 1000.0
-            t_a, t_b = steps / wide.loc[job, a], steps / wide.loc[job, b]
-            errors["same time everywhere"].append(abs(t_a / t_b - 1))
-            errors["per-pair median ratio"].append(
-                abs(median.predict_runtime({a: t_a}, b, steps) / t_b - 1))
-            errors["per-pair log-linear (ours)"].append(
-                abs(ours.predict_runtime({a: t_a}, b, steps) / t_b - 1))
-    return {name: {"avg_rel_err": float(np.mean(e)), "p95_rel_err": float(np.percentile(e, 95)),
-                   "median_rel_err": float(np.median(e)), "n": len(e)}
-            for name, e in errors.items()}

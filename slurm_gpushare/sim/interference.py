@@ -26,18 +26,15 @@ from __future__ import annotations
 
 import ast
 import functools
-import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Protocol, Sequence
 
 import numpy as np
 import pandas as pd
 
+from slurm_gpushare.predict.datasets import load_alnair, load_gavel_throughputs
 from slurm_gpushare.sim.cluster import SPEED_PROFILES
 
-GAVEL_JSON = "gavel/simulation_throughputs.json"
-ALNAIR_PAIRS = "alnair/pairs_tables3_4.csv"
 N_CLASSES = 3
 
 
@@ -66,10 +63,7 @@ def _key(text: str) -> tuple[str, int]:
 
 @functools.lru_cache(maxsize=4)
 def load_gavel(data_dir: str) -> GavelData:
-    path = Path(data_dir) / GAVEL_JSON
-    if not path.exists():
-        raise FileNotFoundError(f"Gavel throughputs not found at {path}")
-    raw = json.loads(path.read_text())
+    raw = load_gavel_throughputs(data_dir)
     kinds = sorted({_key(k)[0] for k in raw["v100"] if _key(k)[1] == 1})
     index = {k: i for i, k in enumerate(kinds)}
     n, profiles = len(kinds), SPEED_PROFILES
@@ -208,8 +202,7 @@ class ClassPairTable:
         Their cluster ids are renumbered by the pressure they put on partners (0 lightest),
         the same order as ``gavel_classes``.
         """
-        path = Path(data_dir) / ALNAIR_PAIRS
-        pairs = pd.read_csv(path)
+        pairs = load_alnair("pairs", data_dir)
         rows = []
         for _, r in pairs.iterrows():
             rows.append((r.cluster_a, r.cluster_b, 1 / (1 + r.isd_a_pct / 100)))

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
+from slurm_gpushare.predict.datasets import default_data_dir  # noqa: F401 -- the commands' default
 from slurm_gpushare.sim import metrics
 from slurm_gpushare.sim import traces
 from slurm_gpushare.sim.cluster import Cluster
@@ -15,15 +15,6 @@ from slurm_gpushare.sim.engine import Engine, EngineOptions, Result
 from slurm_gpushare.sim.interference import ClassPairTable, gavel_classes, load_gavel, make_model
 from slurm_gpushare.sim.policies import POLICY_NAMES, make_policy
 from slurm_gpushare.sim.workload import Workload, WorkloadOptions, build_workload
-
-DATA_ENV = "GPUSHARE_DATA"
-
-
-def default_data_dir() -> Path:
-    """$GPUSHARE_DATA, else ../shared/data next to the repository."""
-    if os.environ.get(DATA_ENV):
-        return Path(os.environ[DATA_ENV])
-    return Path(__file__).resolve().parents[3] / "shared" / "data"
 
 
 def knowledge_table(data_dir: str | Path, source: str = "gavel") -> ClassPairTable:

@@ -18,15 +18,21 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from slurm_gpushare.predict import datasets
+
 COLUMNS = ["job_id", "submit", "duration", "num_gpus", "num_nodes", "gpu_milli", "mem_mib",
            "gpu_type", "user"]
-
-PHILLY_CSV = "traces/philly/philly_jobs.csv"
-OPENB_PODS = "traces/alibaba_openb/openb_pod_list_default.csv"
 
 
 class TraceError(ValueError):
     """A trace that cannot be read."""
+
+
+def _read(loader, data_dir):
+    try:
+        return loader(data_dir)
+    except datasets.MissingDataSet as exc:
+        raise TraceError(str(exc)) from None
 
 
 def _frame(**cols) -> pd.DataFrame:
@@ -43,10 +49,7 @@ def _frame(**cols) -> pd.DataFrame:
 
 
 def load_philly(data_dir: str | Path) -> pd.DataFrame:
-    path = Path(data_dir) / PHILLY_CSV
-    if not path.exists():
-        raise TraceError(f"Philly trace not found at {path}")
-    raw = pd.read_csv(path)
+    raw = _read(datasets.load_philly, data_dir)
     stamps = pd.to_datetime(raw["timestamp"])
     submit = (stamps - stamps.min()).dt.total_seconds()  # unit-proof across pandas versions
     return _frame(job_id=[f"philly-{i}" for i in range(len(raw))], submit=submit.to_numpy(float),
@@ -56,10 +59,7 @@ def load_philly(data_dir: str | Path) -> pd.DataFrame:
 
 def load_openb(data_dir: str | Path) -> pd.DataFrame:
     """openb GPU pods; ``duration`` is deletion minus scheduled (or creation) time."""
-    path = Path(data_dir) / OPENB_PODS
-    if not path.exists():
-        raise TraceError(f"openb trace not found at {path}")
-    raw = pd.read_csv(path)
+    raw = _read(datasets.load_openb, data_dir)
     raw = raw[raw.num_gpu > 0]
     start = raw.scheduled_time.fillna(raw.creation_time)
     duration = (raw.deletion_time - start).clip(lower=1)

@@ -47,10 +47,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from slurm_gpushare.predict import datasets
 from slurm_gpushare.sim.cluster import MEMORY_PROFILES, SPEED_PROFILES, Cluster
 from slurm_gpushare.sim.interference import gavel_classes, load_gavel
 
-SCHEDTUNE_CSV = "schedtune/model_stats.csv"
 # SchedTune's GPUs by CUDA core count (see the data README).
 SCHEDTUNE_GPUS = {2496: "K80", 2560: "RTX2070S", 5120: "V100", 5888: "RTX3070", 10496: "RTX3090"}
 
@@ -106,9 +106,10 @@ class Workload:
 @functools.lru_cache(maxsize=4)
 def load_schedtune(data_dir: str) -> pd.DataFrame:
     """Peak memory (MiB) per (model, batch) row and SchedTune GPU column."""
-    raw = pd.read_csv(Path(data_dir) / SCHEDTUNE_CSV)
-    raw["gpu"] = raw["Pipelines/CUDA cores"].map(SCHEDTUNE_GPUS)
-    table = raw.pivot_table(index=["model", "batchsize"], columns="gpu", values="peak mem usage")
+    frame = datasets.load_schedtune(Path(data_dir) / "schedtune")
+    profile = frame.cuda_cores.map(SCHEDTUNE_GPUS)  # the memory profiles' names
+    table = frame.assign(profile=profile).pivot_table(index=["model", "batch_size"],
+                                                      columns="profile", values="peak_mib")
     return table[list(MEMORY_PROFILES)]
 
 

@@ -11,8 +11,8 @@ import pytest
 from sklearn.base import clone
 from sklearn.exceptions import NotFittedError
 
-from slurm_gpushare.predict.classes import (InterferenceClasses, kneedle, max_second_difference,
-                                    reproduce_alnair)
+from slurm_gpushare.predict.classes import InterferenceClasses, kneedle, max_second_difference
+from slurm_gpushare.predict.evaluate import reproduce_alnair
 
 
 def blobs(seed=0, n=40):

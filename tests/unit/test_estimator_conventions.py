@@ -12,11 +12,11 @@ from sklearn.base import clone
 from sklearn.utils import estimator_checks as checks
 
 from slurm_gpushare.predict.classes import InterferenceClasses
-from slurm_gpushare.predict.knowledge import PairInterferenceModel
 from slurm_gpushare.predict.memory import CrossTypeMemoryPredictor
+from slurm_gpushare.predict.pairs import PairSpeedModel
 from slurm_gpushare.predict.runtime import RuntimeTransfer
 
-ESTIMATORS = [InterferenceClasses, CrossTypeMemoryPredictor, RuntimeTransfer, PairInterferenceModel]
+ESTIMATORS = [InterferenceClasses, CrossTypeMemoryPredictor, RuntimeTransfer, PairSpeedModel]
 API_CHECKS = [
     checks.check_no_attributes_set_in_init,
     checks.check_parameters_default_constructible,

@@ -2,7 +2,7 @@ import pytest
 
 from slurm_gpushare.core.config import GpuType
 from slurm_gpushare.core.gpus import UnknownGpu, default_catalogue
-from slurm_gpushare.predict.memory import SCHEDTUNE_GPUS, load_schedtune
+from slurm_gpushare.predict.datasets import SCHEDTUNE_GPUS, load_schedtune
 
 REQUIRED = ["K80", "P100", "V100-16GB", "V100-32GB", "T4", "A10", "A30", "A40", "A100-40GB",
             "A100-80GB", "L4", "L40S", "H100", "H200", "RTX2070S", "RTX3070", "RTX3090",

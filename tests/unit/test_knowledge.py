@@ -1,4 +1,4 @@
-"""The knowledge base (ISD/PS per class pair) and the pair-interference model."""
+"""The knowledge base (ISD/PS per class pair) and Gavel's telemetry proxy."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import pytest
 
 from slurm_gpushare.predict import knowledge
 from slurm_gpushare.predict.classes import default_classes
-from slurm_gpushare.predict.knowledge import (KnowledgeBase, PairInterferenceModel, class_of_history,
-                                      fits_memory, measured_isd, packing_saving,
-                                      recommend_pair)
+from slurm_gpushare.predict.evaluate import evaluate_kb_on_alnair
+from slurm_gpushare.predict.knowledge import (KnowledgeBase, class_of_history, measured_isd,
+                                              packing_saving)
 from slurm_gpushare.daemon.store import Store
 
 
@@ -82,42 +82,16 @@ def test_gavel_proxy_uses_no_pair_measurement(monkeypatch):
     assert util[("v100", "ResNet-50 (batch size 64)")] > 50
     assert util[("v100", "Recommendation (batch size 1024)")] < 10
     assert profiles["mem_util_pct"].isna().all()  # not derivable: left unknown, not invented
-    pairs = knowledge.gavel_pairs()
+    pairs = knowledge.load_gavel_pairs()
     scrambled = pairs.assign(norm_a=pairs["norm_a"].sample(frac=1, random_state=0).to_numpy(),
                              norm_b=0.5)
-    monkeypatch.setattr(knowledge, "gavel_pairs", lambda: scrambled)
+    monkeypatch.setattr(knowledge, "load_gavel_pairs", lambda: scrambled)
     pd.testing.assert_frame_equal(knowledge.gavel_profiles(), profiles)
 
 
-def test_pair_model_is_monotone_and_bounded():
-    model = PairInterferenceModel.default()
-    me = {"gpu_util_pct": 60, "mem_util_pct": 20, "mem_used_mib": 4000, "mem_total_mib": 16384}
-    speeds = [model.predict_speed(me, me | {"gpu_util_pct": u})[0] for u in range(0, 101, 10)]
-    assert all(a >= b - 1e-9 for a, b in zip(speeds, speeds[1:]))
-    assert all(0.05 <= s <= 1.0 for s in speeds)
-    assert speeds[0] > speeds[-1]
-    with pytest.raises(Exception):
-        PairInterferenceModel().predict_speed(me, me)  # not fitted
-
-
-def test_fits_memory_and_recommendation():
-    a = {"gpu_util_pct": 5, "mem_util_pct": 1, "mem_used_mib": 9000, "mem_total_mib": 16384}
-    b = a | {"mem_used_mib": 8000}
-    assert fits_memory(a, b) is False and fits_memory(a, a | {"mem_used_mib": 7000}) is True
-    assert fits_memory(a, b | {"mem_used_mib": None}) is None
-    assert recommend_pair(a, b) is False  # does not fit, whatever the speeds
-
-    class Optimist:
-        def predict_speed(self, x, y):
-            return 0.9, 0.8
-
-    assert recommend_pair(a, b | {"mem_used_mib": 100}, model=Optimist()) is True
-    assert recommend_pair(a, b | {"mem_used_mib": 100}, model=Optimist(), threshold=0.85) is False
-
-
-def test_held_out_evaluation_ranks_better_than_chance():
-    figures = knowledge.evaluate_pair_model("family")
-    assert figures["sides"] > 1000 and figures["held_out"].startswith("leave-one-family-out")
-    assert figures["spearman"] > 0.2  # shuffled predictions would give ~0
-    assert 0 <= figures["all_pairs_below_threshold_rate"] <= 1
-    assert figures["recommended_below_threshold"] <= figures["recommended_pairs"]
+def test_class_lookup_held_out_on_the_alnair_pairs():
+    figures = evaluate_kb_on_alnair(None)
+    assert (figures["pairs"], figures["sides"]) == (34, 68)
+    assert figures["held_out"] == "leave-one-pair-out"
+    assert figures["recommended_below_threshold"] <= figures["recommended_pairs"] <= 34
+    assert -1 <= figures["spearman"] <= 1

@@ -1,55 +1,44 @@
 import contextlib
-import hashlib
 import io
 import json
 import math
 import os
-from pathlib import Path
 
 import numpy as np
 import pytest
 from sklearn.base import clone
 from sklearn.exceptions import NotFittedError
 
+from conftest import cached_json
 from slurm_gpushare.cli import main
-from slurm_gpushare.core.files import replace_atomically
 from slurm_gpushare.core.config import GpuType
+from slurm_gpushare.predict.datasets import load_schedtune
 from slurm_gpushare.predict.memory import (CrossTypeMemoryPredictor, _huber_line, conformal_upper,
-                                   default_predictor, estimate_memory, load_predictor,
-                                   load_schedtune, observations_from_schedtune, save_predictor)
+                                           default_predictor, estimate_memory,
+                                           observations_from_schedtune)
+from slurm_gpushare.predict.persist import load_predictor, save_predictor
 from slurm_gpushare.predict.evaluate import render
 from slurm_gpushare.core.policy import JobEstimate
 
 CLUSTER = [GpuType("v100", 16, model="V100-16GB"), GpuType("a100", 80, model="A100-80GB")]
 
 
-REPO = Path(__file__).resolve().parents[2]
-EVALUATION_INPUTS = [REPO / "slurm_gpushare" / "predict" / name
-                     for name in ("evaluate.py", "memory.py", "runtime.py")] + [
-    REPO / "slurm_gpushare" / "core" / "gpus.py", REPO / "slurm_gpushare" / "data" / "gpus.csv",
-    *sorted((REPO / "slurm_gpushare" / "data" / "schedtune").glob("*"))]
-
-
 @pytest.fixture(scope="module")
 def evaluation():
     """One full evaluation through the CLI (the figures bench/memory_eval.json records).
 
-    It costs ~25 s, so its result is kept in .cache/ under a hash of everything it reads
-    (code, data, arguments): any change to those recomputes it."""
+    It costs ~25 s, so its result is kept in .cache/ (``conftest.cached_json``): any change
+    to the predictors' code or data recomputes it."""
     argv = ["memory", "evaluate", "--json", "--seeds", "1"]
-    digest = hashlib.sha256(" ".join(argv).encode())
-    for path in EVALUATION_INPUTS:
-        digest.update(path.read_bytes())
-    cached = REPO / ".cache" / f"memory-evaluate-{digest.hexdigest()[:16]}.json"
-    if cached.is_file():
-        return json.loads(cached.read_text())
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        status = main(argv)
-    assert status == 0
-    figures = json.loads(out.getvalue())
-    replace_atomically(cached, out.getvalue().encode(), mode=0o644)
-    return figures
+
+    def run():
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            status = main(argv)
+        assert status == 0
+        return json.loads(out.getvalue())
+
+    return cached_json("memory-evaluate", run, " ".join(argv))
 
 
 def test_schedtune_rows_and_does_not_fit_labels():

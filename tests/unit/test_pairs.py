@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from sklearn.exceptions import NotFittedError
 
+from conftest import cached_json
 from slurm_gpushare.predict.pairs import (PairSpeedModel, default_model, demand_of, fits_memory,
                                           training_sides)
 
@@ -150,11 +151,11 @@ def test_recommend_needs_memory_and_speed(model):
 
 
 def test_the_packaged_prior_is_the_fit_of_the_packaged_data():
-    from slurm_gpushare.predict.pairs import fitted_prior, prior_path
+    from slurm_gpushare.predict.persist import fitted_prior, prior_path
     import json
 
     stored = json.loads(prior_path().read_text())
-    fresh = fitted_prior()
+    fresh = cached_json("pair-prior", fitted_prior)
     assert stored["data"] == fresh["data"] and stored["sides"] == fresh["sides"]
     assert stored["margin"] == fresh["margin"]
     assert stored["shrinkage"] == fresh["shrinkage"]
@@ -164,9 +165,9 @@ def test_the_packaged_prior_is_the_fit_of_the_packaged_data():
 
 
 def test_leave_one_data_set_out_learns_from_co_runs():
-    from slurm_gpushare.predict.pairs import leave_one_data_set_out
+    from slurm_gpushare.predict.evaluate import leave_one_data_set_out
 
-    result = leave_one_data_set_out(seeds=[0])
+    result = cached_json("pairs-leave-one-data-set-out", lambda: leave_one_data_set_out(seeds=[0]))
     assert set(result) == {"gavel-k80", "gavel-p100", "gavel-v100", "alnair-p100"}
     for name, entry in result.items():
         assert name not in entry["fitted_on"]

@@ -1,10 +1,12 @@
 import pytest
 
-from slurm_gpushare.predict.runtime import RuntimeTransfer, evaluate_transfer, load_gavel
+from slurm_gpushare.predict.datasets import load_gavel_isolated
+from slurm_gpushare.predict.evaluate import evaluate_transfer
+from slurm_gpushare.predict.runtime import RuntimeTransfer
 
 
 def test_gavel_copy_has_26_job_types_on_three_gpus():
-    frame = load_gavel()
+    frame = load_gavel_isolated()
     assert frame.job.nunique() == 26
     assert set(frame.gpu) == {"K80", "P100", "V100-16GB"}
     assert (frame.throughput > 0).all()
@@ -20,7 +22,7 @@ def test_leave_one_job_type_out_beats_same_time_everywhere():
 
 
 def test_transfer_direction_and_unseen_types():
-    model = RuntimeTransfer().fit(load_gavel())
+    model = RuntimeTransfer().fit(load_gavel_isolated())
     times = model.predict_all({"K80": 3600.0}, ["K80", "P100", "V100-16GB", "A100-80GB", "H100"])
     assert times["K80"] == 3600.0
     assert times["K80"] > times["P100"] > times["V100-16GB"] > times["A100-80GB"] > times["H100"]

@@ -76,13 +76,10 @@ def simulate(trace, cluster_spec, store_path, policies, seed, out_dir, limit, lo
             task = bar.add_task(name, total=len(work))
             return lambda n: bar.advance(task, n)
 
-        try:
-            outcome = run_policies(cluster, work, names, data_dir=data_dir, seed=seed,
-                                   interference=interference, knowledge=knowledge,
-                                   options=options, progress=progress,
-                                   gpu_time_budget_pct=gpu_time_budget)
-        except ImportError as exc:
-            raise click.ClickException(f"--knowledge kb needs the knowledge base module: {exc}") from None
+        outcome = run_policies(cluster, work, names, data_dir=data_dir, seed=seed,
+                               interference=interference, knowledge=knowledge,
+                               options=options, progress=progress,
+                               gpu_time_budget_pct=gpu_time_budget)
     meta = {"trace": trace, "cluster": cluster.summary(), "policies": names, "seed": seed,
             "load": load, "limit": limit, "jobs": len(work), "interference": interference,
             "knowledge": knowledge, "gpu_time_budget_pct": gpu_time_budget}

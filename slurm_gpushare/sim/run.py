@@ -21,12 +21,12 @@ def knowledge_table(data_dir: str | Path, source: str = "gavel") -> ClassPairTab
     """What sharing policies know about pairs: speeds by class.
 
     ``gavel``: Gavel's pairs averaged by class; ``kb``: the project's knowledge base
-    (``slurm_gpushare.predict.knowledge``) when it is installed, per speed profile.
+    (``slurm_gpushare.predict.knowledge``, seeded from the public data), per speed profile.
     """
     if source == "kb":
-        from slurm_gpushare import knowledge  # noqa: PLC0415 -- optional module
+        from slurm_gpushare.predict.knowledge import KnowledgeBase  # noqa: PLC0415
 
-        kb = knowledge.KnowledgeBase.seeded()
+        kb = KnowledgeBase.seeded()
         return ClassPairTable.from_knowledge_base(kb, ("k80", "p100", "v100"))
     gavel = load_gavel(str(data_dir))
     return ClassPairTable.from_gavel(gavel, gavel_classes(gavel))

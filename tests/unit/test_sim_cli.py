@@ -108,3 +108,13 @@ def test_site_verdict_and_units():
         "45 s", "15.0 min", "3.0 d")
     assert (human_hours(0.0042), human_hours(2.5), human_hours(120.4)) == ("0.0042", "2.50",
                                                                            "120")
+
+
+def test_simulate_with_the_knowledge_base_as_what_policies_know(tmp_path, capsys):
+    trace = tmp_path / "sacct.txt"
+    trace.write_text(EXPORT)
+    code = main(["simulate", "--trace", f"sacct:{trace}", "--cluster", "local", "--policy",
+                 "gpushare", "--knowledge", "kb", "--limit", "10", "--json"])
+    assert code == 0, capsys.readouterr().err
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["meta"]["knowledge"] == "kb" and doc["summary"][0]["done"] == 10

@@ -104,6 +104,7 @@ def test_peer_credentials_are_checked(tmp_path):
             os.setgid(65534)
             os.setuid(65534)
             with connect(daemon.socket) as sock:
+                sock.settimeout(60)  # a loaded runner may take seconds to schedule the daemon
                 os.write(write_end, json.dumps(exchange(sock, b'{"v":1,"op":"ping"}\n')).encode())
         finally:
             os._exit(0)

@@ -20,6 +20,8 @@ slack for records that reach slurmdbd late). Jobs still running are never cached
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import io
 import itertools
 import json
@@ -63,6 +65,20 @@ class AccountingError(RuntimeError):
     """sacct could not be run or its output not read."""
 
 
+@contextlib.contextmanager
+def gc_paused():
+    """No cyclic garbage collection inside: reading a million jobs makes millions of objects
+    that live on, and each full collection would walk them all again (a quarter of the time)
+    to find no cycle. Reference counting still frees everything that is dropped."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 @dataclass(frozen=True, slots=True)
 class StepRecord:
     step_id: str  # "batch", "extern", "0", ...
@@ -70,6 +86,9 @@ class StepRecord:
     exit_code: int | None = None
     signal: int | None = None
     elapsed_s: float | None = None
+
+
+_UNDECODED = object()
 
 
 @dataclass(slots=True)  # slots: a site's month is a million of these
@@ -98,21 +117,25 @@ class JobRecord:
     # Runs of a requeued job before its final one (``sacct -D`` lists each run, same JobID).
     earlier_runs: list["JobRecord"] = field(default_factory=list)
     # Worked out once from ``tag`` and ``alloc_tres`` (reports read them many times per job).
-    decision: Tag | None = field(default=None, init=False, repr=False, compare=False)
+    # ``shared``: the hook turned this job's whole-GPU request into a share.
+    shared: bool = field(default=False, init=False, repr=False, compare=False)
     gpus: float = field(default=0.0, init=False, repr=False, compare=False)
     shards: float = field(default=0.0, init=False, repr=False, compare=False)
+    _decision: Any = field(default=_UNDECODED, init=False, repr=False, compare=False)
 
     # -- what the tag says -----------------------------------------------------------------
     def __post_init__(self):
-        self.decision = Tag.decode(self.tag)
+        self.shared = Tag.action_of(self.tag) == "share"
         # Whole GPUs allocated (typed and untyped TRES name the same GPUs; take one), shards.
         self.gpus = _gres_count(self.alloc_tres, "gpu")
         self.shards = _gres_count(self.alloc_tres, "shard")
 
     @property
-    def shared(self) -> bool:
-        """The hook turned this job's whole-GPU request into a share."""
-        return bool(self.decision and self.decision.shared)
+    def decision(self) -> Tag | None:
+        """The decoded tag (decoded when first asked for: most reports never need it)."""
+        if self._decision is _UNDECODED:
+            self._decision = Tag.decode(self.tag)
+        return self._decision
 
     @property
     def decision_id(self) -> str:
@@ -189,7 +212,7 @@ class JobRecord:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         for record in [data, *data["earlier_runs"]]:
-            for derived in ("decision", "gpus", "shards"):  # made again from tag and TRES
+            for derived in DERIVED_FIELDS:  # made again from tag and TRES
                 del record[derived]
         return data
 
@@ -198,15 +221,22 @@ class JobRecord:
         data = dict(data)
         data["steps"] = [StepRecord(**s) for s in data.get("steps", [])]
         data["earlier_runs"] = [cls.from_dict(r) for r in data.get("earlier_runs", [])]
-        known = set(cls.__dataclass_fields__) - {"decision", "gpus", "shards"}
+        known = set(cls.__dataclass_fields__) - set(DERIVED_FIELDS)
         return cls(**{k: v for k, v in data.items() if k in known})
+
+
+DERIVED_FIELDS = ("shared", "gpus", "shards", "_decision")
 
 
 def _gres_count(tres: Mapping[str, float], name: str) -> float:
     plain = tres.get(f"gres/{name}")
     if plain is not None:
         return plain
-    return sum(v for k, v in tres.items() if k.startswith(f"gres/{name}:"))
+    typed, total = f"gres/{name}:", 0
+    for key, value in tres.items():
+        if key.startswith(typed):
+            total += value
+    return total
 
 
 # -- field parsers -------------------------------------------------------------------------
@@ -229,6 +259,11 @@ def parse_tres(text: str) -> dict[str, float]:
         except ValueError:
             continue  # a field we cannot read is left out, never guessed
     return out
+
+
+def _epoch(text: str) -> float | None:
+    """``parse_time`` of a sacct field, quicker for epoch seconds (most of them)."""
+    return float(text) if text.isdigit() and text != "0" else parse_time(text)
 
 
 def parse_time(text: str | int | float | None) -> float | None:
@@ -274,9 +309,6 @@ def _own_tag(comment: str | None) -> str:
     return comment if comment.startswith(TAG_PREFIX) else ""
 
 
-_STEP_ID = re.compile(r"^(?P<job>[^.]+)\.(?P<step>.+)$")
-
-
 # -- sacct -P --------------------------------------------------------------------------------
 def parse_psv(text: str | Iterable[str], *, progress: bool | None = None,
               total: int | None = None) -> list[JobRecord]:
@@ -298,7 +330,8 @@ def parse_psv(text: str | Iterable[str], *, progress: bool | None = None,
         raise AccountingError(f"sacct field {early[0]} is free text and may contain '|': "
                               "request it last, or not at all")
     rows = _with_progress(enumerate(lines, start=2), total, progress, "reading sacct")
-    return _fold(_psv_parts(rows, header))
+    with gc_paused():
+        return _psv_jobs(rows, header)
 
 
 _ROW_JOB_ID = re.compile(r"^\d+([_+][0-9\[\]\-,%]+)?(\.[\w\-]+)?$")
@@ -319,10 +352,11 @@ class _Shared(dict):
         return value
 
 
-def _psv_parts(rows: Iterable[tuple[int, str]], header: list[str]
-               ) -> Iterator[tuple[str, dict[str, Any]]]:
-    """(job id, record fields) per data line; refuses a line that was cut short or is not
-    sacct's (a report from it would be wrong)."""
+def _psv_jobs(rows: Iterable[tuple[int, str]], header: list[str]) -> list[JobRecord]:
+    """Job lines become records, step lines (``123.batch``) join their job's ``steps`` in the
+    order read; refuses a line that was cut short or is not sacct's (a report from it would be
+    wrong). A job id seen more than once (a requeued job under ``sacct -D``) is one job: its
+    latest run, holding the earlier ones in ``earlier_runs`` and every step line of the id."""
     width = len(header)
     column = {name: i for i, name in enumerate(header)}
 
@@ -335,8 +369,10 @@ def _psv_parts(rows: Iterable[tuple[int, str]], header: list[str]
         "Submit", "Start", "End", "ElapsedRaw", "NodeList", "ReqTRES", "AllocTRES",
         "AdminComment"))
     text = _Shared(sys.intern)
-    tres, times, states, exits = (_Shared(parse_tres), _Shared(parse_time),
+    tres, times, states, exits = (_Shared(parse_tres), _Shared(_epoch),
                                   _Shared(parse_state), _Shared(parse_exit))
+    jobs: dict[str, JobRecord] = {}
+    orphans: dict[str, list[StepRecord]] = {}  # steps read before their job's line
     for number, line in rows:
         line = line.rstrip("\r\n")
         if not line:
@@ -347,55 +383,42 @@ def _psv_parts(rows: Iterable[tuple[int, str]], header: list[str]
                                   f"{width} fields (first missing: {header[len(fields)]})")
         fields.append("")
         job_id = fields[i_id].strip()
-        if job_id and not _ROW_JOB_ID.match(job_id):
-            raise AccountingError(f"sacct line {number} is corrupt: JobID {job_id[:40]!r}")
-        exit_code, signal = exits[fields[i_exit]]
-        if "." in job_id:  # a step line ("123.batch"): only what its job's figures read
-            yield job_id, {"state": states[fields[i_state]], "exit_code": exit_code,
-                           "signal": signal, "elapsed_s": _number(fields[i_elapsed])}
-            continue
-        nodes = fields[i_nodes]
-        yield job_id, {
-            "raw_id": fields[i_raw].strip(),
-            "cluster": text[fields[i_cluster]],
-            "user": text[fields[i_user]],
-            "account": text[fields[i_account]],
-            "partition": text[fields[i_partition]],
-            "state": states[fields[i_state]],
-            "exit_code": exit_code,
-            "signal": signal,
-            "submit": times[fields[i_submit]],
-            "start": times[fields[i_start]],
-            "end": times[fields[i_end]],
-            "elapsed_s": _number(fields[i_elapsed]),
-            "nodes": "" if nodes == "None assigned" else text[nodes],
-            "req_tres": tres[fields[i_req]],
-            "alloc_tres": tres[fields[i_alloc]],
-            "tag": _own_tag(fields[i_comment]),
-        }
-
-
-def _fold(parts: Iterable[tuple[str, dict[str, Any]]]) -> list[JobRecord]:
-    """Job lines become records; step lines join their job's ``steps`` (in any order). A job
-    id seen more than once (a requeued job under ``sacct -D``) is one job: its latest run,
-    holding the earlier ones in ``earlier_runs``."""
-    jobs: dict[str, JobRecord] = {}
-    steps: list[tuple[str, StepRecord]] = []
-    for job_id, values in parts:
         if not job_id:
             continue
-        match = _STEP_ID.match(job_id)
-        if match:
-            steps.append((match["job"], StepRecord(
-                step_id=match["step"], state=values["state"], exit_code=values["exit_code"],
-                signal=values["signal"], elapsed_s=values["elapsed_s"])))
-        elif "[" in job_id:
+        if not _ROW_JOB_ID.match(job_id):
+            raise AccountingError(f"sacct line {number} is corrupt: JobID {job_id[:40]!r}")
+        exit_code, signal = exits[fields[i_exit]]
+        parent, dot, step_id = job_id.partition(".")
+        if dot:  # a step line: only what its job's figures read
+            step = StepRecord(step_id, states[fields[i_state]], exit_code, signal,
+                              _number(fields[i_elapsed]))
+            held = jobs.get(parent)
+            if held is None:
+                orphans.setdefault(parent, []).append(step)
+            else:
+                held.steps.append(step)
+            continue
+        if "[" in job_id:
             continue  # array tasks not yet started ("123_[4-9]"): not jobs until they run
-        else:
-            _add_run(jobs, JobRecord(job_id=job_id, **values))
-    for parent, step in steps:
+        raw_id = fields[i_raw].strip()
+        nodes = fields[i_nodes]
+        record = JobRecord(
+            job_id, job_id if raw_id == job_id else raw_id, text[fields[i_cluster]],
+            text[fields[i_user]], text[fields[i_account]], text[fields[i_partition]],
+            states[fields[i_state]], exit_code, signal, times[fields[i_submit]],
+            times[fields[i_start]], times[fields[i_end]], _number(fields[i_elapsed]),
+            "" if nodes == "None assigned" else text[nodes], tres[fields[i_req]],
+            tres[fields[i_alloc]], _own_tag(fields[i_comment]))
+        held = jobs.get(job_id)
+        if held is None:
+            jobs[job_id] = record
+        else:  # another run: the steps read so far go with the id's latest run
+            steps, held.steps = held.steps, []
+            _add_run(jobs, record)
+            jobs[job_id].steps = steps
+    for parent, steps in orphans.items():
         if parent in jobs:  # a step without its job line (cut-off output) is dropped
-            jobs[parent].steps.append(step)
+            jobs[parent].steps[:0] = steps
     return list(jobs.values())
 
 
@@ -595,17 +618,24 @@ def query_node_gpu_types(timeout: float = 10) -> dict[str, str]:
 def resolve_gpu_types(jobs: Iterable[JobRecord], node_types: Mapping[str, str]) -> None:
     """Fill ``gpu_type``: a typed GPU TRES, else the type of the node it ran on, else the
     tag's type when it allowed only one; "" when unknown."""
+    # By TRES dict: jobs read from one sacct output share the dict of each TRES string.
+    typed_in: dict[int, str] = {}
     for job in jobs:
-        typed = [k.split(":", 1)[1] for k in job.alloc_tres if k.startswith("gres/gpu:")
-                 or k.startswith("gres/shard:")]
-        nodes = expand_hostlist(job.nodes)
-        on_nodes = sorted({node_types[n] for n in nodes if n in node_types})
-        allowed = list(job.decision.types) if job.decision else []
+        tres = job.alloc_tres
+        typed = typed_in.get(id(tres))
+        if typed is None:
+            typed = typed_in[id(tres)] = next(
+                (k.split(":", 1)[1] for k in tres
+                 if k.startswith("gres/gpu:") or k.startswith("gres/shard:")), "")
         if typed:
-            job.gpu_type = typed[0]
-        elif len(on_nodes) == 1:
-            job.gpu_type = on_nodes[0]
-        elif len(allowed) == 1:
+            job.gpu_type = typed
+            continue
+        on_nodes = {node_types[n] for n in expand_hostlist(job.nodes) if n in node_types}
+        if len(on_nodes) == 1:
+            job.gpu_type = next(iter(on_nodes))
+            continue
+        allowed = job.decision.types if job.decision else ()
+        if len(allowed) == 1:
             job.gpu_type = allowed[0]
 
 

@@ -175,8 +175,9 @@ def write_json(report: dict, out) -> None:
         if isinstance(value, (list, JobRows)) and value:
             out.write(f"  {json.dumps(key)}: [\n")
             last = len(value) - 1
-            for j, item in enumerate(value):
-                out.write(f"    {encode(item)}{',' if j < last else ''}\n")
+            items = value.encoded() if isinstance(value, JobRows) else map(encode, value)
+            for j, text in enumerate(items):
+                out.write(f"    {text}{',' if j < last else ''}\n")
             out.write(f"  ]{comma}\n")
         else:
             out.write(f"  {json.dumps(key)}: {json.dumps(value, sort_keys=True)}{comma}\n")

@@ -25,13 +25,14 @@ or models: those never enter the accounting records. ``anonymise=True`` replaces
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from collections.abc import Sequence as SequenceABC
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from slurm_gpushare.slurm.accounting import FAILURE_STATES, JobRecord, gc_paused
 
@@ -281,6 +282,8 @@ class JobFigures:
     oom: bool = False
     failed: bool = False
     queue_delay_s: float | None = None
+    # Its row as JSON, kept between the two lists that show a shared job (``JobRows.encoded``).
+    row_json: str | None = None
 
     @property
     def saved_gpu_s(self) -> float:
@@ -627,26 +630,31 @@ def _class_matrix(figures: Sequence[JobFigures]) -> list[dict[str, Any]]:
 
 
 def job_row(f: JobFigures, *, anonymise: bool = False) -> dict[str, Any]:
-    """One job's row of the report."""
+    """One job's row of the report, its keys in sorted order (``JobRows.encoded``)."""
     job, solo, group = f.job, f.solo, f.group
     row = {
-        "job_id": job.job_id, "store_id": job.raw_id or job.job_id,  # store_id(job)
-        "account": job.account, "partition": job.partition,
-        "gpu_type": job.gpu_type or "?", "on_share": f.on_share,
-        "state": job.state, "run_s": job.run_time_s, "queue_s": f.queue_delay_s,
-        "gpu_s_used": f.used_gpu_s, "gpu_s_exclusive": f.exclusive_gpu_s,
-        "solo_s": solo.seconds if solo else None,
-        "solo_source": solo.source if solo else "unknown",
-        "solo_runs": solo.runs if solo else 0,
-        "isd": f.isd, "isd_low": f.isd_low, "isd_high": f.isd_high,
+        "account": job.account,
         "class_pair": f.class_pair,
         "co_runners": [j for j in group.ids if j != job.job_id] if group else [],
-        "share_gib": f.share_gib, "safe_estimate_gib": f.safe_estimate_gib,
-        "peak_gib": f.peak_mem_gib, "oom": f.oom, "requeued_runs": f.earlier_runs,
+        "gpu_s_exclusive": f.exclusive_gpu_s, "gpu_s_used": f.used_gpu_s,
+        "gpu_type": job.gpu_type or "?",
+        "isd": f.isd, "isd_high": f.isd_high, "isd_low": f.isd_low,
+        "job_id": job.job_id,
+        "on_share": f.on_share, "oom": f.oom,
+        "partition": job.partition, "peak_gib": f.peak_mem_gib, "queue_s": f.queue_delay_s,
+        "requeued_runs": f.earlier_runs, "run_s": job.run_time_s,
+        "safe_estimate_gib": f.safe_estimate_gib, "share_gib": f.share_gib,
+        "solo_runs": solo.runs if solo else 0, "solo_s": solo.seconds if solo else None,
+        "solo_source": solo.source if solo else "unknown",
+        "state": job.state, "store_id": job.raw_id or job.job_id,  # store_id(job)
+        "user": job.user,
     }
-    if not anonymise:
-        row["user"] = job.user
+    if anonymise:
+        del row["user"]
     return row
+
+
+_encode_sorted_row = json.JSONEncoder().encode  # rows come with their keys sorted
 
 
 class JobRows(SequenceABC):
@@ -670,6 +678,21 @@ class JobRows(SequenceABC):
 
     def __eq__(self, other) -> bool:
         return isinstance(other, (list, JobRows)) and list(self) == list(other)
+
+    def encoded(self) -> Iterator[str]:
+        """Each row as ``json.dumps(row, sort_keys=True)`` gives it. A shared job's row is
+        in "jobs" and again in "shared_jobs": its text is kept from the first list to the
+        next (then dropped), not made twice."""
+        anonymise = self.anonymise
+        for f in self.figures:
+            text = f.row_json
+            if text is None:
+                text = _encode_sorted_row(job_row(f, anonymise=anonymise))
+                if f.on_share:
+                    f.row_json = text
+            else:
+                f.row_json = None
+            yield text
 
 
 def build_report(jobs: Sequence[JobRecord], *, since: float, until: float,

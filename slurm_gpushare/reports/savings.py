@@ -340,7 +340,7 @@ def _figures_for(jobs: Sequence[JobRecord], groups: Sequence[CorunGroup],
             fig.safe_estimate_gib = safe / 1024 if safe else None
         if fig.share_gib is None and job.on_share and job.shards:
             fig.share_gib = job.shards  # 1 shard = 1 GiB (the product's shard unit)
-        if fig.job_class is None and store_id(job) in classes:
+        if fig.job_class is None and classes and store_id(job) in classes:
             fig.job_class = classes[store_id(job)]
         if view:
             peaks = [s.get("mgmap_max_mib") for s in view.summaries(job)
@@ -350,9 +350,10 @@ def _figures_for(jobs: Sequence[JobRecord], groups: Sequence[CorunGroup],
             fig.solo = solo_time(job, view, predictor)
         if not job.on_share:
             fig.used_gpu_s = fig.exclusive_gpu_s = job.gpus * run
-        fig.earlier_runs = len(job.earlier_runs)
-        fig.earlier_gpu_s = sum(_gpu_time(r) for r in job.earlier_runs
-                                if r.start is not None and r.end is not None)
+        if job.earlier_runs:
+            fig.earlier_runs = len(job.earlier_runs)
+            fig.earlier_gpu_s = sum(_gpu_time(r) for r in job.earlier_runs
+                                    if r.start is not None and r.end is not None)
         out.append(fig)
     by_id = {f.job.job_id: f for f in out}
     for group in groups:
@@ -756,9 +757,13 @@ def _build_report(jobs: Sequence[JobRecord], *, since: float, until: float, by: 
     jobs_by: dict[str, list[JobRecord]] = defaultdict(list)
     for f in figures:
         rows_by[key(f)].append(f)
-    fig_ids = {f.job.job_id: f for f in figures}
-    for job in jobs:
-        jobs_by[key(fig_ids.get(job.job_id, job))].append(job)
+    if by == "class-pair":  # a figure's key: its jobs' key
+        fig_ids = {f.job.job_id: f for f in figures}
+        for job in jobs:
+            jobs_by[key(fig_ids.get(job.job_id, job))].append(job)
+    else:
+        for job in jobs:
+            jobs_by[key(job)].append(job)
     rows = [{"key": k, **aggregate(rows_by.get(k, []), psable, jobs_by[k])}
             for k in sorted(set(rows_by) | set(jobs_by))]
     job_rows = JobRows(figures, anonymise=anonymise)

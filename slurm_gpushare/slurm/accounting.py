@@ -438,7 +438,8 @@ def _psv_jobs(rows: Iterable[tuple[int, str]], header: list[str]) -> list[JobRec
             states[fields[i_state]], *exits[fields[i_exit]], _epoch(fields[i_submit]),
             _epoch(fields[i_start]), _epoch(fields[i_end]), _number(fields[i_elapsed]),
             "" if nodes == "None assigned" else text[nodes], tres[fields[i_req]],
-            tres[alloc], _own_tag(fields[i_comment]), *counts[alloc])
+            tres[alloc], tag if (tag := fields[i_comment].strip()).startswith(TAG_PREFIX)
+            else "", *counts[alloc])  # only the product's own tag (as ``_own_tag``)
         held = jobs.get(job_id)
         if held is None:
             jobs[job_id] = record

@@ -156,6 +156,8 @@ def groups_from_store(jobs: Iterable[JobRecord], observations: Iterable[Mapping[
     """Co-run groups from the store's pair observations (``Store.corun_observations``):
     pairs on the same GPU joined transitively; pairs naming a job not in ``jobs`` are skipped.
     Observations name jobs by their store id (``store_id``), groups by their sacct id."""
+    if not observations:  # no store (an iterator is always read)
+        return []
     by_id = {store_id(j): j for j in jobs if _ran(j)}
     parent: dict[str, str] = {}
 
@@ -324,11 +326,12 @@ def _figures_for(jobs: Sequence[JobRecord], groups: Sequence[CorunGroup],
     for job in jobs:
         if not (job.gpu_job and _ran(job)):
             continue
-        fig = JobFigures(job=job, group=group_of.get(job.job_id), on_share=job.on_share,
-                         queue_delay_s=job.queue_delay_s)
+        on_share = job.on_share
+        fig = JobFigures(job=job, group=group_of.get(job.job_id) if group_of else None,
+                         on_share=on_share, queue_delay_s=job.queue_delay_s)
         fig.oom = job.oom
         fig.failed = fig.oom or job.state in FAILURE_STATES  # it ran, so it finished
-        run = job.run_time_s or 0.0
+        run = max(0.0, job.end - job.start)  # job.run_time_s of a job that ran (_ran)
         decision = view.decision(job.decision_id) if view else None
         if decision:
             fig.share_gib = decision.get("share_gib")
@@ -338,7 +341,7 @@ def _figures_for(jobs: Sequence[JobRecord], groups: Sequence[CorunGroup],
                 fig.job_class = int(decision["job_class"])
             safe = (decision.get("memory_mib") or {}).get(job.gpu_type)
             fig.safe_estimate_gib = safe / 1024 if safe else None
-        if fig.share_gib is None and job.on_share and job.shards:
+        if fig.share_gib is None and on_share and job.shards:
             fig.share_gib = job.shards  # 1 shard = 1 GiB (the product's shard unit)
         if fig.job_class is None and classes and store_id(job) in classes:
             fig.job_class = classes[store_id(job)]
@@ -346,19 +349,19 @@ def _figures_for(jobs: Sequence[JobRecord], groups: Sequence[CorunGroup],
             peaks = [s.get("mgmap_max_mib") for s in view.summaries(job)
                      if s.get("mgmap_max_mib") is not None]
             fig.peak_mem_gib = max(peaks) / 1024 if peaks else None
-        if job.on_share and (view is not None or predictor is not None):
+        if on_share and (view is not None or predictor is not None):
             fig.solo = solo_time(job, view, predictor)
-        if not job.on_share:
+        if not on_share:
             fig.used_gpu_s = fig.exclusive_gpu_s = job.gpus * run
         if job.earlier_runs:
             fig.earlier_runs = len(job.earlier_runs)
             fig.earlier_gpu_s = sum(_gpu_time(r) for r in job.earlier_runs
                                     if r.start is not None and r.end is not None)
         out.append(fig)
-    by_id = {f.job.job_id: f for f in out}
+    by_id = {f.job.job_id: f for f in out} if groups else {}
     for group in groups:
         members = [by_id[j.job_id] for j in group.jobs
-                   if j.job_id in by_id and by_id[j.job_id].job.on_share]
+                   if j.job_id in by_id and by_id[j.job_id].on_share]
         if not members:
             continue
         all_solo = all(m.solo for m in members)
@@ -372,7 +375,7 @@ def _figures_for(jobs: Sequence[JobRecord], groups: Sequence[CorunGroup],
                 pair = sorted("?" if c is None else str(c) for c in others.values())
                 m.class_pair = "+".join(pair)
     for fig in out:
-        if fig.job.on_share:
+        if fig.on_share:
             if fig.group is None:  # a share that never met a co-runner: alone on its GPU
                 fig.used_gpu_s = fig.job.run_time_s or 0.0
             elif fig.group.shared and fig.solo and fig.job.state == "COMPLETED":
@@ -383,7 +386,7 @@ def _figures_for(jobs: Sequence[JobRecord], groups: Sequence[CorunGroup],
         # Earlier runs of a requeued job held their GPUs: used either way. On whole GPUs they
         # would have run too, unless the job was shared (a share outgrown is requeued).
         fig.used_gpu_s += fig.earlier_gpu_s
-        if not fig.job.on_share:
+        if not fig.on_share:
             fig.exclusive_gpu_s += fig.earlier_gpu_s
     return out
 
@@ -426,7 +429,12 @@ def aggregate(figures: Sequence[JobFigures], psable: set[str],
     ps_used = sum(f.used_gpu_s - f.earlier_gpu_s for f in ps_members)
     used = sum(f.used_gpu_s for f in figures)
     excl = sum(f.exclusive_gpu_s for f in figures)
-    gpu_jobs = [j for j in all_jobs if j.gpu_job]
+    finished = running = 0  # jobs finished; GPU jobs not finished
+    for j in all_jobs:
+        if j.finished:
+            finished += 1
+        elif j.gpu_job:
+            running += 1
     delays_sh = [f.queue_delay_s for f in shared if f.queue_delay_s is not None]
     delays_ex = [f.queue_delay_s for f in exclusive if f.queue_delay_s is not None]
     mean_sh, mean_ex = _mean(delays_sh), _mean(delays_ex)
@@ -436,11 +444,11 @@ def aggregate(figures: Sequence[JobFigures], psable: set[str],
             sources[f.solo.source] += 1
     solo_runs = [f.solo.runs for f in with_isd if f.solo.source == "history"]
     return {
-        "jobs": len([j for j in all_jobs if j.finished]),
+        "jobs": finished,
         "gpu_jobs": len(figures),
         "shared_jobs": len(shared),
         "exclusive_jobs": len(exclusive),
-        "running_jobs": len([j for j in gpu_jobs if not j.finished]),
+        "running_jobs": running,
         "gpu_hours_used": used / 3600,
         "gpu_hours_exclusive": excl / 3600,
         "gpu_hours_saved": (excl - used) / 3600,
@@ -728,7 +736,7 @@ def _build_report(jobs: Sequence[JobRecord], *, since: float, until: float, by: 
             if obs.get(f"class_{side}") is not None:
                 classes[obs[f"job_{side}"]] = int(obs[f"class_{side}"])
     figures = _figures_for(jobs, groups, view, predictor, classes)
-    by_id = {f.job.job_id: f for f in figures}
+    by_id = {f.job.job_id: f for f in figures} if groups else {}
     group_rows, psable = [], set()
     for group in groups:
         ps = group_ps(group, by_id)

@@ -195,10 +195,11 @@ class JobRecord:
         """Why the job counts as killed for memory: "state" (OUT_OF_MEMORY on the job or a
         step), "sigkill" (a failure by SIGKILL, how the kernel's OOM killer ends a process when
         no cgroup reports it), or "" when it does not."""
-        if self.state == "OUT_OF_MEMORY" or any(s.state == "OUT_OF_MEMORY" for s in self.steps):
+        state, steps = self.state, self.steps
+        if state == "OUT_OF_MEMORY" or (steps and any(s.state == "OUT_OF_MEMORY" for s in steps)):
             return "state"
-        if self.state == "FAILED" and (self.signal == SIGKILL or any(
-                s.signal == SIGKILL and s.state == "FAILED" for s in self.steps)):
+        if state == "FAILED" and (self.signal == SIGKILL or any(
+                s.signal == SIGKILL and s.state == "FAILED" for s in steps)):
             return "sigkill"
         return ""
 
@@ -405,6 +406,7 @@ def _psv_jobs(rows: Iterable[tuple[int, str]], header: list[str]) -> list[JobRec
                                              _number(key[3])))
     jobs: dict[str, JobRecord] = {}
     orphans: dict[str, list[StepRecord]] = {}  # steps read before their job's line
+    valid_id, held_run, epoch, number_of = _ROW_JOB_ID.match, jobs.get, _epoch, _number
     for number, line in rows:
         line = line.rstrip("\r\n")
         if not line:
@@ -417,12 +419,12 @@ def _psv_jobs(rows: Iterable[tuple[int, str]], header: list[str]) -> list[JobRec
         job_id = fields[i_id].strip()
         if not job_id:
             continue
-        if not _ROW_JOB_ID.match(job_id):
+        if not valid_id(job_id):
             raise AccountingError(f"sacct line {number} is corrupt: JobID {job_id[:40]!r}")
         parent, dot, step_id = job_id.partition(".")
         if dot:  # a step line: only what its job's figures read
             step = step_of[step_id, fields[i_state], fields[i_exit], fields[i_elapsed]]
-            held = jobs.get(parent)
+            held = held_run(parent)
             if held is None:
                 orphans.setdefault(parent, []).append(step)
             else:
@@ -435,12 +437,12 @@ def _psv_jobs(rows: Iterable[tuple[int, str]], header: list[str]) -> list[JobRec
         record = _sacct_record(
             job_id, job_id if raw_id == job_id else raw_id, text[fields[i_cluster]],
             text[fields[i_user]], text[fields[i_account]], text[fields[i_partition]],
-            states[fields[i_state]], *exits[fields[i_exit]], _epoch(fields[i_submit]),
-            _epoch(fields[i_start]), _epoch(fields[i_end]), _number(fields[i_elapsed]),
+            states[fields[i_state]], *exits[fields[i_exit]], epoch(fields[i_submit]),
+            epoch(fields[i_start]), epoch(fields[i_end]), number_of(fields[i_elapsed]),
             "" if nodes == "None assigned" else text[nodes], tres[fields[i_req]],
             tres[alloc], tag if (tag := fields[i_comment].strip()).startswith(TAG_PREFIX)
             else "", *counts[alloc])  # only the product's own tag (as ``_own_tag``)
-        held = jobs.get(job_id)
+        held = held_run(job_id)
         if held is None:
             jobs[job_id] = record
         else:  # another run: the steps read so far go with the id's latest run

@@ -663,7 +663,8 @@ def job_row(f: JobFigures, *, anonymise: bool = False) -> dict[str, Any]:
     return row
 
 
-_encode_sorted_row = json.JSONEncoder().encode  # rows come with their keys sorted
+# Rows come with their keys sorted, and hold no container twice (no cycle to check for).
+_encode_sorted_row = json.JSONEncoder(check_circular=False).encode
 
 
 class JobRows(SequenceABC):

@@ -135,6 +135,7 @@ class Engine:
         self.free_whole = G
         self.max_pernode = int(self.n_gpus.max())
         self.type_gpus = [np.flatnonzero(self.g_type == t) for t in range(len(cluster.types))]
+        self.type_nodes = [np.flatnonzero(self.n_type == t) for t in range(len(cluster.types))]
         self.n_classes = int(work.job_class.max(initial=0)) + 1
         self._masks: dict = {}
         self._room_version, self._node_room = -1, None
@@ -494,11 +495,9 @@ class Engine:
             return [list(r) for r in self._rooms]  # callers update their copy in place
         class_aware = self.policy.class_aware
         if rooms is not None and not class_aware:  # only the started GPUs' types changed
+            node_room = self.node_room()  # a type's roomiest GPU is its roomiest node's
             for t in sorted({int(self.g_type[g]) for g in gpus}):
-                idx = self.type_gpus[t]
-                free = np.where(~self.g_whole[idx] & (self.g_njobs[idx] < self.cap),
-                                self.g_cap[idx] - self.g_used[idx], 0)
-                rooms[0][t] = int(free.max(initial=0))
+                rooms[0][t] = int(node_room[self.type_nodes[t]].max(initial=0))
             return rooms
         free = np.where(~self.g_whole & (self.g_njobs < self.cap), self.g_cap - self.g_used, 0)
         full = rooms is None
@@ -600,6 +599,7 @@ class Engine:
             if self.j_state[self.last_blocked[0]] == "queued":
                 blocked = self.last_blocked
         tried = 0
+        emptied = []
         started = False  # room has shrunk since the quick tests
         backfill = policy.backfill
         while heads and tried < self.opt.depth:
@@ -645,6 +645,8 @@ class Engine:
                         continue
                 self.counters["backfilled"] += 1
             del bucket[pos]
+            if not bucket:
+                emptied.append(shape)
             self.queued -= 1
             self.start(j, placed)
             started = True
@@ -656,7 +658,7 @@ class Engine:
             blocked = (first_fail[1], self.j_req[first_fail[1]])
         if only is None:
             self.last_blocked = blocked
-        for shape in [s for s, b in self.buckets.items() if not b]:
+        for shape in emptied:  # only a start empties a bucket
             del self.buckets[shape]
 
     # --- main loop ---------------------------------------------------------------------------

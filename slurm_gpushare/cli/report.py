@@ -173,6 +173,8 @@ def write_json(report: dict, out) -> None:
     out.write("{\n")
     for i, key in enumerate(keys):
         value, comma = report[key], "," if i < len(keys) - 1 else ""
+        if isinstance(value, JobRows) and not value:
+            value = []
         if isinstance(value, (list, JobRows)) and value:
             out.write(f"  {json.dumps(key)}: [\n")
             last = len(value) - 1

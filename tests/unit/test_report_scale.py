@@ -93,3 +93,15 @@ def test_lazy_job_rows_write_what_the_lists_write(tmp_path):
         assert texts[0] == texts[1] == texts[2] and '"shared_jobs": [' in texts[0]
         row = report["jobs"][0]
         assert list(row) == sorted(row) and ("user" in row) != anonymise
+
+
+def test_lazy_job_rows_write_empty_lists():
+    """A window without (shared) jobs: the lazy rows are written as the empty lists."""
+    texts = []
+    for lazy in (False, True):
+        report = build_report([], since=0, until=86400, lazy_rows=lazy)
+        report.pop("generated")
+        written = io.StringIO()
+        write_json(report, written)
+        texts.append(written.getvalue())
+    assert texts[0] == texts[1] and json.loads(texts[1])["jobs"] == []

@@ -494,10 +494,14 @@ class Engine:
         if rooms is None and self._rooms_version == self.version:
             return [list(r) for r in self._rooms]  # callers update their copy in place
         class_aware = self.policy.class_aware
-        if rooms is not None and not class_aware:  # only the started GPUs' types changed
-            node_room = self.node_room()  # a type's roomiest GPU is its roomiest node's
-            for t in sorted({int(self.g_type[g]) for g in gpus}):
-                rooms[0][t] = int(node_room[self.type_nodes[t]].max(initial=0))
+        if not class_aware:  # a type's roomiest GPU is its roomiest node's
+            node_room = self.node_room()
+            if rooms is not None:  # only the started GPUs' types changed
+                for t in sorted({int(self.g_type[g]) for g in gpus}):
+                    rooms[0][t] = int(node_room[self.type_nodes[t]].max(initial=0))
+                return rooms
+            rooms = [[int(node_room[nodes].max(initial=0)) for nodes in self.type_nodes]]
+            self._rooms_version, self._rooms = self.version, [list(r) for r in rooms]
             return rooms
         free = np.where(~self.g_whole & (self.g_njobs < self.cap), self.g_cap - self.g_used, 0)
         full = rooms is None

@@ -80,6 +80,11 @@ def checks(seeds: list[dict]) -> dict:
     return out
 
 
+def _figures(record: dict) -> list:
+    """A seed's summary less the wall time: what must not change from run to run."""
+    return [{k: v for k, v in row.items() if k != "wall_s"} for row in record["summary"]]
+
+
 def run_seed(args, seed: int) -> dict:
     """Every policy on one seed's jobs: the per-seed record."""
     data_dir = args.data_dir or default_data_dir()
@@ -119,6 +124,9 @@ def main(argv=None) -> int:
     parser.add_argument("--jobs", type=int, default=1,
                         help="seeds run in parallel processes (wall time is then per process; "
                              "CPU time per policy is still each run's own)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="runs of each seed: every run's wall and CPU time per policy are "
+                             "kept under 'rounds' (the figures must come out the same)")
     parser.add_argument("--out", default=str(ROOT / "bench" / "sim_philly.json"))
     parser.add_argument("--merge", nargs="+", metavar="JSON",
                         help="combine the seeds of earlier runs (same settings) into --out")
@@ -141,11 +149,19 @@ def main(argv=None) -> int:
             seeds = list(pool.map(run_seed, [args] * len(seed_list), seed_list))
     else:
         seeds = [run_seed(args, seed) for seed in seed_list]
+    for seed in seeds:
+        seed["rounds"] = [{k: seed[k] for k in ("wall_s_per_policy", "cpu_s_per_policy")}]
+        for _ in range(args.rounds - 1):
+            again = run_seed(args, seed["seed"])
+            if _figures(again) != _figures(seed):
+                raise SystemExit(f"seed {seed['seed']}: a second run gave other figures")
+            seed["rounds"].append({k: again[k] for k in ("wall_s_per_policy", "cpu_s_per_policy")})
     doc = {
         "what": "Philly trace, several seeds, Gavel measured co-run speeds",
         "command": "python bench/sim_philly.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "cluster": cluster.summary(), "load": args.load, "runtime_error": args.runtime_error,
         "gpu_time_budget_pct": args.gpu_time_budget, "policies": policies,
+        "rounds": args.rounds, "load_average": os.getloadavg(),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                     "platform": platform.platform()},
         "checks": checks(seeds),

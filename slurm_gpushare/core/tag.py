@@ -61,6 +61,13 @@ class Tag:
         fields += list(self.extra.items()) + [("why", self.why)]
         return f"{TAG_PREFIX}{self.action}:" + ":".join(f"{k}={v}" for k, v in fields)
 
+    @staticmethod
+    def action_of(text: str | None) -> str | None:
+        """``decode(text).action`` ("share" or "keep"), or None for anything that is not a
+        well-formed tag, without building the tag (reports ask it of a million jobs)."""
+        match = _TAG.match((text or "").strip())
+        return match.group(2) if match else None
+
     @classmethod
     def decode(cls, text: str | None) -> "Tag | None":
         """The tag in an AdminComment, or None for anything that is not a well-formed tag."""

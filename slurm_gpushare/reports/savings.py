@@ -25,13 +25,16 @@ or models: those never enter the accounting records. ``anonymise=True`` replaces
 
 from __future__ import annotations
 
+import json
 import statistics
+import time
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from collections.abc import Sequence as SequenceABC
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
-from slurm_gpushare.slurm.accounting import JobRecord
+from slurm_gpushare.slurm.accounting import FAILURE_STATES, JobRecord, gc_paused
 
 GROUP_BY = ("user", "account", "partition", "gpu-type", "class-pair")
 SOLO = "solo"  # class-pair key of jobs that ran on whole GPUs or alone on a share
@@ -153,6 +156,8 @@ def groups_from_store(jobs: Iterable[JobRecord], observations: Iterable[Mapping[
     """Co-run groups from the store's pair observations (``Store.corun_observations``):
     pairs on the same GPU joined transitively; pairs naming a job not in ``jobs`` are skipped.
     Observations name jobs by their store id (``store_id``), groups by their sacct id."""
+    if not observations:  # no store (an iterator is always read)
+        return []
     by_id = {store_id(j): j for j in jobs if _ran(j)}
     parent: dict[str, str] = {}
 
@@ -274,6 +279,13 @@ class JobFigures:
     peak_mem_gib: float | None = None
     earlier_runs: int = 0  # runs requeued before the final one
     earlier_gpu_s: float = 0.0
+    # The job's own flags, read once (every aggregate reads them).
+    on_share: bool = False
+    oom: bool = False
+    failed: bool = False
+    queue_delay_s: float | None = None
+    # Its row as JSON, kept between the two lists that show a shared job (``JobRows.encoded``).
+    row_json: str | None = None
 
     @property
     def saved_gpu_s(self) -> float:
@@ -314,8 +326,12 @@ def _figures_for(jobs: Sequence[JobRecord], groups: Sequence[CorunGroup],
     for job in jobs:
         if not (job.gpu_job and _ran(job)):
             continue
-        fig = JobFigures(job=job, group=group_of.get(job.job_id))
-        run = job.run_time_s or 0.0
+        on_share = job.on_share
+        fig = JobFigures(job=job, group=group_of.get(job.job_id) if group_of else None,
+                         on_share=on_share, queue_delay_s=job.queue_delay_s)
+        fig.oom = job.oom
+        fig.failed = fig.oom or job.state in FAILURE_STATES  # it ran, so it finished
+        run = max(0.0, job.end - job.start)  # job.run_time_s of a job that ran (_ran)
         decision = view.decision(job.decision_id) if view else None
         if decision:
             fig.share_gib = decision.get("share_gib")
@@ -325,26 +341,27 @@ def _figures_for(jobs: Sequence[JobRecord], groups: Sequence[CorunGroup],
                 fig.job_class = int(decision["job_class"])
             safe = (decision.get("memory_mib") or {}).get(job.gpu_type)
             fig.safe_estimate_gib = safe / 1024 if safe else None
-        if fig.share_gib is None and job.on_share and job.shards:
+        if fig.share_gib is None and on_share and job.shards:
             fig.share_gib = job.shards  # 1 shard = 1 GiB (the product's shard unit)
-        if fig.job_class is None and store_id(job) in classes:
+        if fig.job_class is None and classes and store_id(job) in classes:
             fig.job_class = classes[store_id(job)]
         if view:
             peaks = [s.get("mgmap_max_mib") for s in view.summaries(job)
                      if s.get("mgmap_max_mib") is not None]
             fig.peak_mem_gib = max(peaks) / 1024 if peaks else None
-        if job.on_share:
+        if on_share and (view is not None or predictor is not None):
             fig.solo = solo_time(job, view, predictor)
-        if not job.on_share:
+        if not on_share:
             fig.used_gpu_s = fig.exclusive_gpu_s = job.gpus * run
-        fig.earlier_runs = len(job.earlier_runs)
-        fig.earlier_gpu_s = sum(_gpu_time(r) for r in job.earlier_runs
-                                if r.start is not None and r.end is not None)
+        if job.earlier_runs:
+            fig.earlier_runs = len(job.earlier_runs)
+            fig.earlier_gpu_s = sum(_gpu_time(r) for r in job.earlier_runs
+                                    if r.start is not None and r.end is not None)
         out.append(fig)
-    by_id = {f.job.job_id: f for f in out}
+    by_id = {f.job.job_id: f for f in out} if groups else {}
     for group in groups:
         members = [by_id[j.job_id] for j in group.jobs
-                   if j.job_id in by_id and by_id[j.job_id].job.on_share]
+                   if j.job_id in by_id and by_id[j.job_id].on_share]
         if not members:
             continue
         all_solo = all(m.solo for m in members)
@@ -358,7 +375,7 @@ def _figures_for(jobs: Sequence[JobRecord], groups: Sequence[CorunGroup],
                 pair = sorted("?" if c is None else str(c) for c in others.values())
                 m.class_pair = "+".join(pair)
     for fig in out:
-        if fig.job.on_share:
+        if fig.on_share:
             if fig.group is None:  # a share that never met a co-runner: alone on its GPU
                 fig.used_gpu_s = fig.job.run_time_s or 0.0
             elif fig.group.shared and fig.solo and fig.job.state == "COMPLETED":
@@ -369,7 +386,7 @@ def _figures_for(jobs: Sequence[JobRecord], groups: Sequence[CorunGroup],
         # Earlier runs of a requeued job held their GPUs: used either way. On whole GPUs they
         # would have run too, unless the job was shared (a share outgrown is requeued).
         fig.used_gpu_s += fig.earlier_gpu_s
-        if not fig.job.on_share:
+        if not fig.on_share:
             fig.exclusive_gpu_s += fig.earlier_gpu_s
     return out
 
@@ -401,8 +418,8 @@ def _mean(values: Sequence[float]) -> float | None:
 def aggregate(figures: Sequence[JobFigures], psable: set[str],
               all_jobs: Sequence[JobRecord]) -> dict[str, Any]:
     """Figures of a set of jobs. ``psable``: ids of jobs in groups with a PS."""
-    shared = [f for f in figures if f.job.on_share]
-    exclusive = [f for f in figures if not f.job.on_share]
+    shared = [f for f in figures if f.on_share]
+    exclusive = [f for f in figures if not f.on_share]
     # Slowdowns against the job's own solo runs; those against a prediction only per job.
     with_isd = [f for f in shared if f.isd is not None and f.solo.source == "history"]
     isds = [f.isd for f in with_isd]
@@ -412,9 +429,14 @@ def aggregate(figures: Sequence[JobFigures], psable: set[str],
     ps_used = sum(f.used_gpu_s - f.earlier_gpu_s for f in ps_members)
     used = sum(f.used_gpu_s for f in figures)
     excl = sum(f.exclusive_gpu_s for f in figures)
-    gpu_jobs = [j for j in all_jobs if j.gpu_job]
-    delays_sh = [f.job.queue_delay_s for f in shared if f.job.queue_delay_s is not None]
-    delays_ex = [f.job.queue_delay_s for f in exclusive if f.job.queue_delay_s is not None]
+    finished = running = 0  # jobs finished; GPU jobs not finished
+    for j in all_jobs:
+        if j.finished:
+            finished += 1
+        elif j.gpu_job:
+            running += 1
+    delays_sh = [f.queue_delay_s for f in shared if f.queue_delay_s is not None]
+    delays_ex = [f.queue_delay_s for f in exclusive if f.queue_delay_s is not None]
     mean_sh, mean_ex = _mean(delays_sh), _mean(delays_ex)
     sources = defaultdict(int)
     for f in shared:
@@ -422,11 +444,11 @@ def aggregate(figures: Sequence[JobFigures], psable: set[str],
             sources[f.solo.source] += 1
     solo_runs = [f.solo.runs for f in with_isd if f.solo.source == "history"]
     return {
-        "jobs": len([j for j in all_jobs if j.finished]),
+        "jobs": finished,
         "gpu_jobs": len(figures),
         "shared_jobs": len(shared),
         "exclusive_jobs": len(exclusive),
-        "running_jobs": len([j for j in gpu_jobs if not j.finished]),
+        "running_jobs": running,
         "gpu_hours_used": used / 3600,
         "gpu_hours_exclusive": excl / 3600,
         "gpu_hours_saved": (excl - used) / 3600,
@@ -457,10 +479,10 @@ def aggregate(figures: Sequence[JobFigures], psable: set[str],
         "queue_delay_exclusive_median_s": _pct(delays_ex, 0.5),
         "extra_queue_hours": (None if mean_sh is None or mean_ex is None
                               else (mean_sh - mean_ex) * len(delays_sh) / 3600),
-        "oom_shared": len([f for f in shared if f.job.oom]),
-        "oom_exclusive": len([f for f in exclusive if f.job.oom]),
-        "failed_shared": len([f for f in shared if f.job.failed]),
-        "failed_exclusive": len([f for f in exclusive if f.job.failed]),
+        "oom_shared": len([f for f in shared if f.oom]),
+        "oom_exclusive": len([f for f in exclusive if f.oom]),
+        "failed_shared": len([f for f in shared if f.failed]),
+        "failed_exclusive": len([f for f in exclusive if f.failed]),
         "cancelled_shared": len([f for f in shared if f.job.cancelled]),
         "cancelled_exclusive": len([f for f in exclusive if f.job.cancelled]),
         "overrun_shared": len([f for f in shared if f.overran_share]),
@@ -572,12 +594,20 @@ def _timeline(figures: Sequence[JobFigures], since: float, until: float) -> list
     """Saved GPU-hours per local day (per hour for windows of two days or less), by job end."""
     step = 3600 if until - since <= 2 * 86400 else 86400
     buckets: dict[float, list[JobFigures]] = defaultdict(list)
+    # The bucket's start by the local hour it names (isdst tells the repeated hour of a
+    # change back from summer time apart): worked out once per hour, not once per job.
+    starts: dict[tuple[int, int, int, int], float] = {}
     for f in figures:
-        end = datetime.fromtimestamp(f.job.end)
-        start = end.replace(minute=0, second=0, microsecond=0)
-        if step == 86400:
-            start = start.replace(hour=0)
-        buckets[start.timestamp()].append(f)
+        local = time.localtime(f.job.end)
+        hour = (local.tm_year, local.tm_yday, local.tm_hour, local.tm_isdst)
+        start = starts.get(hour)
+        if start is None:
+            end = datetime.fromtimestamp(f.job.end)
+            begin = end.replace(minute=0, second=0, microsecond=0)
+            if step == 86400:
+                begin = begin.replace(hour=0)
+            start = starts[hour] = begin.timestamp()
+        buckets[start].append(f)
     out = []
     for start in sorted(buckets):
         rows = buckets[start]
@@ -608,15 +638,93 @@ def _class_matrix(figures: Sequence[JobFigures]) -> list[dict[str, Any]]:
             for (a, b), v in sorted(cells.items())]
 
 
+def job_row(f: JobFigures, *, anonymise: bool = False) -> dict[str, Any]:
+    """One job's row of the report, its keys in sorted order (``JobRows.encoded``)."""
+    job, solo, group = f.job, f.solo, f.group
+    row = {
+        "account": job.account,
+        "class_pair": f.class_pair,
+        "co_runners": [j for j in group.ids if j != job.job_id] if group else [],
+        "gpu_s_exclusive": f.exclusive_gpu_s, "gpu_s_used": f.used_gpu_s,
+        "gpu_type": job.gpu_type or "?",
+        "isd": f.isd, "isd_high": f.isd_high, "isd_low": f.isd_low,
+        "job_id": job.job_id,
+        "on_share": f.on_share, "oom": f.oom,
+        "partition": job.partition, "peak_gib": f.peak_mem_gib, "queue_s": f.queue_delay_s,
+        "requeued_runs": f.earlier_runs, "run_s": job.run_time_s,
+        "safe_estimate_gib": f.safe_estimate_gib, "share_gib": f.share_gib,
+        "solo_runs": solo.runs if solo else 0, "solo_s": solo.seconds if solo else None,
+        "solo_source": solo.source if solo else "unknown",
+        "state": job.state, "store_id": job.raw_id or job.job_id,  # store_id(job)
+        "user": job.user,
+    }
+    if anonymise:
+        del row["user"]
+    return row
+
+
+# Rows come with their keys sorted, and hold no container twice (no cycle to check for).
+_encode_sorted_row = json.JSONEncoder(check_circular=False).encode
+
+
+class JobRows(SequenceABC):
+    """The report's job rows, each made when read: a million rows held as dicts would take
+    more memory than the jobs themselves. Equal to the list of the same rows."""
+
+    def __init__(self, figures: Sequence[JobFigures], *, anonymise: bool = False):
+        self.figures, self.anonymise = figures, anonymise
+
+    def __len__(self) -> int:
+        return len(self.figures)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [job_row(f, anonymise=self.anonymise) for f in self.figures[index]]
+        return job_row(self.figures[index], anonymise=self.anonymise)
+
+    def __iter__(self):
+        anonymise = self.anonymise
+        return (job_row(f, anonymise=anonymise) for f in self.figures)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, (list, JobRows)) and list(self) == list(other)
+
+    def encoded(self) -> Iterator[str]:
+        """Each row as ``json.dumps(row, sort_keys=True)`` gives it. A shared job's row is
+        in "jobs" and again in "shared_jobs": its text is kept from the first list to the
+        next (then dropped), not made twice."""
+        anonymise = self.anonymise
+        for f in self.figures:
+            text = f.row_json
+            if text is None:
+                text = _encode_sorted_row(job_row(f, anonymise=anonymise))
+                if f.on_share:
+                    f.row_json = text
+            else:
+                f.row_json = None
+            yield text
+
+
 def build_report(jobs: Sequence[JobRecord], *, since: float, until: float,
                  by: str = "account", groups: Sequence[CorunGroup] | None = None,
                  store=None, predictor: SoloPredictor | None = None, anonymise: bool = False,
-                 source: str = "") -> dict[str, Any]:
+                 source: str = "", lazy_rows: bool = False) -> dict[str, Any]:
     """The whole report as plain data (what every output format renders).
 
     ``groups``: co-run groups if already known (e.g. ``groups_from_placements``); otherwise they
-    come from the store's co-run observations (none without a store).
+    come from the store's co-run observations (none without a store). ``lazy_rows``: "jobs"
+    and "shared_jobs" are ``JobRows`` that make each row when it is read (for a writer that
+    reads them once), not lists.
     """
+    with gc_paused():
+        return _build_report(jobs, since=since, until=until, by=by, groups=groups,
+                             store=store, predictor=predictor, anonymise=anonymise,
+                             source=source, lazy_rows=lazy_rows)
+
+
+def _build_report(jobs: Sequence[JobRecord], *, since: float, until: float, by: str,
+                  groups: Sequence[CorunGroup] | None, store, predictor: SoloPredictor | None,
+                  anonymise: bool, source: str, lazy_rows: bool) -> dict[str, Any]:
     if by not in GROUP_BY:
         raise ValueError(f"cannot group by {by!r}; choose one of {', '.join(GROUP_BY)}")
     view = StoreView(store) if store is not None else None
@@ -629,7 +737,7 @@ def build_report(jobs: Sequence[JobRecord], *, since: float, until: float,
             if obs.get(f"class_{side}") is not None:
                 classes[obs[f"job_{side}"]] = int(obs[f"class_{side}"])
     figures = _figures_for(jobs, groups, view, predictor, classes)
-    by_id = {f.job.job_id: f for f in figures}
+    by_id = {f.job.job_id: f for f in figures} if groups else {}
     group_rows, psable = [], set()
     for group in groups:
         ps = group_ps(group, by_id)
@@ -658,36 +766,24 @@ def build_report(jobs: Sequence[JobRecord], *, since: float, until: float,
     jobs_by: dict[str, list[JobRecord]] = defaultdict(list)
     for f in figures:
         rows_by[key(f)].append(f)
-    fig_ids = {f.job.job_id: f for f in figures}
-    for job in jobs:
-        jobs_by[key(fig_ids.get(job.job_id, job))].append(job)
+    if by == "class-pair":  # a figure's key: its jobs' key
+        fig_ids = {f.job.job_id: f for f in figures}
+        for job in jobs:
+            jobs_by[key(fig_ids.get(job.job_id, job))].append(job)
+    else:
+        for job in jobs:
+            jobs_by[key(job)].append(job)
     rows = [{"key": k, **aggregate(rows_by.get(k, []), psable, jobs_by[k])}
             for k in sorted(set(rows_by) | set(jobs_by))]
-    def job_row(f: JobFigures) -> dict[str, Any]:
-        return {
-            "job_id": f.job.job_id, "store_id": store_id(f.job),
-            **({} if anonymise else {"user": f.job.user}),
-            "account": f.job.account, "partition": f.job.partition,
-            "gpu_type": f.job.gpu_type or "?", "on_share": f.job.on_share,
-            "state": f.job.state, "run_s": f.job.run_time_s, "queue_s": f.job.queue_delay_s,
-            "gpu_s_used": f.used_gpu_s, "gpu_s_exclusive": f.exclusive_gpu_s,
-            "solo_s": f.solo.seconds if f.solo else None,
-            "solo_source": f.solo.source if f.solo else "unknown",
-            "solo_runs": f.solo.runs if f.solo else 0,
-            "isd": f.isd, "isd_low": f.isd_low, "isd_high": f.isd_high,
-            "class_pair": f.class_pair,
-            "co_runners": [j for j in (f.group.ids if f.group else []) if j != f.job.job_id],
-            "share_gib": f.share_gib, "safe_estimate_gib": f.safe_estimate_gib,
-            "peak_gib": f.peak_mem_gib, "oom": f.job.oom, "requeued_runs": f.earlier_runs,
-        }
-
-    job_rows = [job_row(f) for f in figures]
-    shared_jobs = [row for row in job_rows if row["on_share"]]
+    job_rows = JobRows(figures, anonymise=anonymise)
+    shared_jobs = JobRows([f for f in figures if f.on_share], anonymise=anonymise)
+    if not lazy_rows:
+        job_rows, shared_jobs = list(job_rows), list(shared_jobs)
     notes = []
     if store is None and not groups:
         notes.append("No store given: co-runs and solo times are unknown, so the figures count "
                      "no saving (pass --store or set daemon.store in the config).")
-    unknown = len([f for f in figures if f.job.on_share and f.solo is None])
+    unknown = len([f for f in figures if f.on_share and f.solo is None])
     if unknown:
         notes.append(f"{unknown} shared job(s) have no solo run time (no solo history, no "
                      "prediction): they count at their own run time and are left out of ISD "

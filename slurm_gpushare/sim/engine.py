@@ -135,12 +135,17 @@ class Engine:
         self.free_whole = G
         self.max_pernode = int(self.n_gpus.max())
         self.type_gpus = [np.flatnonzero(self.g_type == t) for t in range(len(cluster.types))]
+        self.type_nodes = [np.flatnonzero(self.n_type == t) for t in range(len(cluster.types))]
         self.n_classes = int(work.job_class.max(initial=0)) + 1
         self._masks: dict = {}
         self._room_version, self._node_room = -1, None
         self._share_nodes: dict = {}
         self._need: dict = {}  # request key -> GiB needed per node
-        self._outside: dict = {}  # exclusions -> nodes outside them
+        # Answers that hold until allocations change (``version``): the share room per type
+        # (``_share_room``), GPUs' planned ends sorted per node and the last reservation.
+        self._rooms_version, self._rooms = -1, None
+        self._ready_version, self._ready = -1, None
+        self._reserved: tuple = (None, None)
         T = len(cluster.types)
         self.type_total = np.array([self.n_gpus[self.n_type == t].sum() for t in range(T)])
         self.type_pernode = np.array([self.n_gpus[self.n_type == t].max(initial=0) for t in range(T)])
@@ -248,13 +253,9 @@ class Engine:
         return nodes
 
     def _share_fits_outside(self, req: Request) -> bool:
-        """Some node outside the request's exclusions has room for its share."""
-        allowed = self._outside.get(req.exclude)
-        if allowed is None:
-            allowed = np.ones(self.N, bool)
-            allowed[list(req.exclude)] = False
-            self._outside[req.exclude] = allowed
-        return bool(np.any((self.node_room() >= self._node_need(req)) & allowed))
+        """Some node outside the request's exclusions has room for its share (from the nodes
+        with room, cached per allocation state, not a scan of every node per question)."""
+        return not self.share_nodes(req) <= req.exclude
 
     def _room_nodes(self, j: int, req: Request) -> frozenset:
         """Nodes where the job's request could fit now, ignoring exclusions (cached)."""
@@ -490,19 +491,34 @@ class Engine:
 
         With ``rooms`` and ``gpus``: ``rooms`` updated in place after a start on those GPUs
         (only their types can have changed)."""
+        if rooms is None and self._rooms_version == self.version:
+            return [list(r) for r in self._rooms]  # callers update their copy in place
+        class_aware = self.policy.class_aware
+        if not class_aware:  # a type's roomiest GPU is its roomiest node's
+            node_room = self.node_room()
+            if rooms is not None:  # only the started GPUs' types changed
+                for t in sorted({int(self.g_type[g]) for g in gpus}):
+                    rooms[0][t] = int(node_room[self.type_nodes[t]].max(initial=0))
+                return rooms
+            rooms = [[int(node_room[nodes].max(initial=0)) for nodes in self.type_nodes]]
+            self._rooms_version, self._rooms = self.version, [list(r) for r in rooms]
+            return rooms
         free = np.where(~self.g_whole & (self.g_njobs < self.cap), self.g_cap - self.g_used, 0)
+        full = rooms is None
         types = (range(len(self.type_gpus)) if rooms is None
                  else sorted({int(self.g_type[g]) for g in gpus}))
         if rooms is None:
             rooms = [[0] * len(self.type_gpus)
-                     for _ in range(1 + (self.n_classes if self.policy.class_aware else 0))]
+                     for _ in range(1 + (self.n_classes if class_aware else 0))]
         for t in types:
             rooms[0][t] = int(free[self.type_gpus[t]].max(initial=0))
-        if self.policy.class_aware:
+        if class_aware:
             for c in range(self.n_classes):
                 ok = np.where(self.policy.joinable(self, c), free, 0)
                 for t in types:
                     rooms[1 + c][t] = int(ok[self.type_gpus[t]].max(initial=0))
+        if full:
+            self._rooms_version, self._rooms = self.version, [list(r) for r in rooms]
         return rooms
 
     def _quick_fits(self, j: int, req: Request, room) -> bool:
@@ -519,7 +535,22 @@ class Engine:
     def _reservation(self, j: int, req: Request) -> tuple[float, frozenset[int]]:
         """EASY: when and where the blocked job j will start, from planned ends."""
         n = 1 if not req.whole else self.ngpus[j]
-        free_at = self.g_free_at[self.n_matrix]  # (N, gmax); empty GPUs read 0, padding inf
+        key = (self.version, req.whole, n, int(self.work.n_nodes[j]), req.types.tobytes())
+        if self._reserved[0] == key:  # the same blocked shape, nothing started or ended since
+            return self._reserved[1]
+        self._reserved = (key, self._reserve(j, req, n))
+        return self._reserved[1]
+
+    def _ready_by_node(self) -> np.ndarray:
+        """Planned ends of each node's GPUs, soonest first: (N, gmax); empty GPUs read 0,
+        padding inf (cached until allocations change)."""
+        if self._ready_version != self.version:
+            self._ready = np.sort(self.g_free_at[self.n_matrix], axis=1)
+            self._ready_version = self.version
+        return self._ready
+
+    def _reserve(self, j: int, req: Request, n: int) -> tuple[float, frozenset[int]]:
+        free_at = self._ready_by_node()
         ok = req.types[self.n_type]
         if req.whole and (int(self.work.n_nodes[j]) > 1 or n > self.n_gpus.max()):
             best = (math.inf, frozenset())
@@ -528,14 +559,14 @@ class Engine:
                 per = math.ceil(n / k)
                 if per > free_at.shape[1]:
                     continue
-                ready = np.sort(free_at, axis=1)[:, per - 1]
+                ready = free_at[:, per - 1]
                 ready = np.where(ok & (self.n_type == t), ready, math.inf)
                 order = np.argsort(ready, kind="stable")[:k]
                 when = ready[order[-1]] if len(order) == k else math.inf
                 if when < best[0]:
                     best = (when, frozenset(int(x) for x in order))
             return best
-        ready = np.sort(free_at, axis=1)[:, n - 1] if n <= free_at.shape[1] else np.full(self.N, math.inf)
+        ready = free_at[:, n - 1] if n <= free_at.shape[1] else np.full(self.N, math.inf)
         ready = np.where(ok, ready, math.inf)
         node = int(np.argmin(ready))
         return float(ready[node]), frozenset([node])
@@ -572,6 +603,7 @@ class Engine:
             if self.j_state[self.last_blocked[0]] == "queued":
                 blocked = self.last_blocked
         tried = 0
+        emptied = []
         started = False  # room has shrunk since the quick tests
         backfill = policy.backfill
         while heads and tried < self.opt.depth:
@@ -617,6 +649,8 @@ class Engine:
                         continue
                 self.counters["backfilled"] += 1
             del bucket[pos]
+            if not bucket:
+                emptied.append(shape)
             self.queued -= 1
             self.start(j, placed)
             started = True
@@ -628,7 +662,7 @@ class Engine:
             blocked = (first_fail[1], self.j_req[first_fail[1]])
         if only is None:
             self.last_blocked = blocked
-        for shape in [s for s, b in self.buckets.items() if not b]:
+        for shape in emptied:  # only a start empties a bucket
             del self.buckets[shape]
 
     # --- main loop ---------------------------------------------------------------------------

@@ -279,7 +279,11 @@ class SimView:
         engine = self.engine
         if self._version != engine.version:
             masks = np.bitwise_or.reduceat(engine.g_classmask, engine.n_first)
-            for i in np.flatnonzero((masks != self._masks) | (engine.n_free != self._idle)):
+            changed = np.flatnonzero((masks != self._masks) | (engine.n_free != self._idle))
+            if not len(changed):  # no node view changed: the snapshot and its answers hold
+                self._version = engine.version
+                return self._nodes
+            for i in changed:
                 classes = tuple(c for c in range(engine.n_classes) if masks[i] >> c & 1)
                 first, count = int(engine.n_first[i]), int(engine.n_gpus[i])
                 per_gpu = tuple(tuple(c for c in range(engine.n_classes)
@@ -373,12 +377,23 @@ class GpuShare(Policy):
         self.type_names = cluster.type_names
         self.all_types = engine.work.allowed.shape[1]
         self.decisions: list = []
+        self._requests: dict = {}
         # Peak utilisations matter only to a GPU-time budget (and cost a slow import).
         self.util = (job_kind_utilisation(engine.work.kinds, self.type_names)
                      if self.gpu_time_budget_pct > 0 else {})
 
     def request(self, j: int, engine) -> JobRequest:
-        """The job as the hook would send it: ``sbatch -p <sharing partition> --gres=gpu:N``."""
+        """The job as the hook would send it: ``sbatch -p <sharing partition> --gres=gpu:N``
+        (one frozen value per shape of job, made once)."""
+        work = engine.work
+        key = (int(work.n_gpus[j]), int(work.n_nodes[j]), work.allowed[j].tobytes(),
+               engine.j_kills[j] > 0)
+        request = self._requests.get(key)
+        if request is None:
+            request = self._requests[key] = self._request(j, engine)
+        return request
+
+    def _request(self, j: int, engine) -> JobRequest:
         work = engine.work
         n, k = int(work.n_gpus[j]), int(work.n_nodes[j])
         if not k:

@@ -20,6 +20,8 @@ slack for records that reach slurmdbd late). Jobs still running are never cached
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import io
 import itertools
 import json
@@ -63,6 +65,25 @@ class AccountingError(RuntimeError):
     """sacct could not be run or its output not read."""
 
 
+@contextlib.contextmanager
+def gc_paused():
+    """No cyclic garbage collection inside: reading a million jobs makes millions of objects
+    that live on, and each full collection would walk them all again (a quarter of the time)
+    to find no cycle. Reference counting still frees everything that is dropped. On the way
+    out the objects made inside go straight to the oldest generation (freeze, unfreeze), or
+    the first young collection after would walk them all at once."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if not gc.get_freeze_count():  # leave what others froze frozen
+            gc.freeze()
+            gc.unfreeze()
+        if enabled:
+            gc.enable()
+
+
 @dataclass(frozen=True, slots=True)
 class StepRecord:
     step_id: str  # "batch", "extern", "0", ...
@@ -70,6 +91,9 @@ class StepRecord:
     exit_code: int | None = None
     signal: int | None = None
     elapsed_s: float | None = None
+
+
+_UNDECODED = object()
 
 
 @dataclass(slots=True)  # slots: a site's month is a million of these
@@ -98,21 +122,25 @@ class JobRecord:
     # Runs of a requeued job before its final one (``sacct -D`` lists each run, same JobID).
     earlier_runs: list["JobRecord"] = field(default_factory=list)
     # Worked out once from ``tag`` and ``alloc_tres`` (reports read them many times per job).
-    decision: Tag | None = field(default=None, init=False, repr=False, compare=False)
+    # ``shared``: the hook turned this job's whole-GPU request into a share.
+    shared: bool = field(default=False, init=False, repr=False, compare=False)
     gpus: float = field(default=0.0, init=False, repr=False, compare=False)
     shards: float = field(default=0.0, init=False, repr=False, compare=False)
+    _decision: Any = field(default=_UNDECODED, init=False, repr=False, compare=False)
 
     # -- what the tag says -----------------------------------------------------------------
-    def __post_init__(self):
-        self.decision = Tag.decode(self.tag)
+    def __post_init__(self):  # the sacct reader sets the same in ``_sacct_record``
+        self.shared = Tag.action_of(self.tag) == "share"
         # Whole GPUs allocated (typed and untyped TRES name the same GPUs; take one), shards.
         self.gpus = _gres_count(self.alloc_tres, "gpu")
         self.shards = _gres_count(self.alloc_tres, "shard")
 
     @property
-    def shared(self) -> bool:
-        """The hook turned this job's whole-GPU request into a share."""
-        return bool(self.decision and self.decision.shared)
+    def decision(self) -> Tag | None:
+        """The decoded tag (decoded when first asked for: most reports never need it)."""
+        if self._decision is _UNDECODED:
+            self._decision = Tag.decode(self.tag)
+        return self._decision
 
     @property
     def decision_id(self) -> str:
@@ -167,10 +195,11 @@ class JobRecord:
         """Why the job counts as killed for memory: "state" (OUT_OF_MEMORY on the job or a
         step), "sigkill" (a failure by SIGKILL, how the kernel's OOM killer ends a process when
         no cgroup reports it), or "" when it does not."""
-        if self.state == "OUT_OF_MEMORY" or any(s.state == "OUT_OF_MEMORY" for s in self.steps):
+        state, steps = self.state, self.steps
+        if state == "OUT_OF_MEMORY" or (steps and any(s.state == "OUT_OF_MEMORY" for s in steps)):
             return "state"
-        if self.state == "FAILED" and (self.signal == SIGKILL or any(
-                s.signal == SIGKILL and s.state == "FAILED" for s in self.steps)):
+        if state == "FAILED" and (self.signal == SIGKILL or any(
+                s.signal == SIGKILL and s.state == "FAILED" for s in steps)):
             return "sigkill"
         return ""
 
@@ -189,7 +218,7 @@ class JobRecord:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         for record in [data, *data["earlier_runs"]]:
-            for derived in ("decision", "gpus", "shards"):  # made again from tag and TRES
+            for derived in DERIVED_FIELDS:  # made again from tag and TRES
                 del record[derived]
         return data
 
@@ -198,15 +227,44 @@ class JobRecord:
         data = dict(data)
         data["steps"] = [StepRecord(**s) for s in data.get("steps", [])]
         data["earlier_runs"] = [cls.from_dict(r) for r in data.get("earlier_runs", [])]
-        known = set(cls.__dataclass_fields__) - {"decision", "gpus", "shards"}
+        known = set(cls.__dataclass_fields__) - set(DERIVED_FIELDS)
         return cls(**{k: v for k, v in data.items() if k in known})
+
+
+DERIVED_FIELDS = ("shared", "gpus", "shards", "_decision")
+_new = object.__new__
+
+
+def _sacct_record(job_id: str, raw_id: str, cluster: str, user: str, account: str,
+                  partition: str, state: str, exit_code: int | None, signal: int | None,
+                  submit: float | None, start: float | None, end: float | None,
+                  elapsed_s: float | None, nodes: str, req_tres: dict[str, float],
+                  alloc_tres: dict[str, float], tag: str, gpus: float, shards: float
+                  ) -> JobRecord:
+    """``JobRecord(...)`` for the sacct reader at a third of its cost (a million per month):
+    every slot set directly, the GPU and shard counts given (worked out once per TRES
+    string). Sets what ``__init__`` and ``__post_init__`` set; a test holds the two equal."""
+    record = _new(JobRecord)
+    record.job_id, record.raw_id, record.cluster, record.user = job_id, raw_id, cluster, user
+    record.account, record.partition, record.state = account, partition, state
+    record.exit_code, record.signal = exit_code, signal
+    record.submit, record.start, record.end, record.elapsed_s = submit, start, end, elapsed_s
+    record.nodes, record.req_tres, record.alloc_tres, record.tag = nodes, req_tres, alloc_tres, tag
+    record.steps, record.gpu_type, record.earlier_runs = [], "", []
+    record.shared = bool(tag) and Tag.action_of(tag) == "share"
+    record.gpus, record.shards, record._decision = gpus, shards, _UNDECODED
+    return record
 
 
 def _gres_count(tres: Mapping[str, float], name: str) -> float:
     plain = tres.get(f"gres/{name}")
     if plain is not None:
         return plain
-    return sum(v for k, v in tres.items() if k.startswith(f"gres/{name}:"))
+    typed, total = f"gres/{name}:", 0
+    for key, value in tres.items():
+        if key.startswith(typed):
+            total += value
+    return total
 
 
 # -- field parsers -------------------------------------------------------------------------
@@ -229,6 +287,11 @@ def parse_tres(text: str) -> dict[str, float]:
         except ValueError:
             continue  # a field we cannot read is left out, never guessed
     return out
+
+
+def _epoch(text: str) -> float | None:
+    """``parse_time`` of a sacct field, quicker for epoch seconds (most of them)."""
+    return float(text) if text.isdigit() and text != "0" else parse_time(text)
 
 
 def parse_time(text: str | int | float | None) -> float | None:
@@ -274,9 +337,6 @@ def _own_tag(comment: str | None) -> str:
     return comment if comment.startswith(TAG_PREFIX) else ""
 
 
-_STEP_ID = re.compile(r"^(?P<job>[^.]+)\.(?P<step>.+)$")
-
-
 # -- sacct -P --------------------------------------------------------------------------------
 def parse_psv(text: str | Iterable[str], *, progress: bool | None = None,
               total: int | None = None) -> list[JobRecord]:
@@ -298,7 +358,8 @@ def parse_psv(text: str | Iterable[str], *, progress: bool | None = None,
         raise AccountingError(f"sacct field {early[0]} is free text and may contain '|': "
                               "request it last, or not at all")
     rows = _with_progress(enumerate(lines, start=2), total, progress, "reading sacct")
-    return _fold(_psv_parts(rows, header))
+    with gc_paused():
+        return _psv_jobs(rows, header)
 
 
 _ROW_JOB_ID = re.compile(r"^\d+([_+][0-9\[\]\-,%]+)?(\.[\w\-]+)?$")
@@ -319,10 +380,11 @@ class _Shared(dict):
         return value
 
 
-def _psv_parts(rows: Iterable[tuple[int, str]], header: list[str]
-               ) -> Iterator[tuple[str, dict[str, Any]]]:
-    """(job id, record fields) per data line; refuses a line that was cut short or is not
-    sacct's (a report from it would be wrong)."""
+def _psv_jobs(rows: Iterable[tuple[int, str]], header: list[str]) -> list[JobRecord]:
+    """Job lines become records, step lines (``123.batch``) join their job's ``steps`` in the
+    order read; refuses a line that was cut short or is not sacct's (a report from it would be
+    wrong). A job id seen more than once (a requeued job under ``sacct -D``) is one job: its
+    latest run, holding the earlier ones in ``earlier_runs`` and every step line of the id."""
     width = len(header)
     column = {name: i for i, name in enumerate(header)}
 
@@ -335,8 +397,16 @@ def _psv_parts(rows: Iterable[tuple[int, str]], header: list[str]
         "Submit", "Start", "End", "ElapsedRaw", "NodeList", "ReqTRES", "AllocTRES",
         "AdminComment"))
     text = _Shared(sys.intern)
-    tres, times, states, exits = (_Shared(parse_tres), _Shared(parse_time),
-                                  _Shared(parse_state), _Shared(parse_exit))
+    tres, states, exits = _Shared(parse_tres), _Shared(parse_state), _Shared(parse_exit)
+    counts = _Shared(lambda alloc: (_gres_count(tres[alloc], "gpu"),
+                                    _gres_count(tres[alloc], "shard")))
+    # Steps are values (frozen): the many alike ("batch", COMPLETED, 0:0, same run time) are
+    # one object.
+    step_of = _Shared(lambda key: StepRecord(key[0], states[key[1]], *exits[key[2]],
+                                             _number(key[3])))
+    jobs: dict[str, JobRecord] = {}
+    orphans: dict[str, list[StepRecord]] = {}  # steps read before their job's line
+    valid_id, held_run, epoch, number_of = _ROW_JOB_ID.match, jobs.get, _epoch, _number
     for number, line in rows:
         line = line.rstrip("\r\n")
         if not line:
@@ -347,55 +417,41 @@ def _psv_parts(rows: Iterable[tuple[int, str]], header: list[str]
                                   f"{width} fields (first missing: {header[len(fields)]})")
         fields.append("")
         job_id = fields[i_id].strip()
-        if job_id and not _ROW_JOB_ID.match(job_id):
-            raise AccountingError(f"sacct line {number} is corrupt: JobID {job_id[:40]!r}")
-        exit_code, signal = exits[fields[i_exit]]
-        if "." in job_id:  # a step line ("123.batch"): only what its job's figures read
-            yield job_id, {"state": states[fields[i_state]], "exit_code": exit_code,
-                           "signal": signal, "elapsed_s": _number(fields[i_elapsed])}
-            continue
-        nodes = fields[i_nodes]
-        yield job_id, {
-            "raw_id": fields[i_raw].strip(),
-            "cluster": text[fields[i_cluster]],
-            "user": text[fields[i_user]],
-            "account": text[fields[i_account]],
-            "partition": text[fields[i_partition]],
-            "state": states[fields[i_state]],
-            "exit_code": exit_code,
-            "signal": signal,
-            "submit": times[fields[i_submit]],
-            "start": times[fields[i_start]],
-            "end": times[fields[i_end]],
-            "elapsed_s": _number(fields[i_elapsed]),
-            "nodes": "" if nodes == "None assigned" else text[nodes],
-            "req_tres": tres[fields[i_req]],
-            "alloc_tres": tres[fields[i_alloc]],
-            "tag": _own_tag(fields[i_comment]),
-        }
-
-
-def _fold(parts: Iterable[tuple[str, dict[str, Any]]]) -> list[JobRecord]:
-    """Job lines become records; step lines join their job's ``steps`` (in any order). A job
-    id seen more than once (a requeued job under ``sacct -D``) is one job: its latest run,
-    holding the earlier ones in ``earlier_runs``."""
-    jobs: dict[str, JobRecord] = {}
-    steps: list[tuple[str, StepRecord]] = []
-    for job_id, values in parts:
         if not job_id:
             continue
-        match = _STEP_ID.match(job_id)
-        if match:
-            steps.append((match["job"], StepRecord(
-                step_id=match["step"], state=values["state"], exit_code=values["exit_code"],
-                signal=values["signal"], elapsed_s=values["elapsed_s"])))
-        elif "[" in job_id:
+        if not valid_id(job_id):
+            raise AccountingError(f"sacct line {number} is corrupt: JobID {job_id[:40]!r}")
+        parent, dot, step_id = job_id.partition(".")
+        if dot:  # a step line: only what its job's figures read
+            step = step_of[step_id, fields[i_state], fields[i_exit], fields[i_elapsed]]
+            held = held_run(parent)
+            if held is None:
+                orphans.setdefault(parent, []).append(step)
+            else:
+                held.steps.append(step)
+            continue
+        if "[" in job_id:
             continue  # array tasks not yet started ("123_[4-9]"): not jobs until they run
-        else:
-            _add_run(jobs, JobRecord(job_id=job_id, **values))
-    for parent, step in steps:
+        raw_id = fields[i_raw].strip()
+        nodes, alloc = fields[i_nodes], fields[i_alloc]
+        record = _sacct_record(
+            job_id, job_id if raw_id == job_id else raw_id, text[fields[i_cluster]],
+            text[fields[i_user]], text[fields[i_account]], text[fields[i_partition]],
+            states[fields[i_state]], *exits[fields[i_exit]], epoch(fields[i_submit]),
+            epoch(fields[i_start]), epoch(fields[i_end]), number_of(fields[i_elapsed]),
+            "" if nodes == "None assigned" else text[nodes], tres[fields[i_req]],
+            tres[alloc], tag if (tag := fields[i_comment].strip()).startswith(TAG_PREFIX)
+            else "", *counts[alloc])  # only the product's own tag (as ``_own_tag``)
+        held = held_run(job_id)
+        if held is None:
+            jobs[job_id] = record
+        else:  # another run: the steps read so far go with the id's latest run
+            steps, held.steps = held.steps, []
+            _add_run(jobs, record)
+            jobs[job_id].steps = steps
+    for parent, steps in orphans.items():
         if parent in jobs:  # a step without its job line (cut-off output) is dropped
-            jobs[parent].steps.append(step)
+            jobs[parent].steps[:0] = steps
     return list(jobs.values())
 
 
@@ -530,17 +586,20 @@ def _with_progress(items: Iterable, total: int | None, progress: bool | None,
     when there are many lines, or an unknown number, and stderr is a terminal)."""
     if progress is None:
         progress = (total is None or total >= PROGRESS_MIN_LINES) and os.isatty(2)
-    if not progress:
-        yield from items
-        return
+    return _progress(items, total, what) if progress else iter(items)
+
+
+def _progress(items: Iterable, total: int | None, what: str) -> Iterator:
     from rich.console import Console
     from rich.progress import Progress
 
+    step = 1000  # advance the bar per thousand items: per item it would cost more than parsing
     with Progress(console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task(what, total=total)
-        for item in items:
+        for done, item in enumerate(items, start=1):
             yield item
-            bar.advance(task)
+            if done % step == 0:
+                bar.advance(task, step)
 
 
 # -- running sacct ---------------------------------------------------------------------------
@@ -595,17 +654,24 @@ def query_node_gpu_types(timeout: float = 10) -> dict[str, str]:
 def resolve_gpu_types(jobs: Iterable[JobRecord], node_types: Mapping[str, str]) -> None:
     """Fill ``gpu_type``: a typed GPU TRES, else the type of the node it ran on, else the
     tag's type when it allowed only one; "" when unknown."""
+    # By TRES dict: jobs read from one sacct output share the dict of each TRES string.
+    typed_in: dict[int, str] = {}
     for job in jobs:
-        typed = [k.split(":", 1)[1] for k in job.alloc_tres if k.startswith("gres/gpu:")
-                 or k.startswith("gres/shard:")]
-        nodes = expand_hostlist(job.nodes)
-        on_nodes = sorted({node_types[n] for n in nodes if n in node_types})
-        allowed = list(job.decision.types) if job.decision else []
+        tres = job.alloc_tres
+        typed = typed_in.get(id(tres))
+        if typed is None:
+            typed = typed_in[id(tres)] = next(
+                (k.split(":", 1)[1] for k in tres
+                 if k.startswith("gres/gpu:") or k.startswith("gres/shard:")), "")
         if typed:
-            job.gpu_type = typed[0]
-        elif len(on_nodes) == 1:
-            job.gpu_type = on_nodes[0]
-        elif len(allowed) == 1:
+            job.gpu_type = typed
+            continue
+        on_nodes = {node_types[n] for n in expand_hostlist(job.nodes) if n in node_types}
+        if len(on_nodes) == 1:
+            job.gpu_type = next(iter(on_nodes))
+            continue
+        allowed = job.decision.types if job.decision else ()
+        if len(allowed) == 1:
             job.gpu_type = allowed[0]
 
 

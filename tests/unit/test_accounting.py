@@ -227,3 +227,17 @@ def test_truncated_or_corrupt_rows_are_refused(cut, error):
     rows = (DATA / "awkward.psv").read_text().splitlines()
     with pytest.raises(AccountingError, match=error):
         parse_psv("\n".join(cut(rows)) + "\n")
+
+
+def test_the_sacct_readers_records_equal_the_constructors():
+    """The -P reader builds records without ``JobRecord.__init__`` (a million a month): each
+    must be what the constructor makes of the same values, derived fields included."""
+    from dataclasses import fields
+
+    from slurm_gpushare.slurm.accounting import JobRecord
+
+    for job in parse_psv((DATA / "awkward.psv").read_text()):
+        made = JobRecord(**{f.name: getattr(job, f.name) for f in fields(JobRecord) if f.init})
+        assert made == job and made.to_dict() == job.to_dict()
+        for derived in ("shared", "gpus", "shards", "decision", "gpu_job", "on_share"):
+            assert getattr(made, derived) == getattr(job, derived), (job.job_id, derived)

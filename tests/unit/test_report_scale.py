@@ -67,3 +67,41 @@ def test_progress_goes_to_stderr_and_json_stays_clean(tmp_path, monkeypatch, cap
     out = capsys.readouterr()
     report = json.loads(out.out)
     assert report["totals"]["gpu_jobs"] > 100 and "reading sacct" not in out.out
+
+
+def test_lazy_job_rows_write_what_the_lists_write(tmp_path):
+    """``--format json`` reads the job rows lazily and writes each pre-sorted row without
+    sorting, a shared job's text once for both lists: the same text as the plain lists."""
+    bench = _generator()
+    path = tmp_path / "sacct.psv"
+    bench.generate(path, 400, seed=5)
+    since, until = bench.WINDOW_END - bench.WINDOW_S - 86400, bench.WINDOW_END
+    jobs = ingest(since, until, sacct_file=path, node_types={}, progress=False).jobs
+    for anonymise in (False, True):
+        texts = []
+        for lazy in (False, True, True):  # a lazy report written twice: the same again
+            report = build_report(jobs, since=since, until=until, anonymise=anonymise,
+                                  lazy_rows=lazy)
+            report.pop("generated")
+            written = io.StringIO()
+            write_json(report, written)
+            if lazy:
+                write_json(report, io.StringIO())
+                written = io.StringIO()
+                write_json(report, written)
+            texts.append(written.getvalue())
+        assert texts[0] == texts[1] == texts[2] and '"shared_jobs": [' in texts[0]
+        row = report["jobs"][0]
+        assert list(row) == sorted(row) and ("user" in row) != anonymise
+
+
+def test_lazy_job_rows_write_empty_lists():
+    """A window without (shared) jobs: the lazy rows are written as the empty lists."""
+    texts = []
+    for lazy in (False, True):
+        report = build_report([], since=0, until=86400, lazy_rows=lazy)
+        report.pop("generated")
+        written = io.StringIO()
+        write_json(report, written)
+        texts.append(written.getvalue())
+    assert texts[0] == texts[1] and json.loads(texts[1])["jobs"] == []

@@ -735,6 +735,17 @@ def cluster_start() -> None:
                f"{time.monotonic() - started:.1f}s; export {exports}")
 
 
+@cluster_group.command("prepare")
+def cluster_prepare() -> None:
+    """Build what the cluster needs before it can start (on 24.11: the trixie root), start
+    nothing. A start meanwhile waits for the build."""
+    cluster = make_cluster()
+    built = cluster.prepare_root()
+    click.echo(f"Slurm {cluster.slurm_version}: " + (
+        "nothing to build" if cluster.slurm_root is None else
+        "root already built" if built is None else f"built the root in {built:.0f}s"))
+
+
 @cluster_group.command("stop")
 def cluster_stop() -> None:
     """Stop every component of the local test cluster."""

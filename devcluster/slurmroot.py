@@ -22,6 +22,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from filelock import FileLock
+
 # What the root holds: Slurm's daemons and clients, the hook's Lua libraries, and a Python for
 # the node side (prolog agent, fake GPU jobs), which imports only these from outside the checkout.
 PACKAGES = ("slurmctld", "slurmd", "slurm-client", "slurmdbd", "munge", "lua-socket",
@@ -31,6 +33,7 @@ MIRROR = "http://deb.debian.org/debian"
 CLIENTS = ("sbatch", "srun", "salloc", "squeue", "sinfo", "sacct", "sacctmgr", "scontrol",
            "scancel", "sstat", "sprio", "sshare", "sreport", "sdiag")
 COMPLETE = ".gpushare-root-complete"  # written last: a root without it is rebuilt
+BUILD_TIMEOUT_S = 1800  # waiting for another build (downloads ~100 MB from Debian's registry)
 
 
 class RootError(RuntimeError):
@@ -49,9 +52,17 @@ class SlurmRoot:
         return (self.path / COMPLETE).exists()
 
     def ensure(self, log: Path) -> float | None:
-        """Build the root unless a complete one is there; the seconds it took, or None."""
+        """Build the root unless a complete one is there; the seconds it took, or None.
+
+        One build at a time: a second caller (``make test`` builds the root in the background
+        while the unit tests run, then starts the 24.11 cluster) waits for the first."""
         if self.complete:
             return None
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(self.path) + ".lock", timeout=BUILD_TIMEOUT_S):
+            return None if self.complete else self._build(log)
+
+    def _build(self, log: Path) -> float:
         if shutil.which("mmdebstrap") is None:
             raise RootError("mmdebstrap is missing: run scripts/install-deps.sh (as root)")
         started = time.monotonic()

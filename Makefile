@@ -3,7 +3,7 @@ SHELL := /bin/bash
 PY := .venv/bin/python
 export GPUSHARE_CLUSTER_DIR ?= /tmp/slurm-gpushare-cluster
 
-.PHONY: deps demo test test-24.11 test-unit bench cluster-start cluster-stop cluster-status clean
+.PHONY: deps demo test test-24.11 test-24.11-cluster test-unit bench cluster-start cluster-stop cluster-status clean
 
 deps:
 	scripts/install-deps.sh
@@ -15,18 +15,30 @@ demo: deps
 
 ## The whole suite on Slurm 22.05 (the host's): unit and Lua tests on two workers (they share
 ## nothing), then the cluster tests one at a time against the running cluster (the multi-host
-## tests start their own network-namespace cluster beside it).
+## tests start their own network-namespace cluster beside it); then the cluster tests again on
+## Slurm 24.11 (Debian trixie's, in a root of its own). The trixie root (~100 MB from Debian's
+## registry, cached) is built in the background while the unit tests run; the 24.11 start waits
+## for it. One cluster at a time on a small machine.
 test: deps
+	mkdir -p "$(GPUSHARE_CLUSTER_DIR)"
+	GPUSHARE_SLURM=24.11 $(PY) -m devcluster cluster prepare \
+	  > "$(GPUSHARE_CLUSTER_DIR)/prepare-24.11.log" 2>&1 & \
 	GPUSHARE_SKIP_CLUSTER=1 $(PY) -m pytest -q -ra -n 2 tests/unit tests/lua
 	$(PY) -m devcluster cluster start
 	$(PY) -m pytest -q -ra tests/cluster
+	$(PY) -m devcluster cluster stop
+	$(MAKE) --no-print-directory test-24.11-cluster
 
-## The cluster integration tests on Slurm 24.11 (Debian trixie in a root of its own, built on
-## first use and cached). Not yet part of `make test`: see the README.
+## The cluster integration tests on Slurm 24.11 (every cluster test but the multi-host ones,
+## which run 22.05 only); the root is built on first use.
 test-24.11: deps
 	$(PY) -m devcluster cluster stop  # one cluster at a time on a small machine
+	$(MAKE) --no-print-directory test-24.11-cluster
+
+test-24.11-cluster:  # stopped when the tests pass; left up to look into when they fail
 	GPUSHARE_SLURM=24.11 $(PY) -m devcluster cluster start
 	GPUSHARE_SLURM=24.11 $(PY) -m pytest -q -ra tests/cluster
+	GPUSHARE_SLURM=24.11 $(PY) -m devcluster cluster stop
 
 ## Unit tests only (no Slurm daemons).
 test-unit: deps

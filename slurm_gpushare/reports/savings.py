@@ -277,6 +277,7 @@ class JobFigures:
     safe_estimate_gib: float | None = None  # predicted peak + margin for the job's GPU type
     decision_source: str = ""
     peak_mem_gib: float | None = None
+    peak_source: str = ""  # "agent" (the node agent's NVML summary) or "slurm" (gres/gpumem)
     earlier_runs: int = 0  # runs requeued before the final one
     earlier_gpu_s: float = 0.0
     # The job's own flags, read once (every aggregate reads them).
@@ -348,7 +349,14 @@ def _figures_for(jobs: Sequence[JobRecord], groups: Sequence[CorunGroup],
         if view:
             peaks = [s.get("mgmap_max_mib") for s in view.summaries(job)
                      if s.get("mgmap_max_mib") is not None]
-            fig.peak_mem_gib = max(peaks) / 1024 if peaks else None
+            if peaks:
+                fig.peak_mem_gib, fig.peak_source = max(peaks) / 1024, "agent"
+        if fig.peak_mem_gib is None and job.exclusive_gpus == 1:
+            # Where no agent summary is held, Slurm's own gres/gpumem (23.02+ with
+            # AutoDetect=nvml). Single-GPU jobs only: for more, it is not one GPU's peak.
+            slurm_peak = job.gpu_mem_peak_mib
+            if slurm_peak is not None:
+                fig.peak_mem_gib, fig.peak_source = slurm_peak / 1024, "slurm"
         if on_share and (view is not None or predictor is not None):
             fig.solo = solo_time(job, view, predictor)
         if not on_share:
@@ -650,7 +658,8 @@ def job_row(f: JobFigures, *, anonymise: bool = False) -> dict[str, Any]:
         "isd": f.isd, "isd_high": f.isd_high, "isd_low": f.isd_low,
         "job_id": job.job_id,
         "on_share": f.on_share, "oom": f.oom,
-        "partition": job.partition, "peak_gib": f.peak_mem_gib, "queue_s": f.queue_delay_s,
+        "partition": job.partition, "peak_gib": f.peak_mem_gib,
+        "peak_source": f.peak_source or None, "queue_s": f.queue_delay_s,
         "requeued_runs": f.earlier_runs, "run_s": job.run_time_s,
         "safe_estimate_gib": f.safe_estimate_gib, "share_gib": f.share_gib,
         "solo_runs": solo.runs if solo else 0, "solo_s": solo.seconds if solo else None,

@@ -42,7 +42,7 @@ from slurm_gpushare.slurm.jobs import gres_placements
 SACCT_FIELDS = ("JobID", "JobIDRaw", "Cluster", "User", "Account", "Partition", "State",
                 "ExitCode", "DerivedExitCode", "Submit", "Eligible", "Start", "End",
                 "ElapsedRaw", "NNodes", "NodeList", "ReqTRES", "AllocTRES",
-                "AdminComment")
+                "TRESUsageInMax", "AdminComment")
 # AdminComment is free text, so it goes last. Constraints is left out: it is free text as well
 # and its OR operator is the delimiter ("a100|v100"), so with -P it would split into two fields.
 
@@ -91,6 +91,10 @@ class StepRecord:
     exit_code: int | None = None
     signal: int | None = None
     elapsed_s: float | None = None
+    # Slurm's own GPU accounting (23.02+ with AutoDetect=nvml; None where it has none): the
+    # step's peak GPU memory and utilisation, per process, so right on a shared GPU too.
+    gpu_mem_mib: float | None = None
+    gpu_util_pct: float | None = None
 
 
 _UNDECODED = object()
@@ -191,6 +195,19 @@ class JobRecord:
         return None
 
     @property
+    def gpu_mem_peak_mib(self) -> float | None:
+        """The GPU memory peak Slurm measured (``gres/gpumem``, the largest step's), or None
+        where its accounting has none."""
+        peaks = [s.gpu_mem_mib for s in self.steps if s.gpu_mem_mib is not None]
+        return max(peaks) if peaks else None
+
+    @property
+    def gpu_util_peak_pct(self) -> float | None:
+        """The GPU utilisation peak Slurm measured (``gres/gpuutil``), or None."""
+        peaks = [s.gpu_util_pct for s in self.steps if s.gpu_util_pct is not None]
+        return max(peaks) if peaks else None
+
+    @property
     def oom_evidence(self) -> str:
         """Why the job counts as killed for memory: "state" (OUT_OF_MEMORY on the job or a
         step), "sigkill" (a failure by SIGKILL, how the kernel's OOM killer ends a process when
@@ -287,6 +304,23 @@ def parse_tres(text: str) -> dict[str, float]:
         except ValueError:
             continue  # a field we cannot read is left out, never guessed
     return out
+
+
+_GPU_USAGE = re.compile(r"(?:^|,)gres/gpu(mem|util)=([0-9.]+)([KMGTP]?)")
+
+
+def parse_gpu_usage(text: str) -> tuple[float | None, float | None]:
+    """``gres/gpumem`` (MiB) and ``gres/gpuutil`` (%) of a step's ``TRESUsageInMax``
+    (``cpu=00:56:24,...,gres/gpumem=38888M,gres/gpuutil=100,mem=...``); None for each that is
+    not there (Slurm before 23.02, or no ``AutoDetect=nvml``)."""
+    mem = util = None
+    if "gres/gpu" in text:  # most sites: not there, and no regex run per step line
+        for name, value, unit in _GPU_USAGE.findall(text):
+            if name == "mem":
+                mem = float(value) * _MEM_UNITS.get(unit, 1 / 1024 ** 2)  # no unit: bytes
+            else:
+                util = float(value)
+    return mem, util
 
 
 def _epoch(text: str) -> float | None:
@@ -392,10 +426,10 @@ def _psv_jobs(rows: Iterable[tuple[int, str]], header: list[str]) -> list[JobRec
         return column.get(name, width)  # a column not requested reads as ""
 
     (i_id, i_raw, i_cluster, i_user, i_account, i_partition, i_state, i_exit, i_submit,
-     i_start, i_end, i_elapsed, i_nodes, i_req, i_alloc, i_comment) = map(at, (
+     i_start, i_end, i_elapsed, i_nodes, i_req, i_alloc, i_usage, i_comment) = map(at, (
         "JobID", "JobIDRaw", "Cluster", "User", "Account", "Partition", "State", "ExitCode",
         "Submit", "Start", "End", "ElapsedRaw", "NodeList", "ReqTRES", "AllocTRES",
-        "AdminComment"))
+        "TRESUsageInMax", "AdminComment"))
     text = _Shared(sys.intern)
     tres, states, exits = _Shared(parse_tres), _Shared(parse_state), _Shared(parse_exit)
     counts = _Shared(lambda alloc: (_gres_count(tres[alloc], "gpu"),
@@ -403,7 +437,7 @@ def _psv_jobs(rows: Iterable[tuple[int, str]], header: list[str]) -> list[JobRec
     # Steps are values (frozen): the many alike ("batch", COMPLETED, 0:0, same run time) are
     # one object.
     step_of = _Shared(lambda key: StepRecord(key[0], states[key[1]], *exits[key[2]],
-                                             _number(key[3])))
+                                             _number(key[3]), *key[4]))
     jobs: dict[str, JobRecord] = {}
     orphans: dict[str, list[StepRecord]] = {}  # steps read before their job's line
     valid_id, held_run, epoch, number_of = _ROW_JOB_ID.match, jobs.get, _epoch, _number
@@ -423,7 +457,8 @@ def _psv_jobs(rows: Iterable[tuple[int, str]], header: list[str]) -> list[JobRec
             raise AccountingError(f"sacct line {number} is corrupt: JobID {job_id[:40]!r}")
         parent, dot, step_id = job_id.partition(".")
         if dot:  # a step line: only what its job's figures read
-            step = step_of[step_id, fields[i_state], fields[i_exit], fields[i_elapsed]]
+            step = step_of[step_id, fields[i_state], fields[i_exit], fields[i_elapsed],
+                           parse_gpu_usage(fields[i_usage])]
             held = held_run(parent)
             if held is None:
                 orphans.setdefault(parent, []).append(step)

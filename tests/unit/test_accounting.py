@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from slurm_gpushare.core.hostlist import expand_hostlist
-from slurm_gpushare.slurm.accounting import (AccountingCache, AccountingError,
-                                       ingest, node_gpu_types_from_scontrol, parse_exit,
+from slurm_gpushare.slurm.accounting import (AccountingCache, AccountingError, JobRecord,
+                                       ingest, parse_gpu_usage, node_gpu_types_from_scontrol, parse_exit,
                                        parse_json, parse_psv, parse_sacct, parse_time,
                                        parse_tres, placements_from_scontrol, resolve_gpu_types)
 
@@ -241,3 +241,31 @@ def test_the_sacct_readers_records_equal_the_constructors():
         assert made == job and made.to_dict() == job.to_dict()
         for derived in ("shared", "gpus", "shards", "decision", "gpu_job", "on_share"):
             assert getattr(made, derived) == getattr(job, derived), (job.job_id, derived)
+
+
+# Crafted (no GPU with NVML here), in the layout sites record from Slurm 23.02+ with
+# AutoDetect=nvml: TRESUsageInMax on each step, gres/gpumem with a unit (bytes without one).
+GPU_USAGE_PSV = (
+    "JobID|JobIDRaw|State|Start|End|AllocTRES|TRESUsageInMax|AdminComment\n"
+    "41|41|COMPLETED|10|70|cpu=1,gres/shard=8|"
+    "|gpushare:v1:share:id=d41:shard=8:types=v100:why=history-share\n"
+    "41.batch|41.batch|COMPLETED|10|70|cpu=1,gres/shard=8|cpu=00:00:50,energy=0,fs/disk=2332,"
+    "gres/gpumem=9830M,gres/gpuutil=87,mem=1056K,pages=0,vmem=0|\n"
+    "41.extern|41.extern|COMPLETED|10|70|cpu=1,gres/shard=8|cpu=00:00:00,energy=0,"
+    "gres/gpumem=0,gres/gpuutil=0,mem=256K|\n"
+    "42|42|COMPLETED|10|70|cpu=1,gres/gpu=1||\n"
+    "42.batch|42.batch|COMPLETED|10|70|cpu=1,gres/gpu=1|cpu=00:00:50,mem=1056K,vmem=0|\n"
+)
+
+
+def test_slurm_gpu_accounting_is_read_from_the_steps():
+    shared, plain = parse_psv(GPU_USAGE_PSV)
+    assert shared.gpu_mem_peak_mib == 9830 and shared.gpu_util_peak_pct == 87
+    assert plain.gpu_mem_peak_mib is None and plain.gpu_util_peak_pct is None  # none measured
+    assert parse_gpu_usage("cpu=1,gres/gpumem=2G,gres/gpuutil=5") == (2048, 5)
+    assert parse_gpu_usage("gres/gpumem=1048576,gres/gpuutil=0") == (1, 0)  # bytes
+    assert parse_gpu_usage("") == (None, None)
+    (recorded,) = [j for j in parse_psv((DATA / "awkward.psv").read_text()) if j.steps][:1]
+    assert recorded.gpu_mem_peak_mib is None  # 22.05's recorded output has no such column
+    # The cache keeps them (a report over a cached window shows the same peaks).
+    assert JobRecord.from_dict(shared.to_dict()).gpu_mem_peak_mib == 9830

@@ -352,3 +352,24 @@ def test_solo_time_falls_back_to_the_daemons_recorded_run_time_prediction(store)
     t = report["totals"]
     assert t["gpu_hours_exclusive"] == pytest.approx((100 + 40) / 3600)
     assert t["ps"] is None and t["isd_n"] == 0 and t["isd_against_prediction"] == 2
+
+
+def test_peaks_from_slurms_own_gpu_accounting_where_no_agent_summary(store):
+    from test_accounting import GPU_USAGE_PSV
+
+    from slurm_gpushare.slurm.accounting import parse_psv
+
+    jobs = parse_psv(GPU_USAGE_PSV)
+    report = json.loads(json.dumps(build_report(jobs, since=0, until=100)))  # no store
+    rows = {r["job_id"]: r for r in report["jobs"]}
+    assert rows["41"]["peak_gib"] == pytest.approx(9830 / 1024)
+    assert rows["41"]["peak_source"] == "slurm"
+    assert rows["42"]["peak_gib"] is None and rows["42"]["peak_source"] is None
+    # 9.6 GiB on a share of 8 shards (8 GiB): it outgrew its share.
+    assert report["prediction"]["unknown"]["share_below_peak"] == 1
+    assert report["totals"]["overrun_shared"] == 1
+    # The node agent's own summary, where the store holds one, comes first.
+    store.ingest_summary({"v": 1, "job_id": "41", "gpu_index": 0, "mgmap_max_mib": 7168})
+    report = json.loads(json.dumps(build_report(jobs, since=0, until=100, store=store)))
+    rows = {r["job_id"]: r for r in report["jobs"]}
+    assert rows["41"]["peak_gib"] == 7.0 and rows["41"]["peak_source"] == "agent"

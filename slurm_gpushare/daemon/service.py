@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import collections
 import os
+import re
 import pwd
 import random
 import threading
@@ -29,6 +30,8 @@ from slurm_gpushare.predict.history import HistoryEstimator
 from slurm_gpushare.predict.persist import load_classes_model, load_memory_model
 from slurm_gpushare.slurm.jobs import lookup_job
 
+
+_DECISION_ID = re.compile(r"[A-Za-z0-9_\-]{1,64}")
 
 class RecordWriter:
     """Runs store writes on its own thread, so SQLite never delays a reply. A request only
@@ -382,8 +385,16 @@ class Service:
             summary = clean_summary(message.get("summary"))
         except StoreError as exc:
             raise ProtocolError(f"summary refused: {exc}") from None
+        # Summaries made from Slurm's accounting name the job's decision (its tag's id): long
+        # after the job ended, slurmctld no longer knows the job to tie the two.
+        decision_id = message.get("decision_id")
+        if decision_id is not None and not (isinstance(decision_id, str)
+                                            and _DECISION_ID.fullmatch(decision_id)):
+            raise ProtocolError("bad decision_id")
         if self.learner is not None:
             new = self.store.ingest_summary(summary)
+            if new and decision_id:
+                self.store.link_decision(decision_id, summary["job_id"], summary["cluster"])
             if new:
                 self.records.put(self.learner.learn, summary, self.config)
         self._count("ingest")

@@ -39,6 +39,11 @@ _CONDITION = re.compile(r"^[a-z0-9:_\-]{1,64}$")
 _CODE = re.compile(r"^[a-z0-9_\-]{0,64}$")
 
 
+# The ``attribution`` of a summary made from Slurm's accounting (gres/gpumem), not by the
+# node agent (``daemon/slurm_usage.py``).
+SLURM_ACCOUNTING = "slurm-accounting"
+
+
 class StoreError(ValueError):
     """A record the store refuses (malformed, or carrying text it must not keep)."""
 
@@ -165,9 +170,23 @@ class Store:
 
     # -- summaries ------------------------------------------------------------------------
     def ingest_summary(self, summary: dict[str, Any]) -> bool:
-        """Keep one job-and-GPU summary; True if new, False if already held (then a no-op)."""
+        """Keep one job-and-GPU summary; True if new, False if already held (then a no-op).
+
+        A summary made from Slurm's own GPU accounting (``attribution`` SLURM_ACCOUNTING)
+        only fills in for a job with no summary at all; the node agent's summary of the same
+        job, when it comes later, replaces it (it measured more)."""
         clean = clean_summary(summary)
         with self._tx() as db:
+            held = db.execute("SELECT gpu_index, data FROM summaries WHERE cluster = ? AND "
+                              "job_id = ?", (clean["cluster"], clean["job_id"])).fetchall()
+            if held and clean.get("attribution") == SLURM_ACCOUNTING:
+                return False
+            for row in held:
+                if json.loads(row["data"]).get("attribution") == SLURM_ACCOUNTING:
+                    for table in ("summaries", "recent_runs"):
+                        db.execute(f"DELETE FROM {table} WHERE cluster = ? AND job_id = ? "
+                                   "AND gpu_index = ?",
+                                   (clean["cluster"], clean["job_id"], row["gpu_index"]))
             cur = db.execute(
                 "INSERT OR IGNORE INTO summaries (cluster, job_id, gpu_index, ingested_ts, "
                 "end_ts, gpu_model, data) VALUES (?, ?, ?, ?, ?, ?, ?)",

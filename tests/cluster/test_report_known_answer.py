@@ -69,6 +69,9 @@ def test_report_json_equals_hand_computation(cluster, tmp_path, monkeypatch):
     while cluster.job(requeued).get("Reason") != "BeginTime":
         assert time.monotonic() < deadline, cluster.job(requeued)
         time.sleep(0.2)
+    # slurmd revoked the first run's credential when it was requeued, to the second: a new run
+    # started within that second is refused ("Job credential revoked") and the job FAILS.
+    time.sleep(2)
     cluster.slurm("scontrol", "update", f"jobid={requeued}", "StartTime=now")
     env = {"WORK_S": "4"}
     # Submitted held and released together, so that every one is watched while it runs.

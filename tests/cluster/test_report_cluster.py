@@ -165,3 +165,19 @@ def test_report_figures_equal_hand_computation(cluster, tmp_path):
     for name in ("gpu_hours_used", "gpu_hours_saved", "isd_mean"):
         assert again["totals"][name] == pytest.approx(totals[name], abs=1e-12)
     store.close()
+
+
+def test_import_usage_reads_real_sacct(cluster, monkeypatch, capsys):
+    """``import-usage`` runs the real sacct with TRESUsageInMax on this version; the fake GPUs
+    have no NVML, so Slurm accounted no GPU memory and nothing is sent."""
+    from slurm_gpushare.cli import main as cli_main
+
+    for name, value in cluster.client_environ().items():  # SLURM_CONF (and PATH for 24.11)
+        monkeypatch.setenv(name, value)
+    job = _submit(cluster, "u", 1, "--gres=gpu:1", "-p", "gpu-excl")
+    cluster.wait_state(job, {"COMPLETED"}, timeout=120)
+    assert cli_main(["import-usage", "--config", str(cluster.daemon_config), "--since", "-1h",
+                     "--min-age", "0"]) == 0
+    out = capsys.readouterr().out
+    jobs = int(out.split(" jobs,")[0])
+    assert jobs >= 1 and ", 0 with Slurm's GPU accounting: sent 0" in out, out

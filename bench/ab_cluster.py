@@ -102,9 +102,9 @@ def set_policy(cluster: TestCluster, text: str) -> None:
     cluster.restart_daemon()
 
 
-def ab_config(original: str) -> str:
+def ab_config(original: str, policy: dict[str, str]) -> str:
     text = original
-    for key, value in AB_POLICY.items():
+    for key, value in policy.items():
         text, n = re.subn(rf"(?m)^{key} = .*$", f"{key} = {value}", text)
         if not n:
             text = text.replace("[policy]\n", f"[policy]\n{key} = {value}\n", 1)
@@ -260,14 +260,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scale", type=float, default=1.0,
                         help="multiply work and arrival times (smoke runs: 0.3)")
     parser.add_argument("--out", default=str(REPO / "bench" / "results" / "ab_cluster.json"))
+    parser.add_argument("--policy", action="append", default=[], metavar="KEY=VALUE",
+                        help="a [policy] setting for both arms, over the defaults above "
+                             "(TOML value, e.g. gpu_time_budget_pct=100); repeatable")
     args = parser.parse_args(argv)
+    policy = dict(AB_POLICY)
+    for item in args.policy:
+        key, sep, value = item.partition("=")
+        if not sep or not re.fullmatch(r"[a-z_]+", key):
+            parser.error(f"--policy {item!r}: use KEY=VALUE")
+        policy[key] = value
 
     cluster = TestCluster()
     cluster.start()
     original = cluster.daemon_config.read_text()
     runs = []
     try:
-        set_policy(cluster, ab_config(original))
+        set_policy(cluster, ab_config(original, policy))
         gpu_types = node_gpu_types_from_scontrol(
             cluster.slurm("scontrol", "-o", "show", "nodes").stdout)
         t0 = time.monotonic()
@@ -292,13 +301,14 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "benchmark": "ab_cluster", "commit": git, "slurm": cluster.slurm_version,
         "command": "GPUSHARE_CLUSTER_DIR=... GPUSHARE_CLUSTER_PORT_BASE=... .venv/bin/python "
-                   f"bench/ab_cluster.py --reps {args.reps} --scale {args.scale:g}",
+                   f"bench/ab_cluster.py --reps {args.reps} --scale {args.scale:g}"
+                   + "".join(f" --policy {item}" for item in args.policy),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                     "loadavg_end": os.getloadavg()},
         "workload": {"jobs_per_run": N_JOBS, "scale": args.scale,
                      "profiles": {k: {**vars(v)} for k, v in PROFILES.items()},
                      "arrivals": [list(w) for w in WORKLOAD]},
-        "arms": ARMS, "policy": AB_POLICY,
+        "arms": ARMS, "policy": policy,
         "gpus": "4 x v100 16 GiB, 4 x a100 80 GiB (gres/shard), 2 x t4 16 GiB (gres/mps)",
         "runs": runs, "summary": summary(runs),
     }

@@ -16,7 +16,7 @@ demo: deps
 ## The whole suite on Slurm 22.05 (the host's): unit and Lua tests on two workers (they share
 ## nothing), then the cluster tests one at a time against the running cluster (the multi-host
 ## tests start their own network-namespace cluster beside it); then the cluster tests again on
-## Slurm 24.11 (Debian trixie's, in a root of its own). The trixie root (~100 MB from Debian's
+## Slurm 24.11 (Debian trixie's, in a root of its own). The trixie root (169 MB, from Debian's
 ## registry, cached) is built in the background while the unit tests run; the 24.11 start waits
 ## for it. One cluster at a time on a small machine.
 test: deps

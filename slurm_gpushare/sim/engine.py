@@ -138,13 +138,19 @@ class Engine:
         self.type_nodes = [np.flatnonzero(self.n_type == t) for t in range(len(cluster.types))]
         self.n_classes = int(work.job_class.max(initial=0)) + 1
         self._masks: dict = {}
-        self._room_version, self._node_room = -1, None
+        # Kept current by every start and end (only the nodes touched are recomputed):
+        # n_room, the most free GiB on one shareable GPU of each node; type_room, the same per
+        # type; n_version, bumped for each node whose allocations change (for views of nodes).
+        self.n_room = np.maximum.reduceat(self.g_cap, self.n_first)
+        self.type_room = [int(self.n_room[nodes].max(initial=0)) for nodes in self.type_nodes]
+        self.n_version = np.zeros(N, np.int64)
         self._share_nodes: dict = {}
         self._need: dict = {}  # request key -> GiB needed per node
         # Answers that hold until allocations change (``version``): the share room per type
         # (``_share_room``), GPUs' planned ends sorted per node and the last reservation.
         self._rooms_version, self._rooms = -1, None
-        self._ready_version, self._ready = -1, None
+        self._ready = None
+        self._ready_stale: set[int] = set()  # nodes whose GPUs' planned ends changed
         self._reserved: tuple = (None, None)
         T = len(cluster.types)
         self.type_total = np.array([self.n_gpus[self.n_type == t].sum() for t in range(T)])
@@ -226,12 +232,26 @@ class Engine:
         return mask
 
     def node_room(self) -> np.ndarray:
-        """Most free GiB on one shareable GPU of each node (cached until allocations change)."""
-        if self._room_version != self.version:
-            free = np.where(~self.g_whole & (self.g_njobs < self.cap), self.g_cap - self.g_used, 0)
-            self._node_room = np.maximum.reduceat(free, self.n_first)
-            self._room_version = self.version
-        return self._node_room
+        """Most free GiB on one shareable GPU of each node (kept current, not to be changed)."""
+        return self.n_room
+
+    def _allocations_changed(self, gpus: list[int]):
+        """Recompute the room of the nodes (and their types) these GPUs belong to."""
+        cap, g_whole, g_njobs, g_cap, g_used = self.cap, self.g_whole, self.g_njobs, self.g_cap, self.g_used
+        types = set()
+        for node in {int(self.g_node[g]) for g in gpus}:
+            first = int(self.n_first[node])
+            room = 0
+            for g in range(first, first + int(self.n_gpus[node])):
+                if not g_whole[g] and g_njobs[g] < cap:
+                    free = int(g_cap[g] - g_used[g])
+                    if free > room:
+                        room = free
+            self.n_room[node] = room
+            self.n_version[node] += 1
+            types.add(int(self.n_type[node]))
+        for t in types:
+            self.type_room[t] = int(self.n_room[self.type_nodes[t]].max(initial=0))
 
     def _node_need(self, req: Request) -> np.ndarray:
         """GiB the share needs on each node (more than any GPU holds on nodes of other types)."""
@@ -338,6 +358,7 @@ class Engine:
         if not jobs:
             self.g_speedsum[g] = 0.0
             self.g_free_at[g] = 0.0
+            self._ready_stale.add(int(self.g_node[g]))
             return
         if len(jobs) == 1:
             speeds = [1.0]
@@ -364,6 +385,7 @@ class Engine:
                 self.j_maxco[i] = len(jobs)
         self.g_speedsum[g] = float(sum(speeds))
         self.g_free_at[g] = free_at
+        self._ready_stale.add(int(self.g_node[g]))
 
     def start(self, j: int, gpus: list[int]):
         req = self.j_req[j]
@@ -406,6 +428,7 @@ class Engine:
                 if self.model.speeds(self.g_profile[g], [self.kind[i] for i in self.g_jobs[g]],
                                      [self.jclass[i] for i in self.g_jobs[g]]) is None:
                     failed = True
+        self._allocations_changed(gpus)
         if self.j_shared[j]:
             self.counters["shared_starts"] += 1
         if overflow or failed:
@@ -436,6 +459,7 @@ class Engine:
                 for i in self.g_jobs[g]:
                     mask |= 1 << self.jclass[i]
                 self.g_classmask[g] = mask
+        self._allocations_changed(gpus)
         self.version += 1
         self.released = True
         self.j_ver[j] += 1  # invalidates its pending events
@@ -494,15 +518,8 @@ class Engine:
         if rooms is None and self._rooms_version == self.version:
             return [list(r) for r in self._rooms]  # callers update their copy in place
         class_aware = self.policy.class_aware
-        if not class_aware:  # a type's roomiest GPU is its roomiest node's
-            node_room = self.node_room()
-            if rooms is not None:  # only the started GPUs' types changed
-                for t in sorted({int(self.g_type[g]) for g in gpus}):
-                    rooms[0][t] = int(node_room[self.type_nodes[t]].max(initial=0))
-                return rooms
-            rooms = [[int(node_room[nodes].max(initial=0)) for nodes in self.type_nodes]]
-            self._rooms_version, self._rooms = self.version, [list(r) for r in rooms]
-            return rooms
+        if not class_aware:  # a type's roomiest GPU is its roomiest node's (kept current)
+            return [list(self.type_room)]
         free = np.where(~self.g_whole & (self.g_njobs < self.cap), self.g_cap - self.g_used, 0)
         full = rooms is None
         types = (range(len(self.type_gpus)) if rooms is None
@@ -543,10 +560,14 @@ class Engine:
 
     def _ready_by_node(self) -> np.ndarray:
         """Planned ends of each node's GPUs, soonest first: (N, gmax); empty GPUs read 0,
-        padding inf (cached until allocations change)."""
-        if self._ready_version != self.version:
+        padding inf (only the rows of nodes whose planned ends changed are sorted again)."""
+        if self._ready is None:
             self._ready = np.sort(self.g_free_at[self.n_matrix], axis=1)
-            self._ready_version = self.version
+            self._ready_stale.clear()
+        elif self._ready_stale:
+            rows = sorted(self._ready_stale)
+            self._ready[rows] = np.sort(self.g_free_at[self.n_matrix[rows]], axis=1)
+            self._ready_stale.clear()
         return self._ready
 
     def _reserve(self, j: int, req: Request, n: int) -> tuple[float, frozenset[int]]:

@@ -271,37 +271,44 @@ class SimView:
         self._views = [daemon_policy.NodeView(n.name, names[n.gpu_type], (partition,), (),
                                               gpus=n.gpus, idle_gpus=n.gpus)
                        for n in engine.cluster.nodes]
-        self._masks = np.zeros(len(self._views), np.int64)
-        self._idle = engine.n_gpus.copy()
+        self._masks = [0] * len(self._views)  # classes resident on each node (bits)
+        self._idle = engine.n_gpus.tolist()
+        self._seen = engine.n_version.copy()  # the nodes' versions these views show
         self._version, self._nodes = -1, _Snapshot(self._views)
 
     def nodes(self):
         engine = self.engine
         if self._version != engine.version:
-            masks = np.bitwise_or.reduceat(engine.g_classmask, engine.n_first)
-            changed = np.flatnonzero((masks != self._masks) | (engine.n_free != self._idle))
-            if not len(changed):  # no node view changed: the snapshot and its answers hold
-                self._version = engine.version
-                return self._nodes
-            for i in changed:
-                classes = tuple(c for c in range(engine.n_classes) if masks[i] >> c & 1)
+            changed = []
+            # Only nodes whose allocations changed since the last look can have other views.
+            for i in np.flatnonzero(engine.n_version != self._seen).tolist():
                 first, count = int(engine.n_first[i]), int(engine.n_gpus[i])
-                per_gpu = tuple(tuple(c for c in range(engine.n_classes)
-                                      if int(engine.g_classmask[g]) >> c & 1)
-                                for g in range(first, first + count))
+                gpu_masks = engine.g_classmask[first:first + count].tolist()
+                mask = 0
+                for m in gpu_masks:
+                    mask |= m
+                idle = int(engine.n_free[i])
+                if mask != self._masks[i] or idle != self._idle[i]:
+                    changed.append((i, mask, idle, gpu_masks))
+            self._seen = engine.n_version.copy()
+            self._version = engine.version
+            if not changed:  # no node view changed: the snapshot and its answers hold
+                return self._nodes
+            for i, mask, idle, gpu_masks in changed:
+                classes = tuple(c for c in range(engine.n_classes) if mask >> c & 1)
+                per_gpu = tuple(tuple(c for c in range(engine.n_classes) if m >> c & 1)
+                                for m in gpu_masks)
                 old = self._views[i]
                 self._views[i] = daemon_policy.NodeView(old.name, old.gpu_type, old.partitions,
-                                                        classes, gpus=count,
-                                                        gpu_classes=per_gpu,
-                                                        idle_gpus=int(engine.n_free[i]))
+                                                        classes, gpus=len(gpu_masks),
+                                                        gpu_classes=per_gpu, idle_gpus=idle)
+                self._masks[i], self._idle[i] = mask, idle
             # A new snapshot per change of allocations, so decisions between changes share
             # their answers (as on the daemon's snapshots); feasibility reads only partitions,
             # features and states, which never change here, so its answers carry over.
             previous = self._nodes.checks
             self._nodes = _Snapshot(self._views)
             self._nodes.checks.update((k, v) for k, v in previous.items() if k[0] == "feasibility")
-            self._masks, self._version = masks, engine.version
-            self._idle = engine.n_free.copy()
         return self._nodes
 
 

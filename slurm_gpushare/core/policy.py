@@ -156,8 +156,11 @@ def gpu_request(request: JobRequest) -> tuple[str, tresmod.TresToken] | None | s
     """Where the job asks for GPUs: ``(field, token)``, ``None`` for no GPU, or a keep code."""
     found = []
     for name in ("tres_per_node", "tres_per_job", "tres_per_socket", "tres_per_task"):
+        value = getattr(request, name)
+        if not value:  # most are empty: nothing to parse
+            continue
         try:
-            tokens = tresmod.parse(getattr(request, name))
+            tokens = tresmod.parse(value)
         except tresmod.TresError:
             return "unparsable-tres"
         if any(t.name in SHARED_GRES for t in tokens):

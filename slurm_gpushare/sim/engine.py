@@ -140,9 +140,13 @@ class Engine:
         self._masks: dict = {}
         # Kept current by every start and end (only the nodes touched are recomputed):
         # n_room, the most free GiB on one shareable GPU of each node; type_room, the same per
-        # type; n_version, bumped for each node whose allocations change (for views of nodes).
+        # type, and type_room_node a node that has it; n_version, bumped for each node whose
+        # allocations change (for views of nodes).
         self.n_room = np.maximum.reduceat(self.g_cap, self.n_first)
-        self.type_room = [int(self.n_room[nodes].max(initial=0)) for nodes in self.type_nodes]
+        self.type_room = [0] * len(cluster.types)
+        self.type_room_node = [-1] * len(cluster.types)
+        for t in range(len(cluster.types)):
+            self._type_room(t)
         self.n_version = np.zeros(N, np.int64)
         self._share_nodes: dict = {}
         self._need: dict = {}  # request key -> GiB needed per node
@@ -251,7 +255,14 @@ class Engine:
             self.n_version[node] += 1
             types.add(int(self.n_type[node]))
         for t in types:
-            self.type_room[t] = int(self.n_room[self.type_nodes[t]].max(initial=0))
+            self._type_room(t)
+
+    def _type_room(self, t: int):
+        nodes = self.type_nodes[t]
+        if not len(nodes):
+            return
+        k = int(self.n_room[nodes].argmax())
+        self.type_room[t], self.type_room_node[t] = int(self.n_room[nodes[k]]), int(nodes[k])
 
     def _node_need(self, req: Request) -> np.ndarray:
         """GiB the share needs on each node (more than any GPU holds on nodes of other types)."""
@@ -273,8 +284,12 @@ class Engine:
         return nodes
 
     def _share_fits_outside(self, req: Request) -> bool:
-        """Some node outside the request's exclusions has room for its share (from the nodes
-        with room, cached per allocation state, not a scan of every node per question)."""
+        """Some node outside the request's exclusions has room for its share: the roomiest
+        node of one of its types, else one of the nodes with room (cached per allocation
+        state, not a scan of every node per question)."""
+        for t, gib in req.need:
+            if gib <= self.type_room[t] and self.type_room_node[t] not in req.exclude:
+                return True
         return not self.share_nodes(req) <= req.exclude
 
     def _room_nodes(self, j: int, req: Request) -> frozenset:
@@ -573,19 +588,21 @@ class Engine:
     def _reserve(self, j: int, req: Request, n: int) -> tuple[float, frozenset[int]]:
         free_at = self._ready_by_node()
         ok = req.types[self.n_type]
-        if req.whole and (int(self.work.n_nodes[j]) > 1 or n > self.n_gpus.max()):
+        if req.whole and (int(self.work.n_nodes[j]) > 1 or n > self.max_pernode):
             best = (math.inf, frozenset())
             for t in np.flatnonzero(req.types):
                 k = int(self.work.n_nodes[j]) or math.ceil(n / self.type_pernode[t])
                 per = math.ceil(n / k)
                 if per > free_at.shape[1]:
                     continue
-                ready = free_at[:, per - 1]
-                ready = np.where(ok & (self.n_type == t), ready, math.inf)
+                # Only this type's nodes (ascending): the k soonest in node order among them
+                # are the k soonest of the whole cluster with other nodes at inf.
+                nodes = self.type_nodes[t]
+                ready = free_at[nodes, per - 1]
                 order = np.argsort(ready, kind="stable")[:k]
                 when = ready[order[-1]] if len(order) == k else math.inf
                 if when < best[0]:
-                    best = (when, frozenset(int(x) for x in order))
+                    best = (when, frozenset(nodes[order].tolist()))
             return best
         ready = free_at[:, n - 1] if n <= free_at.shape[1] else np.full(self.N, math.inf)
         ready = np.where(ok, ready, math.inf)

@@ -294,6 +294,7 @@ class SimView:
             self._version = engine.version
             if not changed:  # no node view changed: the snapshot and its answers hold
                 return self._nodes
+            classes_changed, idle_changed = set(), set()  # GPU types of the nodes changed
             for i, mask, idle, gpu_masks in changed:
                 classes = tuple(c for c in range(engine.n_classes) if mask >> c & 1)
                 per_gpu = tuple(tuple(c for c in range(engine.n_classes) if m >> c & 1)
@@ -303,12 +304,22 @@ class SimView:
                                                         classes, gpus=len(gpu_masks),
                                                         gpu_classes=per_gpu, idle_gpus=idle)
                 self._masks[i], self._idle[i] = mask, idle
+                if classes != old.resident_classes or per_gpu != old.gpu_classes:
+                    classes_changed.add(old.gpu_type)
+                if idle != old.idle_gpus:
+                    idle_changed.add(old.gpu_type)
             # A new snapshot per change of allocations, so decisions between changes share
-            # their answers (as on the daemon's snapshots); feasibility reads only partitions,
-            # features and states, which never change here, so its answers carry over.
-            previous = self._nodes.checks
+            # their answers (as on the daemon's snapshots). Answers that read nothing that
+            # changed carry over: feasibility reads only partitions, features and states, which
+            # never change here; idle types read idle GPUs, node exclusions resident classes,
+            # each only on nodes of the types in their key.
+            previous = self._nodes
             self._nodes = _Snapshot(self._views)
-            self._nodes.checks.update((k, v) for k, v in previous.items() if k[0] == "feasibility")
+            self._nodes.checks.update(
+                (k, v) for k, v in previous.checks.items()
+                if k[0] == "feasibility" or (k[0] == "idle" and idle_changed.isdisjoint(k[1])))
+            self._nodes.memo.update((k, v) for k, v in previous.memo.items()
+                                    if classes_changed.isdisjoint(k[1]))
         return self._nodes
 
 

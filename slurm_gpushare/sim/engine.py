@@ -59,17 +59,10 @@ class Request:
     def __post_init__(self):
         key = (self.types.tobytes(), None if self.shards is None else self.shards.tobytes())
         object.__setattr__(self, "key", key)
-        # (type, GiB) for each allowed type: could_fit runs for every queued share in a pass.
+        # (type, GiB) for each allowed type: quick tests run for every queued share in a pass.
         need = () if self.shards is None else tuple(
             (int(t), int(self.shards[t])) for t in np.flatnonzero(self.types))
         object.__setattr__(self, "need", need)
-
-    def could_fit(self, room: list[int]) -> bool:
-        """A share could start somewhere, given the most free GiB per type (``room``)."""
-        for t, gib in self.need:
-            if gib <= room[t]:
-                return True
-        return False
 
 
 @dataclass
@@ -102,6 +95,7 @@ class Engine:
         self.opt = options or EngineOptions()
         self.cap = self.opt.max_jobs_per_gpu or cluster.max_jobs_per_gpu
         self.progress = progress
+        self.class_aware = policy.class_aware
         G, N = cluster.n_gpus, len(cluster.nodes)
         self.G, self.N = G, N
         # GPUs
@@ -143,16 +137,19 @@ class Engine:
         # type, and type_room_node a node that has it; n_version, bumped for each node whose
         # allocations change (for views of nodes).
         self.n_room = np.maximum.reduceat(self.g_cap, self.n_first)
+        self.n_version = np.zeros(N, np.int64)
+        # Class-aware policies: the same room per class, on GPUs the policy lets it join
+        # (``class_node_room[c, node]``, ``class_type_room[c][t]``; set up after prepare).
+        self.class_node_room = np.zeros((self.n_classes, N), np.int64)
+        self.class_type_room = [[0] * len(cluster.types) for _ in range(self.n_classes)]
         self.type_room = [0] * len(cluster.types)
         self.type_room_node = [-1] * len(cluster.types)
         for t in range(len(cluster.types)):
             self._type_room(t)
-        self.n_version = np.zeros(N, np.int64)
         self._share_nodes: dict = {}
         self._need: dict = {}  # request key -> GiB needed per node
-        # Answers that hold until allocations change (``version``): the share room per type
-        # (``_share_room``), GPUs' planned ends sorted per node and the last reservation.
-        self._rooms_version, self._rooms = -1, None
+        # GPUs' planned ends sorted per node (rows re-sorted as they change) and the last
+        # reservation (holds until allocations change: ``version``).
         self._ready = None
         self._ready_stale: set[int] = set()  # nodes whose GPUs' planned ends changed
         self._reserved: tuple = (None, None)
@@ -202,6 +199,8 @@ class Engine:
         self.allocated = 0.0  # GPUs requested (trace units) by running jobs
         self.codes: dict[str, int] = {}
         policy.prepare(self)
+        if self.class_aware:
+            self._allocations_changed(range(G), bump=False)
 
     # --- queries used by policies --------------------------------------------------------
 
@@ -239,20 +238,24 @@ class Engine:
         """Most free GiB on one shareable GPU of each node (kept current, not to be changed)."""
         return self.n_room
 
-    def _allocations_changed(self, gpus: list[int]):
+    def _allocations_changed(self, gpus, *, bump: bool = True):
         """Recompute the room of the nodes (and their types) these GPUs belong to."""
         cap, g_whole, g_njobs, g_cap, g_used = self.cap, self.g_whole, self.g_njobs, self.g_cap, self.g_used
         types = set()
         for node in {int(self.g_node[g]) for g in gpus}:
             first = int(self.n_first[node])
-            room = 0
-            for g in range(first, first + int(self.n_gpus[node])):
-                if not g_whole[g] and g_njobs[g] < cap:
-                    free = int(g_cap[g] - g_used[g])
-                    if free > room:
-                        room = free
-            self.n_room[node] = room
-            self.n_version[node] += 1
+            count = int(self.n_gpus[node])
+            free = [int(g_cap[g] - g_used[g]) if not g_whole[g] and g_njobs[g] < cap else 0
+                    for g in range(first, first + count)]
+            self.n_room[node] = max(free)  # free GiB are never negative
+            if self.class_aware:
+                span = slice(first, first + count)
+                for c in range(self.n_classes):
+                    ok = self.policy.joinable(self, c, span)
+                    self.class_node_room[c, node] = max((f for f, y in zip(free, ok) if y),
+                                                        default=0)
+            if bump:
+                self.n_version[node] += 1
             types.add(int(self.n_type[node]))
         for t in types:
             self._type_room(t)
@@ -263,6 +266,9 @@ class Engine:
             return
         k = int(self.n_room[nodes].argmax())
         self.type_room[t], self.type_room_node[t] = int(self.n_room[nodes[k]]), int(nodes[k])
+        if self.class_aware:
+            for c in range(self.n_classes):
+                self.class_type_room[c][t] = int(self.class_node_room[c, nodes].max())
 
     def _node_need(self, req: Request) -> np.ndarray:
         """GiB the share needs on each node (more than any GPU holds on nodes of other types)."""
@@ -524,43 +530,34 @@ class Engine:
         self.queued += 1
         self.arrived_shapes.add(shape)
 
-    def _share_room(self, rooms: list | None = None, gpus=()) -> list:
+    def _share_room(self) -> list:
         """Most free GiB on one shareable GPU, per type; per class too for class-aware policies
         (``[per type, class 0, class 1, ...]``: GPUs the policy would let that class join).
-
-        With ``rooms`` and ``gpus``: ``rooms`` updated in place after a start on those GPUs
-        (only their types can have changed)."""
-        if rooms is None and self._rooms_version == self.version:
-            return [list(r) for r in self._rooms]  # callers update their copy in place
-        class_aware = self.policy.class_aware
-        if not class_aware:  # a type's roomiest GPU is its roomiest node's (kept current)
+        A copy of the rooms kept current by every start and end."""
+        if not self.class_aware:  # a type's roomiest GPU is its roomiest node's
             return [list(self.type_room)]
-        free = np.where(~self.g_whole & (self.g_njobs < self.cap), self.g_cap - self.g_used, 0)
-        full = rooms is None
-        types = (range(len(self.type_gpus)) if rooms is None
-                 else sorted({int(self.g_type[g]) for g in gpus}))
-        if rooms is None:
-            rooms = [[0] * len(self.type_gpus)
-                     for _ in range(1 + (self.n_classes if class_aware else 0))]
-        for t in types:
-            rooms[0][t] = int(free[self.type_gpus[t]].max(initial=0))
-        if class_aware:
-            for c in range(self.n_classes):
-                ok = np.where(self.policy.joinable(self, c), free, 0)
-                for t in types:
-                    rooms[1 + c][t] = int(ok[self.type_gpus[t]].max(initial=0))
-        if full:
-            self._rooms_version, self._rooms = self.version, [list(r) for r in rooms]
-        return rooms
+        return [list(self.type_room)] + [list(r) for r in self.class_type_room]
 
     def _quick_fits(self, j: int, req: Request, room) -> bool:
-        """Is there room of the request's kind at all (outside the nodes it must avoid)?"""
+        """Is there room of the request's kind at all (outside the nodes it must avoid)?
+
+        Runs for every bucket's head in every pass: kept to plain loops."""
         if req.whole:
             return self.free_whole >= self.ngpus[j]
-        if self.policy.class_aware and not req.could_fit(room[1 + self.jclass[j]]):
-            return False
+        need = req.need
+        if self.class_aware:  # room its class may join
+            class_room = room[1 + self.jclass[j]]
+            for t, gib in need:
+                if gib <= class_room[t]:
+                    break
+            else:
+                return False
         # Some node of its types has room iff the roomiest GPU of one of its types does.
-        if not req.could_fit(room[0]):
+        type_room = room[0]
+        for t, gib in need:
+            if gib <= type_room[t]:
+                break
+        else:
             return False
         return not req.exclude or self._share_fits_outside(req)
 
@@ -623,14 +620,16 @@ class Engine:
         if not (self.free_whole > 0 or (sharing and max(room[0]) > 0)):
             return
         self.counters["passes"] += 1
-        shapes = self.buckets if only is None else [s for s in only if s in self.buckets]
+        buckets = (self.buckets.items() if only is None
+                   else [(s, self.buckets[s]) for s in only if s in self.buckets])
         # Quick test of each bucket's head (is there room of its kind at all?); only buckets
         # that pass are merged in policy order. The best head that fails may be the blocked job.
         heads = []
         first_fail = None
-        for shape in shapes:
-            key, j = self.buckets[shape][0]
-            if self._quick_fits(j, self.j_req[j], room):
+        quick_fits, j_req = self._quick_fits, self.j_req
+        for shape, bucket in buckets:
+            key, j = bucket[0]
+            if quick_fits(j, j_req[j], room):
                 heads.append((key, shape, 0))
             elif first_fail is None or key < first_fail[0]:
                 first_fail = (key, j)
@@ -693,7 +692,7 @@ class Engine:
             self.start(j, placed)
             started = True
             if sharing:
-                room = self._share_room(room, placed)
+                room = self._share_room()
             if pos < len(bucket):
                 heapq.heappush(heads, (bucket[pos][0], shape, pos))
         if blocked is None and first_fail is not None:

@@ -90,9 +90,10 @@ class Policy:
             return (self.est[j], j)
         return (engine.submit[j], j)
 
-    def joinable(self, engine, c: int) -> np.ndarray:
-        """GPUs a share of class c may join (class-aware policies narrow this)."""
-        return np.ones(engine.G, bool)
+    def joinable(self, engine, c: int, gpus=slice(None)) -> np.ndarray:
+        """Of these GPUs (default all), those a share of class c may join (class-aware
+        policies narrow this; it reads only each GPU's own state)."""
+        return np.ones(engine.G, bool)[gpus]
 
     def memo_key(self, j: int, req: Request):
         cls = self.engine.jclass[j] if (self.class_aware and not req.whole) else -1
@@ -200,8 +201,8 @@ class ClassPair(KnowledgePolicy):
     name = "class-pair"
     class_aware = True
 
-    def joinable(self, engine, c):
-        return self.compat[engine.g_profile_arr, c, engine.g_classmask]
+    def joinable(self, engine, c, gpus=slice(None)):
+        return self.compat[engine.g_profile_arr[gpus], c, engine.g_classmask[gpus]]
 
     def place(self, j, req, engine, exclude):
         if req.whole:
@@ -229,8 +230,9 @@ class SjfBsbf(KnowledgePolicy):
     backfill = False
     class_aware = True
 
-    def joinable(self, engine, c):
-        return (engine.g_njobs == 0) | (self.gain[engine.g_profile_arr, c, engine.g_classmask] > 0)
+    def joinable(self, engine, c, gpus=slice(None)):
+        return ((engine.g_njobs[gpus] == 0)
+                | (self.gain[engine.g_profile_arr[gpus], c, engine.g_classmask[gpus]] > 0))
 
     def place(self, j, req, engine, exclude):
         if req.whole:

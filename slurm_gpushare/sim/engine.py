@@ -60,8 +60,9 @@ class Request:
         key = (self.types.tobytes(), None if self.shards is None else self.shards.tobytes())
         object.__setattr__(self, "key", key)
         # (type, GiB) for each allowed type: quick tests run for every queued share in a pass.
-        need = () if self.shards is None else tuple(
-            (int(t), int(self.shards[t])) for t in np.flatnonzero(self.types))
+        shards = None if self.shards is None else self.shards.tolist()
+        need = () if shards is None else tuple(
+            (t, int(shards[t])) for t in np.flatnonzero(self.types).tolist())
         object.__setattr__(self, "need", need)
 
 

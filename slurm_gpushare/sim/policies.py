@@ -398,6 +398,8 @@ class GpuShare(Policy):
         self.all_types = engine.work.allowed.shape[1]
         self.decisions: list = []
         self._requests: dict = {}
+        self._type_masks: dict = {}
+        self._node_sets: dict = {}
         # Peak utilisations matter only to a GPU-time budget (and cost a slow import).
         self.util = (job_kind_utilisation(engine.work.kinds, self.type_names)
                      if self.gpu_time_budget_pct > 0 else {})
@@ -431,8 +433,8 @@ class GpuShare(Policy):
         names = self.type_names
         return daemon_policy.JobEstimate(
             source="history",
-            memory_mib={names[t]: float(work.mem_safe[j, t]) for t in range(len(names))},
-            runtime_s={names[t]: float(work.runtime_pred[j, t]) for t in range(len(names))},
+            memory_mib=dict(zip(names, work.mem_safe[j].tolist())),
+            runtime_s=dict(zip(names, work.runtime_pred[j].tolist())),
             job_class=int(work.job_class[j]),
             util_pct=self.util.get(int(work.kind[j])),
             detail="simulated history")
@@ -445,15 +447,32 @@ class GpuShare(Policy):
         if decision.action == "keep":
             return replace(self.whole(j, engine, decision.code), nice=nice)
         allowed = engine.work.allowed[j]
-        types = np.array([name in decision.gpu_types for name in self.type_names]) & allowed
+        types = self._type_mask(decision.gpu_types) & allowed
         if not types.any():  # the user's own constraint and the decision's types do not meet
             return replace(self.whole(j, engine, "no-common-type"), nice=nice)
         shards = np.full(len(self.type_names), int(decision.share_gib), np.int64)
-        exclude = frozenset(self.node_index[name]
-                            for name in expand_hostlist(decision.writes.get("exc_nodes", ""))
-                            if name in self.node_index)
+        exclude = self._node_set(decision.writes.get("exc_nodes", ""))
         est = float(np.where(types, engine.work.runtime_pred[j], 0.0).max())
         return Request(False, types, shards, exclude, est, decision.code, nice)
+
+    def _type_mask(self, gpu_types: tuple[str, ...]) -> np.ndarray:
+        """The decision's GPU types as a mask over the cluster's (one per set of types)."""
+        mask = self._type_masks.get(gpu_types)
+        if mask is None:
+            mask = self._type_masks[gpu_types] = np.array(
+                [name in gpu_types for name in self.type_names])
+        return mask
+
+    def _node_set(self, exc_nodes: str) -> frozenset[int]:
+        """The indices of the nodes in an ``exc_nodes`` hostlist (one per distinct list)."""
+        nodes = self._node_sets.get(exc_nodes)
+        if nodes is None:
+            if len(self._node_sets) > 65536:
+                self._node_sets.clear()
+            nodes = self._node_sets[exc_nodes] = frozenset(
+                self.node_index[name] for name in expand_hostlist(exc_nodes)
+                if name in self.node_index)
+        return nodes
 
     def key(self, j, engine):
         return (engine.j_req[j].nice + self.AGE_WEIGHT * engine.submit[j] / self.MAX_AGE_S, j)

@@ -149,6 +149,7 @@ class Engine:
             self._type_room(t)
         self._share_nodes: dict = {}
         self._need: dict = {}  # request key -> GiB needed per node
+        self._ever_fits: dict = {}  # (request key, GPUs of a whole request) -> can_ever_fit
         # GPUs' planned ends sorted per node (rows re-sorted as they change) and the last
         # reservation (holds until allocations change: ``version``).
         self._ready = None
@@ -352,10 +353,16 @@ class Engine:
         return gpus
 
     def can_ever_fit(self, j: int, req: Request) -> bool:
-        n = self.ngpus[j]
-        if not req.whole:
-            return bool(np.any(req.types[self.g_type] & (req.shards[self.g_type] <= self.g_cap)))
-        return bool(np.any(req.types & (self.type_total >= n)))
+        """The request fits the empty cluster (answered once per request shape)."""
+        key = (req.key, req.whole and self.ngpus[j])
+        fits = self._ever_fits.get(key)
+        if fits is None:
+            if not req.whole:
+                fits = bool(np.any(req.types[self.g_type] & (req.shards[self.g_type] <= self.g_cap)))
+            else:
+                fits = bool(np.any(req.types & (self.type_total >= self.ngpus[j])))
+            self._ever_fits[key] = fits
+        return fits
 
     # --- events ---------------------------------------------------------------------------
 

@@ -251,11 +251,8 @@ class Engine:
                     for g in range(first, first + count)]
             self.n_room[node] = max(free)  # free GiB are never negative
             if self.class_aware:
-                span = slice(first, first + count)
-                for c in range(self.n_classes):
-                    ok = self.policy.joinable(self, c, span)
-                    self.class_node_room[c, node] = max((f for f, y in zip(free, ok) if y),
-                                                        default=0)
+                ok = self.policy.joinable(self, slice(first, first + count))
+                self.class_node_room[:, node] = np.where(ok, np.array(free)[:, None], 0).max(axis=0)
             if bump:
                 self.n_version[node] += 1
             types.add(int(self.n_type[node]))
@@ -269,8 +266,8 @@ class Engine:
         k = int(self.n_room[nodes].argmax())
         self.type_room[t], self.type_room_node[t] = int(self.n_room[nodes[k]]), int(nodes[k])
         if self.class_aware:
-            for c in range(self.n_classes):
-                self.class_type_room[c][t] = int(self.class_node_room[c, nodes].max())
+            for c, room in enumerate(self.class_node_room[:, nodes].max(axis=1).tolist()):
+                self.class_type_room[c][t] = room
 
     def _node_need(self, req: Request) -> np.ndarray:
         """GiB the share needs on each node (more than any GPU holds on nodes of other types)."""

@@ -90,10 +90,10 @@ class Policy:
             return (self.est[j], j)
         return (engine.submit[j], j)
 
-    def joinable(self, engine, c: int, gpus=slice(None)) -> np.ndarray:
-        """Of these GPUs (default all), those a share of class c may join (class-aware
+    def joinable(self, engine, gpus: slice) -> np.ndarray:
+        """(GPUs, classes) bool: which classes' shares may join each of these GPUs (class-aware
         policies narrow this; it reads only each GPU's own state)."""
-        return np.ones(engine.G, bool)[gpus]
+        return np.ones((len(range(engine.G)[gpus]), engine.n_classes), bool)
 
     def memo_key(self, j: int, req: Request):
         cls = self.engine.jclass[j] if (self.class_aware and not req.whole) else -1
@@ -201,8 +201,8 @@ class ClassPair(KnowledgePolicy):
     name = "class-pair"
     class_aware = True
 
-    def joinable(self, engine, c, gpus=slice(None)):
-        return self.compat[engine.g_profile_arr[gpus], c, engine.g_classmask[gpus]]
+    def joinable(self, engine, gpus):
+        return self.compat[engine.g_profile_arr[gpus], :engine.n_classes, engine.g_classmask[gpus]]
 
     def place(self, j, req, engine, exclude):
         if req.whole:
@@ -230,9 +230,10 @@ class SjfBsbf(KnowledgePolicy):
     backfill = False
     class_aware = True
 
-    def joinable(self, engine, c, gpus=slice(None)):
-        return ((engine.g_njobs[gpus] == 0)
-                | (self.gain[engine.g_profile_arr[gpus], c, engine.g_classmask[gpus]] > 0))
+    def joinable(self, engine, gpus):
+        return ((engine.g_njobs[gpus] == 0)[:, None]
+                | (self.gain[engine.g_profile_arr[gpus], :engine.n_classes,
+                             engine.g_classmask[gpus]] > 0))
 
     def place(self, j, req, engine, exclude):
         if req.whole:

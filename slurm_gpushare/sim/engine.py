@@ -154,6 +154,10 @@ class Engine:
         # reservation (holds until allocations change: ``version``).
         self._ready = None
         self._ready_stale: set[int] = set()  # nodes whose GPUs' planned ends changed
+        # Per GPU type: bumped when a planned end of its GPUs changes; and the soonest starts
+        # on its nodes, (type, GPUs per node, nodes) -> (version, when, nodes), kept until then.
+        self.type_ready_version = [0] * len(cluster.types)
+        self._type_ready: dict = {}
         self._reserved: tuple = (None, None)
         T = len(cluster.types)
         self.type_total = np.array([self.n_gpus[self.n_type == t].sum() for t in range(T)])
@@ -383,8 +387,7 @@ class Engine:
         now = self.now
         if not jobs:
             self.g_speedsum[g] = 0.0
-            self.g_free_at[g] = 0.0
-            self._ready_stale.add(int(self.g_node[g]))
+            self._planned_end(g, 0.0)
             return
         if len(jobs) == 1:
             speeds = [1.0]
@@ -410,8 +413,14 @@ class Engine:
             if len(jobs) > self.j_maxco[i]:
                 self.j_maxco[i] = len(jobs)
         self.g_speedsum[g] = float(sum(speeds))
-        self.g_free_at[g] = free_at
+        self._planned_end(g, free_at)
+
+    def _planned_end(self, g: int, when: float):
+        """GPU g empties at ``when``: its node's row of planned ends and its type's
+        reservations are stale."""
+        self.g_free_at[g] = when
         self._ready_stale.add(int(self.g_node[g]))
+        self.type_ready_version[self.g_type[g]] += 1
 
     def start(self, j: int, gpus: list[int]):
         req = self.j_req[j]
@@ -588,28 +597,44 @@ class Engine:
         return self._ready
 
     def _reserve(self, j: int, req: Request, n: int) -> tuple[float, frozenset[int]]:
-        free_at = self._ready_by_node()
-        ok = req.types[self.n_type]
-        if req.whole and (int(self.work.n_nodes[j]) > 1 or n > self.max_pernode):
+        types = np.flatnonzero(req.types).tolist()
+        nodes_asked = int(self.work.n_nodes[j])
+        if req.whole and (nodes_asked > 1 or n > self.max_pernode):
             best = (math.inf, frozenset())
-            for t in np.flatnonzero(req.types):
-                k = int(self.work.n_nodes[j]) or math.ceil(n / self.type_pernode[t])
+            for t in types:
+                k = nodes_asked or math.ceil(n / self.type_pernode[t])
                 per = math.ceil(n / k)
-                if per > free_at.shape[1]:
+                if per > self.max_pernode:
                     continue
-                # Only this type's nodes (ascending): the k soonest in node order among them
-                # are the k soonest of the whole cluster with other nodes at inf.
-                nodes = self.type_nodes[t]
-                ready = free_at[nodes, per - 1]
-                order = np.argsort(ready, kind="stable")[:k]
-                when = ready[order[-1]] if len(order) == k else math.inf
+                when, nodes = self._soonest(t, per, k)
                 if when < best[0]:
-                    best = (when, frozenset(nodes[order].tolist()))
+                    best = (when, nodes)
             return best
-        ready = free_at[:, n - 1] if n <= free_at.shape[1] else np.full(self.N, math.inf)
-        ready = np.where(ok, ready, math.inf)
-        node = int(np.argmin(ready))
-        return float(ready[node]), frozenset([node])
+        # One node: the soonest of all allowed nodes, the first in node order on a tie (each
+        # type's answer is its soonest node, the first among its own); none at all: node 0.
+        soonest = [self._soonest(t, n, 1) for t in types] if n <= self.max_pernode else []
+        when = min((w for w, _ in soonest), default=math.inf)
+        if when == math.inf:
+            return math.inf, frozenset([0])
+        node = min(min(nodes) for w, nodes in soonest if w == when)
+        return float(when), frozenset([node])
+
+    def _soonest(self, t: int, per: int, k: int) -> tuple[float, frozenset[int]]:
+        """The k nodes of type t where ``per`` GPUs each empty soonest (ties in node order) and
+        when the last of them does (inf if the type has fewer nodes); cached until a planned
+        end of the type's GPUs changes."""
+        key = (t, per, k)
+        hit = self._type_ready.get(key)
+        version = self.type_ready_version[t]
+        if hit is not None and hit[0] == version:
+            return hit[1], hit[2]
+        nodes = self.type_nodes[t]
+        ready = self._ready_by_node()[nodes, per - 1]
+        order = np.argsort(ready, kind="stable")[:k]
+        when = ready[order[-1]] if len(order) == k else math.inf
+        chosen = frozenset(nodes[order].tolist())
+        self._type_ready[key] = (version, when, chosen)
+        return when, chosen
 
     def schedule(self, only: set | None = None):
         """One pass over the queue in policy order (buckets merged by their heads).

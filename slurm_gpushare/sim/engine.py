@@ -150,12 +150,9 @@ class Engine:
         self._share_nodes: dict = {}
         self._need: dict = {}  # request key -> GiB needed per node
         self._ever_fits: dict = {}  # (request key, GPUs of a whole request) -> can_ever_fit
-        # GPUs' planned ends sorted per node (rows re-sorted as they change) and the last
-        # reservation (holds until allocations change: ``version``).
-        self._ready = None
-        self._ready_stale: set[int] = set()  # nodes whose GPUs' planned ends changed
-        # Per GPU type: bumped when a planned end of its GPUs changes; and the soonest starts
-        # on its nodes, (type, GPUs per node, nodes) -> (version, when, nodes), kept until then.
+        # The last reservation (holds until allocations change: ``version``). Per GPU type: a
+        # version bumped when a planned end of its GPUs changes, and the soonest starts on its
+        # nodes, (type, GPUs per node, nodes) -> (version, when, nodes), kept until then.
         self.type_ready_version = [0] * len(cluster.types)
         self._type_ready: dict = {}
         self._reserved: tuple = (None, None)
@@ -416,10 +413,8 @@ class Engine:
         self._planned_end(g, free_at)
 
     def _planned_end(self, g: int, when: float):
-        """GPU g empties at ``when``: its node's row of planned ends and its type's
-        reservations are stale."""
+        """GPU g empties at ``when``: the soonest starts on its type's nodes are stale."""
         self.g_free_at[g] = when
-        self._ready_stale.add(int(self.g_node[g]))
         self.type_ready_version[self.g_type[g]] += 1
 
     def start(self, j: int, gpus: list[int]):
@@ -584,18 +579,6 @@ class Engine:
         self._reserved = (key, self._reserve(j, req, n))
         return self._reserved[1]
 
-    def _ready_by_node(self) -> np.ndarray:
-        """Planned ends of each node's GPUs, soonest first: (N, gmax); empty GPUs read 0,
-        padding inf (only the rows of nodes whose planned ends changed are sorted again)."""
-        if self._ready is None:
-            self._ready = np.sort(self.g_free_at[self.n_matrix], axis=1)
-            self._ready_stale.clear()
-        elif self._ready_stale:
-            rows = sorted(self._ready_stale)
-            self._ready[rows] = np.sort(self.g_free_at[self.n_matrix[rows]], axis=1)
-            self._ready_stale.clear()
-        return self._ready
-
     def _reserve(self, j: int, req: Request, n: int) -> tuple[float, frozenset[int]]:
         types = np.flatnonzero(req.types).tolist()
         nodes_asked = int(self.work.n_nodes[j])
@@ -629,7 +612,9 @@ class Engine:
         if hit is not None and hit[0] == version:
             return hit[1], hit[2]
         nodes = self.type_nodes[t]
-        ready = self._ready_by_node()[nodes, per - 1]
+        # When each node has ``per`` GPUs empty: its GPUs' planned ends, soonest first (empty
+        # GPUs read 0, padding inf), the per-th.
+        ready = np.sort(self.g_free_at[self.n_matrix[nodes]], axis=1)[:, per - 1]
         order = np.argsort(ready, kind="stable")[:k]
         when = ready[order[-1]] if len(order) == k else math.inf
         chosen = frozenset(nodes[order].tolist())

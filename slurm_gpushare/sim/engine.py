@@ -100,6 +100,7 @@ class Engine:
         self.cap = self.opt.max_jobs_per_gpu or cluster.max_jobs_per_gpu
         self.progress = progress
         self.class_aware = policy.class_aware
+        self.sharing = policy.shares
         G, N = cluster.n_gpus, len(cluster.nodes)
         self.G, self.N = G, N
         # GPUs
@@ -153,6 +154,7 @@ class Engine:
         self._share_nodes: dict = {}
         self._need: dict = {}  # request key -> GiB needed per node
         self._ever_fits: dict = {}  # (request key, GPUs of a whole request) -> can_ever_fit
+        self._mem_true_by_type: dict = {}
         # The last reservation (holds until allocations change: ``version``). Per GPU type: a
         # version bumped when a planned end of its GPUs changes, and the soonest starts on its
         # nodes, (type, GPUs per node, nodes) -> (version, when, nodes), kept until then.
@@ -241,7 +243,8 @@ class Engine:
         return mask
 
     def node_room(self) -> np.ndarray:
-        """Most free GiB on one shareable GPU of each node (kept current, not to be changed)."""
+        """Most free GiB on one shareable GPU of each node (kept current for sharing policies;
+        not to be changed)."""
         return self.n_room
 
     def _allocations_changed(self, gpus, *, bump: bool = True):
@@ -453,7 +456,8 @@ class Engine:
                 self.g_used[g] += shards
             if not req.whole:
                 self.g_classmask[g] |= 1 << self.jclass[j]
-            real = sum(float(self.work.mem_true[i, t]) for i in self.g_jobs[g])
+            mem_true = self._mem_true(t)
+            real = sum(mem_true[i] for i in self.g_jobs[g])
             if real > self.g_cap[g] * 1024:
                 overflow = True
             if len(self.g_jobs[g]) > 1:
@@ -461,7 +465,8 @@ class Engine:
                 if self.model.speeds(self.g_profile[g], [self.kind[i] for i in self.g_jobs[g]],
                                      [self.jclass[i] for i in self.g_jobs[g]]) is None:
                     failed = True
-        self._allocations_changed(gpus)
+        if self.sharing:  # rooms are read only by sharing policies
+            self._allocations_changed(gpus)
         if self.j_shared[j]:
             self.counters["shared_starts"] += 1
         if overflow or failed:
@@ -469,6 +474,13 @@ class Engine:
             self.j_pending_kill[j] = (when, "oom" if overflow else "pair")
         for g in gpus:
             self._replan_gpu(g)
+
+    def _mem_true(self, t: int) -> list[float]:
+        """Every job's real peak memory on type t (MiB), as a list (read per co-runner)."""
+        column = self._mem_true_by_type.get(t)
+        if column is None:
+            column = self._mem_true_by_type[t] = self.work.mem_true[:, t].tolist()
+        return column
 
     def _release(self, j: int):
         gpus = self.j_gpus[j]
@@ -492,7 +504,8 @@ class Engine:
                 for i in self.g_jobs[g]:
                     mask |= 1 << self.jclass[i]
                 self.g_classmask[g] = mask
-        self._allocations_changed(gpus)
+        if self.sharing:
+            self._allocations_changed(gpus)
         self.version += 1
         self.released = True
         self.j_ver[j] += 1  # invalidates its pending events

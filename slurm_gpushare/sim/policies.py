@@ -41,7 +41,6 @@ Policies:
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 
 import numpy as np
 
@@ -69,8 +68,9 @@ class Policy:
         self.est = np.where(work.allowed, work.runtime_pred, 0.0).max(axis=1)
 
     # admission helpers
-    def whole(self, j: int, engine, code: str = "whole") -> Request:
-        return Request(True, engine.work.allowed[j], None, frozenset(), float(self.est[j]), code)
+    def whole(self, j: int, engine, code: str = "whole", nice: int = 0) -> Request:
+        return Request(True, engine.work.allowed[j], None, frozenset(), float(self.est[j]), code,
+                       nice)
 
     def share(self, j: int, engine, memory: np.ndarray, code: str = "share") -> Request:
         work = engine.work
@@ -446,11 +446,11 @@ class GpuShare(Policy):
                                         knowledge=self.compat, decision_id=f"sim-{j}")
         nice = int(decision.writes.get("nice", 0))
         if decision.action == "keep":
-            return replace(self.whole(j, engine, decision.code), nice=nice)
+            return self.whole(j, engine, decision.code, nice)
         allowed = engine.work.allowed[j]
         types = self._type_mask(decision.gpu_types) & allowed
         if not types.any():  # the user's own constraint and the decision's types do not meet
-            return replace(self.whole(j, engine, "no-common-type"), nice=nice)
+            return self.whole(j, engine, "no-common-type", nice)
         shards = np.full(len(self.type_names), int(decision.share_gib), np.int64)
         exclude = self._node_set(decision.writes.get("exc_nodes", ""))
         est = float(np.where(types, engine.work.runtime_pred[j], 0.0).max())

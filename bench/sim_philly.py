@@ -1,6 +1,6 @@
 """Benchmark: the Philly trace (82,247 jobs) under each policy over several seeds; records JSON.
 
-    .venv/bin/python bench/sim_philly.py [--seeds 0-4] [--policies a,b,...] [--limit N]
+    .venv/bin/python bench/sim_philly.py [--seeds 0-4] [--policies a,b,...|all] [--limit N]
                                          [--jobs N] [--out bench/sim_philly.json]
     .venv/bin/python bench/sim_philly.py --merge seed0.json seed1.json ... --out all.json
 
@@ -14,6 +14,8 @@ by (``checks``):
 - gpushare at its default settings with the SJF lever on (``gpushare-sjf``) against
   ``sjf-bsbf`` on mean and p95 JCT: on average and seed by seed;
 - with the lever off (``gpushare``): mean JCT against slurm-default, average over seeds;
+- each seed's results digest (figures less wall time, counters, decision codes): a speed
+  change must leave it unchanged;
 - OOM kills of every policy; wall time of every policy (goal <= 30 s on a 2-core machine),
   and CPU time (what the wall time would be on an otherwise idle core).
 """
@@ -21,6 +23,7 @@ by (``checks``):
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import platform
@@ -37,7 +40,8 @@ sys.path.insert(0, str(ROOT))
 from slurm_gpushare.core.hostlist import expand_ranges  # noqa: E402
 from slurm_gpushare.sim.cluster import load_cluster  # noqa: E402
 from slurm_gpushare.sim.report import _records, print_tables  # noqa: E402
-from slurm_gpushare.sim.run import default_data_dir, load_workload, run_policies  # noqa: E402
+from slurm_gpushare.sim.run import (default_data_dir, expand_policies, load_workload,  # noqa: E402
+                                   run_policies)
 from slurm_gpushare.sim.workload import WorkloadOptions  # noqa: E402
 
 DEFAULT_POLICIES = "slurm-default,sjf-bsbf,gpushare,gpushare-sjf"
@@ -85,11 +89,19 @@ def _figures(record: dict) -> list:
     return [{k: v for k, v in row.items() if k != "wall_s"} for row in record["summary"]]
 
 
+def results_digest(record: dict) -> str:
+    """sha256[:16] of a seed's figures (less wall time), engine counters and decision codes:
+    equal digests before and after a speed change mean the same results."""
+    same = {"rows": _figures(record), "counters": record["counters"],
+            "codes": record["decision_codes"]}
+    return hashlib.sha256(json.dumps(same, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def run_seed(args, seed: int) -> dict:
     """Every policy on one seed's jobs: the per-seed record."""
     data_dir = args.data_dir or default_data_dir()
     cluster = load_cluster(args.cluster)
-    policies = [p for p in args.policies.split(",") if p]
+    policies = expand_policies([args.policies])
     started = time.perf_counter()
     work = load_workload("philly", cluster, data_dir,
                          WorkloadOptions(seed=seed, limit=args.limit, load=args.load,
@@ -99,20 +111,25 @@ def run_seed(args, seed: int) -> dict:
                            gpu_time_budget_pct=args.gpu_time_budget)
     print_tables(outcome.summary, outcome.relative,
                  title=f"Philly on {cluster.summary()} ({len(work)} jobs, seed {seed})")
-    return {
+    record = {
         "seed": seed, "jobs": len(work), "trace_load_s": round(load_s, 2),
         "wall_s_per_policy": {r.policy: round(r.wall_s, 2) for r in outcome.results},
         "cpu_s_per_policy": {r.policy: round(r.cpu_s, 2) for r in outcome.results},
         "summary": _records(outcome.summary),
         "relative_to_slurm_default": _records(outcome.relative),
+        "counters": {r.policy: r.counters for r in outcome.results},
         "decision_codes": {r.policy: r.codes for r in outcome.results},
     }
+    record["results_digest"] = results_digest(record)
+    print(f"seed {seed}: results digest {record['results_digest']}, CPU s per policy "
+          f"{record['cpu_s_per_policy']}", flush=True)
+    return record
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", default="0-4", help="seeds, e.g. 0-4 or 0,3")
-    parser.add_argument("--policies", default=DEFAULT_POLICIES)
+    parser.add_argument("--policies", default=DEFAULT_POLICIES, help="comma-separated, or all")
     parser.add_argument("--limit", type=int, default=None)
     parser.add_argument("--load", type=float, default=1.0)
     parser.add_argument("--runtime-error", type=float, default=WorkloadOptions.runtime_error,
@@ -140,7 +157,7 @@ def main(argv=None) -> int:
         print(json.dumps(doc["checks"], indent=2))
         return 0
     cluster = load_cluster(args.cluster)
-    policies = [p for p in args.policies.split(",") if p]
+    policies = expand_policies([args.policies])
     seed_list = expand_ranges(args.seeds)
     if args.jobs > 1:
         # One process per seed: the same figures (a seed's runs do not depend on the others),
@@ -153,7 +170,7 @@ def main(argv=None) -> int:
         seed["rounds"] = [{k: seed[k] for k in ("wall_s_per_policy", "cpu_s_per_policy")}]
         for _ in range(args.rounds - 1):
             again = run_seed(args, seed["seed"])
-            if _figures(again) != _figures(seed):
+            if again["results_digest"] != seed["results_digest"]:
                 raise SystemExit(f"seed {seed['seed']}: a second run gave other figures")
             seed["rounds"].append({k: again[k] for k in ("wall_s_per_policy", "cpu_s_per_policy")})
     doc = {
@@ -165,6 +182,7 @@ def main(argv=None) -> int:
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                     "platform": platform.platform()},
         "checks": checks(seeds),
+        "results_digest_per_seed": {s["seed"]: s["results_digest"] for s in seeds},
         "seeds": seeds,
     }
     Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")

@@ -118,8 +118,9 @@ def incompatible_nodes(job_class: int | None, fits: Sequence[GpuType], partition
         bad = sum(clashes(r, node.gpu_type) for r in residents(node))
         return bad > 0 and bad >= max(node.gpus, 1)
 
+    wanted = set(partitions)
     candidates = [n for n in nodes if n.gpu_type in types
-                  and (not n.partitions or any(p in n.partitions for p in partitions))]
+                  and (not n.partitions or not wanted.isdisjoint(n.partitions))]
     excluded = sorted(n.name for n in candidates if residents(n) and blocked(n))
     if len(excluded) == len(candidates):
         excluded = []
@@ -139,8 +140,9 @@ def idle_types(fits: Sequence[GpuType], partitions: Sequence[str],
     if checks is not None and key in checks:
         return list(checks[key])
     types = {g.name for g in fits}
+    wanted = set(partitions)
     idle = {n.gpu_type for n in nodes if n.idle_gpus and n.gpu_type in types
-            and (not n.partitions or any(p in n.partitions for p in partitions))}
+            and (not n.partitions or not wanted.isdisjoint(n.partitions))}
     found = [g.name for g in fits if g.name in idle]
     if checks is not None:
         checks[key] = tuple(found)
@@ -156,8 +158,11 @@ def gpu_request(request: JobRequest) -> tuple[str, tresmod.TresToken] | None | s
     """Where the job asks for GPUs: ``(field, token)``, ``None`` for no GPU, or a keep code."""
     found = []
     for name in ("tres_per_node", "tres_per_job", "tres_per_socket", "tres_per_task"):
+        value = getattr(request, name)
+        if not value:  # most are empty: nothing to parse
+            continue
         try:
-            tokens = tresmod.parse(getattr(request, name))
+            tokens = tresmod.parse(value)
         except tresmod.TresError:
             return "unparsable-tres"
         if any(t.name in SHARED_GRES for t in tokens):

@@ -1,9 +1,12 @@
 """The event-driven engine: a heap of completion/kill events, arrivals merged in time order.
 
 State is kept in flat arrays indexed by GPU (``g_*``), node (``n_*``) and job (``j_*``) so that a
-placement is a few vectorised numpy operations and an event a few list updates; 82k Philly jobs
-run in seconds. Policies (``policies.py``) decide admission (whole GPUs or a share of so many
-GiB on which types), queue order and placement; the engine does the rest:
+placement is a few vectorised numpy operations and an event a few list updates. What every
+pass asks (the most free GiB per node, per type, per class) is kept current by each start and
+end for the nodes it touched, not recomputed over the cluster; reservations per GPU type are
+kept until a planned end of that type changes (bench/results/sim_speed.json: the full Philly
+trace per policy). Policies (``policies.py``) decide admission (whole GPUs or a share of so
+many GiB on which types), queue order and placement; the engine does the rest:
 
 - Scheduling passes at each event time: the queue in policy order, up to ``depth`` start
   attempts (Slurm's ``bf_max_job_test``). Jobs of one shape (GPU count, types, memory, and
@@ -59,17 +62,11 @@ class Request:
     def __post_init__(self):
         key = (self.types.tobytes(), None if self.shards is None else self.shards.tobytes())
         object.__setattr__(self, "key", key)
-        # (type, GiB) for each allowed type: could_fit runs for every queued share in a pass.
-        need = () if self.shards is None else tuple(
-            (int(t), int(self.shards[t])) for t in np.flatnonzero(self.types))
+        # (type, GiB) for each allowed type: quick tests run for every queued share in a pass.
+        shards = None if self.shards is None else self.shards.tolist()
+        need = () if shards is None else tuple(
+            (t, int(shards[t])) for t in np.flatnonzero(self.types).tolist())
         object.__setattr__(self, "need", need)
-
-    def could_fit(self, room: list[int]) -> bool:
-        """A share could start somewhere, given the most free GiB per type (``room``)."""
-        for t, gib in self.need:
-            if gib <= room[t]:
-                return True
-        return False
 
 
 @dataclass
@@ -102,6 +99,8 @@ class Engine:
         self.opt = options or EngineOptions()
         self.cap = self.opt.max_jobs_per_gpu or cluster.max_jobs_per_gpu
         self.progress = progress
+        self.class_aware = policy.class_aware
+        self.sharing = policy.shares
         G, N = cluster.n_gpus, len(cluster.nodes)
         self.G, self.N = G, N
         # GPUs
@@ -138,13 +137,29 @@ class Engine:
         self.type_nodes = [np.flatnonzero(self.n_type == t) for t in range(len(cluster.types))]
         self.n_classes = int(work.job_class.max(initial=0)) + 1
         self._masks: dict = {}
-        self._room_version, self._node_room = -1, None
+        # Kept current by every start and end (only the nodes touched are recomputed):
+        # n_room, the most free GiB on one shareable GPU of each node; type_room, the same per
+        # type, and type_room_node a node that has it; n_version, bumped for each node whose
+        # allocations change (for views of nodes).
+        self.n_room = np.maximum.reduceat(self.g_cap, self.n_first)
+        self.n_version = np.zeros(N, np.int64)
+        # Class-aware policies: the same room per class, on GPUs the policy lets it join
+        # (``class_node_room[c, node]``, ``class_type_room[c][t]``; set up after prepare).
+        self.class_node_room = np.zeros((self.n_classes, N), np.int64)
+        self.class_type_room = [[0] * len(cluster.types) for _ in range(self.n_classes)]
+        self.type_room = [0] * len(cluster.types)
+        self.type_room_node = [-1] * len(cluster.types)
+        for t in range(len(cluster.types)):
+            self._type_room(t)
         self._share_nodes: dict = {}
         self._need: dict = {}  # request key -> GiB needed per node
-        # Answers that hold until allocations change (``version``): the share room per type
-        # (``_share_room``), GPUs' planned ends sorted per node and the last reservation.
-        self._rooms_version, self._rooms = -1, None
-        self._ready_version, self._ready = -1, None
+        self._ever_fits: dict = {}  # (request key, GPUs of a whole request) -> can_ever_fit
+        self._mem_true_by_type: dict = {}
+        # The last reservation (holds until allocations change: ``version``). Per GPU type: a
+        # version bumped when a planned end of its GPUs changes, and the soonest starts on its
+        # nodes, (type, GPUs per node, nodes) -> (version, when, nodes), kept until then.
+        self.type_ready_version = [0] * len(cluster.types)
+        self._type_ready: dict = {}
         self._reserved: tuple = (None, None)
         T = len(cluster.types)
         self.type_total = np.array([self.n_gpus[self.n_type == t].sum() for t in range(T)])
@@ -192,6 +207,8 @@ class Engine:
         self.allocated = 0.0  # GPUs requested (trace units) by running jobs
         self.codes: dict[str, int] = {}
         policy.prepare(self)
+        if self.class_aware:
+            self._allocations_changed(range(G), bump=False)
 
     # --- queries used by policies --------------------------------------------------------
 
@@ -226,12 +243,38 @@ class Engine:
         return mask
 
     def node_room(self) -> np.ndarray:
-        """Most free GiB on one shareable GPU of each node (cached until allocations change)."""
-        if self._room_version != self.version:
-            free = np.where(~self.g_whole & (self.g_njobs < self.cap), self.g_cap - self.g_used, 0)
-            self._node_room = np.maximum.reduceat(free, self.n_first)
-            self._room_version = self.version
-        return self._node_room
+        """Most free GiB on one shareable GPU of each node (kept current for sharing policies;
+        not to be changed)."""
+        return self.n_room
+
+    def _allocations_changed(self, gpus, *, bump: bool = True):
+        """Recompute the room of the nodes (and their types) these GPUs belong to."""
+        cap, g_whole, g_njobs, g_cap, g_used = self.cap, self.g_whole, self.g_njobs, self.g_cap, self.g_used
+        types = set()
+        for node in {int(self.g_node[g]) for g in gpus}:
+            first = int(self.n_first[node])
+            count = int(self.n_gpus[node])
+            free = [int(g_cap[g] - g_used[g]) if not g_whole[g] and g_njobs[g] < cap else 0
+                    for g in range(first, first + count)]
+            self.n_room[node] = max(free)  # free GiB are never negative
+            if self.class_aware:
+                ok = self.policy.joinable(self, slice(first, first + count))
+                self.class_node_room[:, node] = np.where(ok, np.array(free)[:, None], 0).max(axis=0)
+            if bump:
+                self.n_version[node] += 1
+            types.add(int(self.n_type[node]))
+        for t in types:
+            self._type_room(t)
+
+    def _type_room(self, t: int):
+        nodes = self.type_nodes[t]
+        if not len(nodes):
+            return
+        k = int(self.n_room[nodes].argmax())
+        self.type_room[t], self.type_room_node[t] = int(self.n_room[nodes[k]]), int(nodes[k])
+        if self.class_aware:
+            for c, room in enumerate(self.class_node_room[:, nodes].max(axis=1).tolist()):
+                self.class_type_room[c][t] = room
 
     def _node_need(self, req: Request) -> np.ndarray:
         """GiB the share needs on each node (more than any GPU holds on nodes of other types)."""
@@ -253,8 +296,12 @@ class Engine:
         return nodes
 
     def _share_fits_outside(self, req: Request) -> bool:
-        """Some node outside the request's exclusions has room for its share (from the nodes
-        with room, cached per allocation state, not a scan of every node per question)."""
+        """Some node outside the request's exclusions has room for its share: the roomiest
+        node of one of its types, else one of the nodes with room (cached per allocation
+        state, not a scan of every node per question)."""
+        for t, gib in req.need:
+            if gib <= self.type_room[t] and self.type_room_node[t] not in req.exclude:
+                return True
         return not self.share_nodes(req) <= req.exclude
 
     def _room_nodes(self, j: int, req: Request) -> frozenset:
@@ -310,10 +357,16 @@ class Engine:
         return gpus
 
     def can_ever_fit(self, j: int, req: Request) -> bool:
-        n = self.ngpus[j]
-        if not req.whole:
-            return bool(np.any(req.types[self.g_type] & (req.shards[self.g_type] <= self.g_cap)))
-        return bool(np.any(req.types & (self.type_total >= n)))
+        """The request fits the empty cluster (answered once per request shape)."""
+        key = (req.key, req.whole and self.ngpus[j])
+        fits = self._ever_fits.get(key)
+        if fits is None:
+            if not req.whole:
+                fits = bool(np.any(req.types[self.g_type] & (req.shards[self.g_type] <= self.g_cap)))
+            else:
+                fits = bool(np.any(req.types & (self.type_total >= self.ngpus[j])))
+            self._ever_fits[key] = fits
+        return fits
 
     # --- events ---------------------------------------------------------------------------
 
@@ -337,7 +390,7 @@ class Engine:
         now = self.now
         if not jobs:
             self.g_speedsum[g] = 0.0
-            self.g_free_at[g] = 0.0
+            self._planned_end(g, 0.0)
             return
         if len(jobs) == 1:
             speeds = [1.0]
@@ -363,7 +416,12 @@ class Engine:
             if len(jobs) > self.j_maxco[i]:
                 self.j_maxco[i] = len(jobs)
         self.g_speedsum[g] = float(sum(speeds))
-        self.g_free_at[g] = free_at
+        self._planned_end(g, free_at)
+
+    def _planned_end(self, g: int, when: float):
+        """GPU g empties at ``when``: the soonest starts on its type's nodes are stale."""
+        self.g_free_at[g] = when
+        self.type_ready_version[self.g_type[g]] += 1
 
     def start(self, j: int, gpus: list[int]):
         req = self.j_req[j]
@@ -398,7 +456,8 @@ class Engine:
                 self.g_used[g] += shards
             if not req.whole:
                 self.g_classmask[g] |= 1 << self.jclass[j]
-            real = sum(float(self.work.mem_true[i, t]) for i in self.g_jobs[g])
+            mem_true = self._mem_true(t)
+            real = sum(mem_true[i] for i in self.g_jobs[g])
             if real > self.g_cap[g] * 1024:
                 overflow = True
             if len(self.g_jobs[g]) > 1:
@@ -406,6 +465,8 @@ class Engine:
                 if self.model.speeds(self.g_profile[g], [self.kind[i] for i in self.g_jobs[g]],
                                      [self.jclass[i] for i in self.g_jobs[g]]) is None:
                     failed = True
+        if self.sharing:  # rooms are read only by sharing policies
+            self._allocations_changed(gpus)
         if self.j_shared[j]:
             self.counters["shared_starts"] += 1
         if overflow or failed:
@@ -413,6 +474,13 @@ class Engine:
             self.j_pending_kill[j] = (when, "oom" if overflow else "pair")
         for g in gpus:
             self._replan_gpu(g)
+
+    def _mem_true(self, t: int) -> list[float]:
+        """Every job's real peak memory on type t (MiB), as a list (read per co-runner)."""
+        column = self._mem_true_by_type.get(t)
+        if column is None:
+            column = self._mem_true_by_type[t] = self.work.mem_true[:, t].tolist()
+        return column
 
     def _release(self, j: int):
         gpus = self.j_gpus[j]
@@ -436,6 +504,8 @@ class Engine:
                 for i in self.g_jobs[g]:
                     mask |= 1 << self.jclass[i]
                 self.g_classmask[g] = mask
+        if self.sharing:
+            self._allocations_changed(gpus)
         self.version += 1
         self.released = True
         self.j_ver[j] += 1  # invalidates its pending events
@@ -485,50 +555,34 @@ class Engine:
         self.queued += 1
         self.arrived_shapes.add(shape)
 
-    def _share_room(self, rooms: list | None = None, gpus=()) -> list:
+    def _share_room(self) -> list:
         """Most free GiB on one shareable GPU, per type; per class too for class-aware policies
         (``[per type, class 0, class 1, ...]``: GPUs the policy would let that class join).
-
-        With ``rooms`` and ``gpus``: ``rooms`` updated in place after a start on those GPUs
-        (only their types can have changed)."""
-        if rooms is None and self._rooms_version == self.version:
-            return [list(r) for r in self._rooms]  # callers update their copy in place
-        class_aware = self.policy.class_aware
-        if not class_aware:  # a type's roomiest GPU is its roomiest node's
-            node_room = self.node_room()
-            if rooms is not None:  # only the started GPUs' types changed
-                for t in sorted({int(self.g_type[g]) for g in gpus}):
-                    rooms[0][t] = int(node_room[self.type_nodes[t]].max(initial=0))
-                return rooms
-            rooms = [[int(node_room[nodes].max(initial=0)) for nodes in self.type_nodes]]
-            self._rooms_version, self._rooms = self.version, [list(r) for r in rooms]
-            return rooms
-        free = np.where(~self.g_whole & (self.g_njobs < self.cap), self.g_cap - self.g_used, 0)
-        full = rooms is None
-        types = (range(len(self.type_gpus)) if rooms is None
-                 else sorted({int(self.g_type[g]) for g in gpus}))
-        if rooms is None:
-            rooms = [[0] * len(self.type_gpus)
-                     for _ in range(1 + (self.n_classes if class_aware else 0))]
-        for t in types:
-            rooms[0][t] = int(free[self.type_gpus[t]].max(initial=0))
-        if class_aware:
-            for c in range(self.n_classes):
-                ok = np.where(self.policy.joinable(self, c), free, 0)
-                for t in types:
-                    rooms[1 + c][t] = int(ok[self.type_gpus[t]].max(initial=0))
-        if full:
-            self._rooms_version, self._rooms = self.version, [list(r) for r in rooms]
-        return rooms
+        A copy of the rooms kept current by every start and end."""
+        if not self.class_aware:  # a type's roomiest GPU is its roomiest node's
+            return [list(self.type_room)]
+        return [list(self.type_room)] + [list(r) for r in self.class_type_room]
 
     def _quick_fits(self, j: int, req: Request, room) -> bool:
-        """Is there room of the request's kind at all (outside the nodes it must avoid)?"""
+        """Is there room of the request's kind at all (outside the nodes it must avoid)?
+
+        Runs for every bucket's head in every pass: kept to plain loops."""
         if req.whole:
             return self.free_whole >= self.ngpus[j]
-        if self.policy.class_aware and not req.could_fit(room[1 + self.jclass[j]]):
-            return False
+        need = req.need
+        if self.class_aware:  # room its class may join
+            class_room = room[1 + self.jclass[j]]
+            for t, gib in need:
+                if gib <= class_room[t]:
+                    break
+            else:
+                return False
         # Some node of its types has room iff the roomiest GPU of one of its types does.
-        if not req.could_fit(room[0]):
+        type_room = room[0]
+        for t, gib in need:
+            if gib <= type_room[t]:
+                break
+        else:
             return False
         return not req.exclude or self._share_fits_outside(req)
 
@@ -541,35 +595,47 @@ class Engine:
         self._reserved = (key, self._reserve(j, req, n))
         return self._reserved[1]
 
-    def _ready_by_node(self) -> np.ndarray:
-        """Planned ends of each node's GPUs, soonest first: (N, gmax); empty GPUs read 0,
-        padding inf (cached until allocations change)."""
-        if self._ready_version != self.version:
-            self._ready = np.sort(self.g_free_at[self.n_matrix], axis=1)
-            self._ready_version = self.version
-        return self._ready
-
     def _reserve(self, j: int, req: Request, n: int) -> tuple[float, frozenset[int]]:
-        free_at = self._ready_by_node()
-        ok = req.types[self.n_type]
-        if req.whole and (int(self.work.n_nodes[j]) > 1 or n > self.n_gpus.max()):
+        types = np.flatnonzero(req.types).tolist()
+        nodes_asked = int(self.work.n_nodes[j])
+        if req.whole and (nodes_asked > 1 or n > self.max_pernode):
             best = (math.inf, frozenset())
-            for t in np.flatnonzero(req.types):
-                k = int(self.work.n_nodes[j]) or math.ceil(n / self.type_pernode[t])
+            for t in types:
+                k = nodes_asked or math.ceil(n / self.type_pernode[t])
                 per = math.ceil(n / k)
-                if per > free_at.shape[1]:
+                if per > self.max_pernode:
                     continue
-                ready = free_at[:, per - 1]
-                ready = np.where(ok & (self.n_type == t), ready, math.inf)
-                order = np.argsort(ready, kind="stable")[:k]
-                when = ready[order[-1]] if len(order) == k else math.inf
+                when, nodes = self._soonest(t, per, k)
                 if when < best[0]:
-                    best = (when, frozenset(int(x) for x in order))
+                    best = (when, nodes)
             return best
-        ready = free_at[:, n - 1] if n <= free_at.shape[1] else np.full(self.N, math.inf)
-        ready = np.where(ok, ready, math.inf)
-        node = int(np.argmin(ready))
-        return float(ready[node]), frozenset([node])
+        # One node: the soonest of all allowed nodes, the first in node order on a tie (each
+        # type's answer is its soonest node, the first among its own); none at all: node 0.
+        soonest = [self._soonest(t, n, 1) for t in types] if n <= self.max_pernode else []
+        when = min((w for w, _ in soonest), default=math.inf)
+        if when == math.inf:
+            return math.inf, frozenset([0])
+        node = min(min(nodes) for w, nodes in soonest if w == when)
+        return float(when), frozenset([node])
+
+    def _soonest(self, t: int, per: int, k: int) -> tuple[float, frozenset[int]]:
+        """The k nodes of type t where ``per`` GPUs each empty soonest (ties in node order) and
+        when the last of them does (inf if the type has fewer nodes); cached until a planned
+        end of the type's GPUs changes."""
+        key = (t, per, k)
+        hit = self._type_ready.get(key)
+        version = self.type_ready_version[t]
+        if hit is not None and hit[0] == version:
+            return hit[1], hit[2]
+        nodes = self.type_nodes[t]
+        # When each node has ``per`` GPUs empty: its GPUs' planned ends, soonest first (empty
+        # GPUs read 0, padding inf), the per-th.
+        ready = np.sort(self.g_free_at[self.n_matrix[nodes]], axis=1)[:, per - 1]
+        order = np.argsort(ready, kind="stable")[:k]
+        when = ready[order[-1]] if len(order) == k else math.inf
+        chosen = frozenset(nodes[order].tolist())
+        self._type_ready[key] = (version, when, chosen)
+        return when, chosen
 
     def schedule(self, only: set | None = None):
         """One pass over the queue in policy order (buckets merged by their heads).
@@ -585,14 +651,16 @@ class Engine:
         if not (self.free_whole > 0 or (sharing and max(room[0]) > 0)):
             return
         self.counters["passes"] += 1
-        shapes = self.buckets if only is None else [s for s in only if s in self.buckets]
+        buckets = (self.buckets.items() if only is None
+                   else [(s, self.buckets[s]) for s in only if s in self.buckets])
         # Quick test of each bucket's head (is there room of its kind at all?); only buckets
         # that pass are merged in policy order. The best head that fails may be the blocked job.
         heads = []
         first_fail = None
-        for shape in shapes:
-            key, j = self.buckets[shape][0]
-            if self._quick_fits(j, self.j_req[j], room):
+        quick_fits, j_req = self._quick_fits, self.j_req
+        for shape, bucket in buckets:
+            key, j = bucket[0]
+            if quick_fits(j, j_req[j], room):
                 heads.append((key, shape, 0))
             elif first_fail is None or key < first_fail[0]:
                 first_fail = (key, j)
@@ -655,7 +723,7 @@ class Engine:
             self.start(j, placed)
             started = True
             if sharing:
-                room = self._share_room(room, placed)
+                room = self._share_room()
             if pos < len(bucket):
                 heapq.heappush(heads, (bucket[pos][0], shape, pos))
         if blocked is None and first_fail is not None:

@@ -41,7 +41,6 @@ Policies:
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 
 import numpy as np
 
@@ -69,8 +68,9 @@ class Policy:
         self.est = np.where(work.allowed, work.runtime_pred, 0.0).max(axis=1)
 
     # admission helpers
-    def whole(self, j: int, engine, code: str = "whole") -> Request:
-        return Request(True, engine.work.allowed[j], None, frozenset(), float(self.est[j]), code)
+    def whole(self, j: int, engine, code: str = "whole", nice: int = 0) -> Request:
+        return Request(True, engine.work.allowed[j], None, frozenset(), float(self.est[j]), code,
+                       nice)
 
     def share(self, j: int, engine, memory: np.ndarray, code: str = "share") -> Request:
         work = engine.work
@@ -90,9 +90,10 @@ class Policy:
             return (self.est[j], j)
         return (engine.submit[j], j)
 
-    def joinable(self, engine, c: int) -> np.ndarray:
-        """GPUs a share of class c may join (class-aware policies narrow this)."""
-        return np.ones(engine.G, bool)
+    def joinable(self, engine, gpus: slice) -> np.ndarray:
+        """(GPUs, classes) bool: which classes' shares may join each of these GPUs (class-aware
+        policies narrow this; it reads only each GPU's own state)."""
+        return np.ones((len(range(engine.G)[gpus]), engine.n_classes), bool)
 
     def memo_key(self, j: int, req: Request):
         cls = self.engine.jclass[j] if (self.class_aware and not req.whole) else -1
@@ -200,8 +201,8 @@ class ClassPair(KnowledgePolicy):
     name = "class-pair"
     class_aware = True
 
-    def joinable(self, engine, c):
-        return self.compat[engine.g_profile_arr, c, engine.g_classmask]
+    def joinable(self, engine, gpus):
+        return self.compat[engine.g_profile_arr[gpus], :engine.n_classes, engine.g_classmask[gpus]]
 
     def place(self, j, req, engine, exclude):
         if req.whole:
@@ -229,8 +230,10 @@ class SjfBsbf(KnowledgePolicy):
     backfill = False
     class_aware = True
 
-    def joinable(self, engine, c):
-        return (engine.g_njobs == 0) | (self.gain[engine.g_profile_arr, c, engine.g_classmask] > 0)
+    def joinable(self, engine, gpus):
+        return ((engine.g_njobs[gpus] == 0)[:, None]
+                | (self.gain[engine.g_profile_arr[gpus], :engine.n_classes,
+                             engine.g_classmask[gpus]] > 0))
 
     def place(self, j, req, engine, exclude):
         if req.whole:
@@ -271,37 +274,55 @@ class SimView:
         self._views = [daemon_policy.NodeView(n.name, names[n.gpu_type], (partition,), (),
                                               gpus=n.gpus, idle_gpus=n.gpus)
                        for n in engine.cluster.nodes]
-        self._masks = np.zeros(len(self._views), np.int64)
-        self._idle = engine.n_gpus.copy()
+        self._masks = [0] * len(self._views)  # classes resident on each node (bits)
+        self._idle = engine.n_gpus.tolist()
+        self._seen = engine.n_version.copy()  # the nodes' versions these views show
         self._version, self._nodes = -1, _Snapshot(self._views)
 
     def nodes(self):
         engine = self.engine
         if self._version != engine.version:
-            masks = np.bitwise_or.reduceat(engine.g_classmask, engine.n_first)
-            changed = np.flatnonzero((masks != self._masks) | (engine.n_free != self._idle))
-            if not len(changed):  # no node view changed: the snapshot and its answers hold
-                self._version = engine.version
-                return self._nodes
-            for i in changed:
-                classes = tuple(c for c in range(engine.n_classes) if masks[i] >> c & 1)
+            changed = []
+            # Only nodes whose allocations changed since the last look can have other views.
+            for i in np.flatnonzero(engine.n_version != self._seen).tolist():
                 first, count = int(engine.n_first[i]), int(engine.n_gpus[i])
-                per_gpu = tuple(tuple(c for c in range(engine.n_classes)
-                                      if int(engine.g_classmask[g]) >> c & 1)
-                                for g in range(first, first + count))
+                gpu_masks = engine.g_classmask[first:first + count].tolist()
+                mask = 0
+                for m in gpu_masks:
+                    mask |= m
+                idle = int(engine.n_free[i])
+                if mask != self._masks[i] or idle != self._idle[i]:
+                    changed.append((i, mask, idle, gpu_masks))
+            self._seen = engine.n_version.copy()
+            self._version = engine.version
+            if not changed:  # no node view changed: the snapshot and its answers hold
+                return self._nodes
+            classes_changed, idle_changed = set(), set()  # GPU types of the nodes changed
+            for i, mask, idle, gpu_masks in changed:
+                classes = tuple(c for c in range(engine.n_classes) if mask >> c & 1)
+                per_gpu = tuple(tuple(c for c in range(engine.n_classes) if m >> c & 1)
+                                for m in gpu_masks)
                 old = self._views[i]
                 self._views[i] = daemon_policy.NodeView(old.name, old.gpu_type, old.partitions,
-                                                        classes, gpus=count,
-                                                        gpu_classes=per_gpu,
-                                                        idle_gpus=int(engine.n_free[i]))
+                                                        classes, gpus=len(gpu_masks),
+                                                        gpu_classes=per_gpu, idle_gpus=idle)
+                self._masks[i], self._idle[i] = mask, idle
+                if classes != old.resident_classes or per_gpu != old.gpu_classes:
+                    classes_changed.add(old.gpu_type)
+                if idle != old.idle_gpus:
+                    idle_changed.add(old.gpu_type)
             # A new snapshot per change of allocations, so decisions between changes share
-            # their answers (as on the daemon's snapshots); feasibility reads only partitions,
-            # features and states, which never change here, so its answers carry over.
-            previous = self._nodes.checks
+            # their answers (as on the daemon's snapshots). Answers that read nothing that
+            # changed carry over: feasibility reads only partitions, features and states, which
+            # never change here; idle types read idle GPUs, node exclusions resident classes,
+            # each only on nodes of the types in their key.
+            previous = self._nodes
             self._nodes = _Snapshot(self._views)
-            self._nodes.checks.update((k, v) for k, v in previous.items() if k[0] == "feasibility")
-            self._masks, self._version = masks, engine.version
-            self._idle = engine.n_free.copy()
+            self._nodes.checks.update(
+                (k, v) for k, v in previous.checks.items()
+                if k[0] == "feasibility" or (k[0] == "idle" and idle_changed.isdisjoint(k[1])))
+            self._nodes.memo.update((k, v) for k, v in previous.memo.items()
+                                    if classes_changed.isdisjoint(k[1]))
         return self._nodes
 
 
@@ -378,6 +399,8 @@ class GpuShare(Policy):
         self.all_types = engine.work.allowed.shape[1]
         self.decisions: list = []
         self._requests: dict = {}
+        self._type_masks: dict = {}
+        self._node_sets: dict = {}
         # Peak utilisations matter only to a GPU-time budget (and cost a slow import).
         self.util = (job_kind_utilisation(engine.work.kinds, self.type_names)
                      if self.gpu_time_budget_pct > 0 else {})
@@ -411,8 +434,8 @@ class GpuShare(Policy):
         names = self.type_names
         return daemon_policy.JobEstimate(
             source="history",
-            memory_mib={names[t]: float(work.mem_safe[j, t]) for t in range(len(names))},
-            runtime_s={names[t]: float(work.runtime_pred[j, t]) for t in range(len(names))},
+            memory_mib=dict(zip(names, work.mem_safe[j].tolist())),
+            runtime_s=dict(zip(names, work.runtime_pred[j].tolist())),
             job_class=int(work.job_class[j]),
             util_pct=self.util.get(int(work.kind[j])),
             detail="simulated history")
@@ -423,17 +446,34 @@ class GpuShare(Policy):
                                         knowledge=self.compat, decision_id=f"sim-{j}")
         nice = int(decision.writes.get("nice", 0))
         if decision.action == "keep":
-            return replace(self.whole(j, engine, decision.code), nice=nice)
+            return self.whole(j, engine, decision.code, nice)
         allowed = engine.work.allowed[j]
-        types = np.array([name in decision.gpu_types for name in self.type_names]) & allowed
+        types = self._type_mask(decision.gpu_types) & allowed
         if not types.any():  # the user's own constraint and the decision's types do not meet
-            return replace(self.whole(j, engine, "no-common-type"), nice=nice)
+            return self.whole(j, engine, "no-common-type", nice)
         shards = np.full(len(self.type_names), int(decision.share_gib), np.int64)
-        exclude = frozenset(self.node_index[name]
-                            for name in expand_hostlist(decision.writes.get("exc_nodes", ""))
-                            if name in self.node_index)
+        exclude = self._node_set(decision.writes.get("exc_nodes", ""))
         est = float(np.where(types, engine.work.runtime_pred[j], 0.0).max())
         return Request(False, types, shards, exclude, est, decision.code, nice)
+
+    def _type_mask(self, gpu_types: tuple[str, ...]) -> np.ndarray:
+        """The decision's GPU types as a mask over the cluster's (one per set of types)."""
+        mask = self._type_masks.get(gpu_types)
+        if mask is None:
+            mask = self._type_masks[gpu_types] = np.array(
+                [name in gpu_types for name in self.type_names])
+        return mask
+
+    def _node_set(self, exc_nodes: str) -> frozenset[int]:
+        """The indices of the nodes in an ``exc_nodes`` hostlist (one per distinct list)."""
+        nodes = self._node_sets.get(exc_nodes)
+        if nodes is None:
+            if len(self._node_sets) > 65536:
+                self._node_sets.clear()
+            nodes = self._node_sets[exc_nodes] = frozenset(
+                self.node_index[name] for name in expand_hostlist(exc_nodes)
+                if name in self.node_index)
+        return nodes
 
     def key(self, j, engine):
         return (engine.j_req[j].nice + self.AGE_WEIGHT * engine.submit[j] / self.MAX_AGE_S, j)

@@ -41,3 +41,18 @@ def test_philly_slice_results_are_unchanged():
     outcome = run_policies(cluster, work, list(POLICY_NAMES), data_dir=DATA, seed=3)
     digest, rows = summary_digest(outcome.summary)
     assert digest == EXPECTED, json.dumps(rows)
+
+
+COUNTS_EXPECTED = "3563720a788ad5e1"  # the same before the speed work (42da83e)
+
+
+@needs_data
+def test_philly_slice_counters_and_decisions_are_unchanged():
+    """What the engine did, not only what came out: passes, starts, backfills, shared starts,
+    kills and each policy's decision codes (integers: no rounding between platforms)."""
+    cluster = load_cluster("philly")
+    work = load_workload("philly", cluster, DATA, WorkloadOptions(seed=1, limit=1000))
+    outcome = run_policies(cluster, work, list(POLICY_NAMES), data_dir=DATA, seed=1)
+    counts = {r.policy: {"counters": r.counters, "codes": r.codes} for r in outcome.results}
+    digest = hashlib.sha256(json.dumps(counts, sort_keys=True).encode()).hexdigest()[:16]
+    assert digest == COUNTS_EXPECTED, json.dumps(counts, sort_keys=True)

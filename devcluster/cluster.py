@@ -684,8 +684,15 @@ class TestCluster:
             seen["state"] = self.job(job_id).get("JobState", "")
             return seen["state"] in states
 
-        _wait_until(reached, timeout, f"job {job_id} to reach {sorted(states)} "
-                                      f"(last {seen.get('state')})", interval=0.25)
+        try:
+            _wait_until(reached, timeout, f"job {job_id} to reach {sorted(states)}",
+                        interval=0.25)
+        except ClusterError:  # say where it was (the message above is made before waiting)
+            job = self.job(job_id)
+            raise ClusterError(
+                f"timed out after {timeout:.0f}s waiting for job {job_id} to reach "
+                f"{sorted(states)}: JobState={job.get('JobState')} Reason={job.get('Reason')} "
+                f"ReqNodeList={job.get('ReqNodeList')} NodeList={job.get('NodeList')}") from None
         return seen["state"]
 
     def sacct(self, job_id: str, fields: str, timeout: float = 30) -> dict[str, str]:

@@ -108,7 +108,7 @@ def test_stop_removes_every_namespace_link_mount_and_process(multihost_cluster):
     # view of the nodes stale for a while (daemon started before slurmctld; under study).
     cluster = multihost_cluster
     job_id = cluster.sbatch("-w", "a100-1", script="#!/bin/sh\nsleep 300\n")
-    cluster.wait_state(job_id, {"RUNNING"}, timeout=60)
+    cluster.wait_state(job_id, {"RUNNING"}, timeout=120)
     holders = {n.name: cluster._pid(f"host-{n.name}") for n in cluster.nodes}
     assert all(holders.values()) and cluster.network.leftovers()
     cluster.stop()

@@ -119,6 +119,9 @@ def test_stop_removes_every_namespace_link_mount_and_process(multihost_cluster):
     routes = subprocess.run(["ip", "-4", "route"], capture_output=True, text=True).stdout
     assert str(cluster.network.subnet) not in routes
     cluster.start()  # as the session's other multi-host tests expect it
+    # slurmctld saved the job as running and recovers it: without this, one such job per run
+    # piled up on a100-1 until its 8 CPUs were taken and this test's job could not start.
+    cluster.slurm("scancel", job_id, check=False)
 
 
 def _alive(pid: int) -> bool:

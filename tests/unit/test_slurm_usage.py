@@ -3,6 +3,8 @@ summary: ``import-usage`` against the real daemon's socket and store."""
 
 from __future__ import annotations
 
+import time
+
 from slurm_gpushare.cli import main
 from slurm_gpushare.daemon.store import SLURM_ACCOUNTING
 
@@ -12,11 +14,13 @@ from slurm_gpushare.daemon.store import SLURM_ACCOUNTING
 HEADER = "JobID|JobIDRaw|Cluster|State|Start|End|AllocTRES|TRESUsageInMax|AdminComment\n"
 USAGE = "cpu=00:00:50,gres/gpumem={mem},gres/gpuutil={util},mem=1056K"
 TAG = "gpushare:v1:share:id=d46:shard=8:types=v100:why=history-share"
+# Ended an hour ago: within the store's retention (older runs are compacted away).
+END = int(time.time()) - 3600
 
 
 def line(job, tres, usage="", tag=""):
-    return (f"{job}|{job}|c1|COMPLETED|1600000000|1600000100|{tres}||{tag}\n"
-            f"{job}.batch|{job}.batch|c1|COMPLETED|1600000000|1600000100|{tres}|{usage}|\n")
+    return (f"{job}|{job}|c1|COMPLETED|{END - 100}|{END}|{tres}||{tag}\n"
+            f"{job}.batch|{job}.batch|c1|COMPLETED|{END - 100}|{END}|{tres}|{usage}|\n")
 
 
 def sacct_file(tmp_path):
@@ -44,7 +48,7 @@ def test_import_fills_in_only_where_the_agent_left_nothing(tmp_path, daemon, cap
              "mgmap_max_mib": 2900.0, "samples": 40, "attribution": "pid"}
     assert daemon.store.ingest_summary(agent)
     argv = ["import-usage", "--config", str(config_file(tmp_path, daemon)),
-            "--sacct-file", str(sacct_file(tmp_path)), "--since", "1500000000", "--min-age", "0"]
+            "--sacct-file", str(sacct_file(tmp_path)), "--since", "-1d", "--min-age", "0"]
     assert main(argv) == 0
     assert "5 jobs, 4 with Slurm's GPU accounting: sent 3" in capsys.readouterr().out
     (whole,) = daemon.store.summaries("43", cluster="c1")
@@ -67,11 +71,11 @@ def test_import_fills_in_only_where_the_agent_left_nothing(tmp_path, daemon, cap
 
 def test_recent_jobs_wait_for_their_agent_and_dry_run_sends_nothing(tmp_path, daemon, capsys):
     argv = ["import-usage", "--config", str(config_file(tmp_path, daemon)),
-            "--sacct-file", str(sacct_file(tmp_path)), "--since", "1500000000"]
+            "--sacct-file", str(sacct_file(tmp_path)), "--since", "-1d"]
     assert main([*argv, "--min-age", "0", "--dry-run"]) == 0
     assert "3 to send" in capsys.readouterr().out
     assert daemon.store.summaries("43", cluster="c1") == []
-    assert main([*argv, "--min-age", str(10 ** 11)]) == 0  # every job ended too recently
+    assert main([*argv, "--min-age", "7200"]) == 0  # every job ended too recently
     assert "sent 0" in capsys.readouterr().out
 
 
@@ -80,7 +84,7 @@ def test_an_unreachable_daemon_is_one_line_and_non_zero(tmp_path, capsys):
     config.write_text(f'[daemon]\nsocket = "{tmp_path}/none.sock"\n'
                       '[gpu_types.v100]\nmemory_gib = 16\n')
     assert main(["import-usage", "--config", str(config), "--sacct-file",
-                 str(sacct_file(tmp_path)), "--since", "1500000000", "--min-age", "0"]) == 1
+                 str(sacct_file(tmp_path)), "--since", "-1d", "--min-age", "0"]) == 1
     err = capsys.readouterr().err
     assert "daemon not reachable" in err and len(err.strip().splitlines()) == 1
 
@@ -92,7 +96,7 @@ def test_an_imported_run_becomes_history_under_its_decisions_keys(tmp_path, daem
                                   "reason": "r", "keys": keys})
     assert daemon.store.history(keys) == []
     assert main(["import-usage", "--config", str(config_file(tmp_path, daemon)),
-                 "--sacct-file", str(sacct_file(tmp_path)), "--since", "1500000000",
+                 "--sacct-file", str(sacct_file(tmp_path)), "--since", "-1d",
                  "--min-age", "0"]) == 0
     (run,) = daemon.store.history(keys)
     assert run["job_id"] == "46" and run["mgmap_max_mib"] == 7000

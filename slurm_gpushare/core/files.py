@@ -40,8 +40,21 @@ def replace_atomically(path: str | os.PathLike, data: bytes, mode: int = 0o600) 
         raise
 
 
-def pid_alive(pid: int) -> bool:
-    """Whether a process with this pid exists (one of another user's counts)."""
+def process_started(pid: int) -> int | None:
+    """When process ``pid`` started (clock ticks since boot, ``/proc/<pid>/stat`` field 22), or
+    None if there is no such process. With the pid it names one process: pids are reused (by
+    default only 32768 of them), a pid and its start time are not."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return int(stat.read().rsplit(b")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def pid_alive(pid: int, started: int | None = None) -> bool:
+    """Whether a process with this pid exists (one of another user's counts) and, when
+    ``started`` is given (``process_started`` when it was recorded), is still that process
+    rather than a later one given the same pid."""
     if pid <= 0:  # kill(0, ...) would signal our own process group
         return False
     try:
@@ -50,6 +63,8 @@ def pid_alive(pid: int) -> bool:
         return False
     except PermissionError:
         pass
+    if started is not None and process_started(pid) not in (started, None):
+        return False
     try:  # a zombie (exited, not yet reaped; orphans under a container's init may stay so)
         with open(f"/proc/{pid}/stat", "rb") as stat:
             return stat.read().rsplit(b")", 1)[1].split()[0] != b"Z"

@@ -39,7 +39,7 @@ from typing import Any, Callable, Iterable
 
 from slurm_gpushare import PROTOCOL_VERSION
 from slurm_gpushare.core.config import DaemonConfig
-from slurm_gpushare.core.files import pid_alive, replace_atomically
+from slurm_gpushare.core.files import pid_alive, process_started, replace_atomically
 from slurm_gpushare.node.delivery import DeliveryError, Link, drain_loop, drain_once, ingest_op
 
 DEFAULT_INTERVAL_S = 0.25
@@ -84,12 +84,17 @@ def _valid_job_id(job_id: str | None) -> bool:
     return bool(job_id) and job_id.replace("_", "").isdigit()
 
 
-def _read_pid(path: Path) -> int | None:
+def _read_pid(path: Path) -> tuple[int, int | None] | None:
+    """A collector's pid file: ``(pid, start time)`` (``files.process_started``), so a pid
+    that the kernel has since given to another process is not taken for the collector (nor
+    sent the epilog's SIGTERM). The start time is None in a file that has only the pid."""
     try:
-        text = path.read_text().strip()
+        fields = path.read_text().split()
     except OSError:
         return None
-    return int(text) if text.isdigit() else None
+    if not fields or not fields[0].isdigit():
+        return None
+    return int(fields[0]), (int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None)
 
 
 # -- delivery --------------------------------------------------------------------------------
@@ -309,7 +314,7 @@ def run(args: argparse.Namespace, deliver: Deliver | None = None) -> int:
                     saved, json.dumps(summaries).encode(), mode=0o600))
     finally:
         saved.unlink(missing_ok=True)
-        if _read_pid(pidfile) == os.getpid():
+        if (_read_pid(pidfile) or (None,))[0] == os.getpid():
             pidfile.unlink(missing_ok=True)
     return 0
 
@@ -390,11 +395,11 @@ def start(args: argparse.Namespace) -> int:
                 fd = os.open(pidfile, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
                 break
             except FileExistsError:
-                pid = _read_pid(pidfile)
-                if pid is not None and pid_alive(pid):
-                    _log(state_dir, f"job {job_id}: collector already running (pid {pid})")
+                found = _read_pid(pidfile)
+                if found is not None and pid_alive(*found):
+                    _log(state_dir, f"job {job_id}: collector already running (pid {found[0]})")
                     return 0
-                if pid is None and time.time() - _mtime(pidfile) < 5:
+                if found is None and time.time() - _mtime(pidfile) < 5:
                     return 0  # another start is writing it right now
                 pidfile.unlink(missing_ok=True)  # stale: the collector died
         else:
@@ -408,8 +413,9 @@ def start(args: argparse.Namespace) -> int:
                                      start_new_session=True, cwd="/")
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        started = process_started(child.pid)
         with os.fdopen(fd, "w") as handle:
-            handle.write(f"{child.pid}\n")
+            handle.write(f"{child.pid} {started}\n" if started is not None else f"{child.pid}\n")
         _log(state_dir, f"job {job_id}: collector started (pid {child.pid}, gpus {args.gpus})")
     except Exception as exc:  # noqa: BLE001
         _log(state_dir, f"job {job_id}: could not start collector: {type(exc).__name__}")
@@ -421,24 +427,27 @@ def stop(args: argparse.Namespace) -> int:
     state_dir, job_id = args.state_dir, args.job_id
     pidfile = pid_path(state_dir, job_id)
     try:
-        pid = _read_pid(pidfile)
-        if pid is None and pidfile.exists():  # start is between creating and filling it
+        found = _read_pid(pidfile)
+        if found is None and pidfile.exists():  # start is between creating and filling it
             time.sleep(0.2)
-            pid = _read_pid(pidfile)
-        if pid is None:
+            found = _read_pid(pidfile)
+        if found is None:
             if checkpoint_path(state_dir, job_id).exists():
                 recover(args, "gone without its pid file")
             else:
                 _log(state_dir, f"job {job_id}: no collector to stop")
             return 0
+        pid, started = found
         try:
+            if not pid_alive(pid, started):  # its pid may be another process's by now
+                raise ProcessLookupError
             os.kill(pid, signal.SIGTERM)
         except ProcessLookupError:
             pidfile.unlink(missing_ok=True)
             recover(args, f"(pid {pid}) died before the epilog")
             return 0
         deadline = time.monotonic() + max(0.0, args.wait)
-        while time.monotonic() < deadline and pidfile.exists() and pid_alive(pid):
+        while time.monotonic() < deadline and pidfile.exists() and pid_alive(pid, started):
             time.sleep(0.05)
         _log(state_dir, f"job {job_id}: collector asked to stop (pid {pid})")
     except Exception as exc:  # noqa: BLE001

@@ -32,7 +32,7 @@ def test_a_killed_collector_leaves_its_checkpoint_to_the_epilog(daemon, tmp_path
     common = ["--job-id", "51", "--gpus", "0", "--cluster", "c1", "--state-dir", str(state),
               "--socket", daemon.socket, "--scenario", str(scenario), "--interval", "0.05"]
     assert agent.main(["start", *common]) == 0
-    pid = int(agent.pid_path(state, "51").read_text())
+    pid = int(agent.pid_path(state, "51").read_text().split()[0])
     assert wait_for(lambda: agent.checkpoint_path(state, "51").exists())
     # The first checkpoint is written after the first round of samples.
     os.kill(pid, signal.SIGKILL)

@@ -292,7 +292,7 @@ def test_prolog_start_and_epilog_stop_are_idempotent_and_exit_0(tmp_path):
     assert agent.main(["start", *common]) == 0  # already running: no second collector
     assert time.monotonic() - started < 3  # the prolog is not held up
     pidfile = agent.pid_path(state, "31")
-    pid = int(pidfile.read_text())
+    pid = int(pidfile.read_text().split()[0])
     assert wait_for(lambda: b"collector" in (state / "agent.log").read_bytes())
 
     def sampled_twice() -> bool:  # its first checkpoint (after ~2 s) says how far it got
@@ -331,6 +331,45 @@ def test_pid_alive_guards_pid_zero_and_dead_pids():
     done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True)
     assert not pid_alive(int(done.stdout))
+
+
+def test_a_reused_pid_is_not_the_process_that_had_it():
+    import os
+
+    from slurm_gpushare.core.files import pid_alive, process_started
+
+    started = process_started(os.getpid())
+    assert started is not None and pid_alive(os.getpid(), started)
+    # The same pid with another start time: a later process that the kernel gave the pid to.
+    assert not pid_alive(os.getpid(), started + 1)
+
+
+def test_the_epilog_never_signals_a_process_that_took_a_dead_collectors_pid(tmp_path):
+    import signal
+    import subprocess
+
+    from slurm_gpushare.core.files import process_started
+
+    state, common = collector_args(tmp_path, "33")
+    stranger = subprocess.Popen(["sleep", "60"])
+    try:
+        # The collector (started at some other time) died; its pid now names `stranger`.
+        started = process_started(stranger.pid)
+        agent.pid_path(state, "33").parent.mkdir(parents=True, exist_ok=True)
+        agent.pid_path(state, "33").write_text(f"{stranger.pid} {started - 1}\n")
+        assert agent.main(["start", *common]) == 0  # not "already running": a new collector
+        log = (state / "agent.log").read_text()
+        assert "already running" not in log and "collector started" in log
+        assert agent.main(["stop", *common, "--wait", "10"]) == 0
+        # The new collector was stopped; and with a stale file naming the stranger, stop
+        # leaves it alone and says the collector died.
+        agent.pid_path(state, "33").write_text(f"{stranger.pid} {started - 1}\n")
+        assert agent.main(["stop", *common]) == 0
+        assert stranger.poll() is None
+        assert f"(pid {stranger.pid}) died before the epilog" in (state / "agent.log").read_text()
+    finally:
+        stranger.send_signal(signal.SIGKILL)
+        stranger.wait()
 
 
 def test_overrun_watch_reports_once_when_the_peak_passes_the_share():

@@ -22,11 +22,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
 
-from slurm_gpushare.core.files import pid_alive
+from slurm_gpushare.core.files import pid_alive, process_started
 from slurm_gpushare.slurm.jobs import gpu_indices
 from slurm_gpushare.node.telemetry.nvml import DeviceSample, ProcessSample
 
@@ -44,7 +45,12 @@ def write_board(root: str | os.PathLike, node: str, gpu_type: str, gpus: list[di
     base = Path(root) / node
     base.mkdir(parents=True, exist_ok=True)
     for gpu in gpus:
-        _gpu_dir(root, node, gpu["index"]).mkdir(exist_ok=True)
+        directory = _gpu_dir(root, node, gpu["index"])
+        directory.mkdir(exist_ok=True)
+        live = {str(e["job_id"]) for e in _registrations(directory) if "started" in e}
+        for path in directory.glob("*.json"):  # left by jobs killed in an earlier run
+            if path.stem not in live:
+                path.unlink(missing_ok=True)
     (base / "board.json").write_text(json.dumps({"type": gpu_type, "gpus": gpus}))
 
 
@@ -59,7 +65,9 @@ def _registrations(directory: Path) -> list[dict]:
             entry = json.loads(path.read_text())
         except (OSError, ValueError):
             continue  # being written or removed right now
-        if pid_alive(int(entry.get("pid", 0))):
+        # A job killed with SIGKILL leaves its file; its pid may be another process's by now
+        # (the test suite starts tens of thousands, and pids wrap at 32768).
+        if pid_alive(int(entry.get("pid", 0)), entry.get("started")):
             out.append(entry)
     return out
 
@@ -139,8 +147,11 @@ def run_workload(*, root: str, node: str, job_id: str, mem_mib: dict[str, float]
               f"{total - used:.0f} MiB free", file=sys.stderr)
         return 2
     me = directory / f"{job_id}.json"
-    me.write_text(json.dumps({"job_id": job_id, "pid": os.getpid(), "mem_mib": need,
+    me.write_text(json.dumps({"job_id": job_id, "pid": os.getpid(),
+                              "started": process_started(os.getpid()), "mem_mib": need,
                               "util": util, "mem_util": mem_util}))
+    # scancel's SIGTERM: leave the GPU as a process would (run the `finally` below).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         done, last = 0.0, time.monotonic()
         while done < work_s:

@@ -1,0 +1,42 @@
+"""The test cluster's fake GPU board: what a fake job finds on its GPU decides whether it
+"runs out of memory", so only processes that are really still there may count."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from devcluster import fakegpu
+from slurm_gpushare.core.files import process_started
+
+
+def board(tmp_path):
+    fakegpu.write_board(tmp_path, "v100-1", "v100",
+                        [{"index": 0, "name": "Tesla V100-SXM2-16GB", "mem_total_mib": 16160}])
+    return tmp_path / "v100-1" / "gpu0"
+
+
+def register(directory, job_id: str, pid: int, started, mem_mib: float) -> None:
+    (directory / f"{job_id}.json").write_text(json.dumps(
+        {"job_id": job_id, "pid": pid, "started": started, "mem_mib": mem_mib, "util": 40,
+         "mem_util": 20}))
+
+
+def test_a_registration_left_by_a_killed_job_does_not_count_once_its_pid_is_reused(tmp_path):
+    gpu = board(tmp_path)
+    me, started = os.getpid(), process_started(os.getpid())
+    register(gpu, "7", me, started, 4000)           # a job that is running (this process)
+    register(gpu, "8", me, started - 1, 12000)      # killed; its pid now names this process
+    register(gpu, "9", 0, None, 9000)               # no process at all
+    provider = fakegpu.FakeGpuProvider(tmp_path, "v100-1")
+    assert provider.sample(0).mem_used_mib == 4000
+
+
+def test_the_board_written_at_cluster_start_drops_what_killed_jobs_left(tmp_path):
+    gpu = board(tmp_path)
+    me, started = os.getpid(), process_started(os.getpid())
+    register(gpu, "7", me, started, 4000)
+    register(gpu, "8", me, started - 1, 12000)
+    (gpu / "9.json").write_text(json.dumps({"job_id": "9", "pid": me, "mem_mib": 9000}))
+    board(tmp_path)  # without a start time, a pid says nothing: an older board's file
+    assert sorted(p.name for p in gpu.iterdir()) == ["7.json"]

@@ -32,7 +32,7 @@ from typing import Callable
 import click
 
 from slurm_gpushare import HOOK_DIR
-from slurm_gpushare.core.files import pid_alive, replace_atomically
+from slurm_gpushare.core.files import pid_alive, process_started, replace_atomically
 from slurm_gpushare.core.config import load_config
 from devcluster.fakegpu import ROOT_ENV as FAKEGPU_ROOT_ENV
 from devcluster.fakegpu import write_board
@@ -112,16 +112,29 @@ def _pid_alive(pid_file: Path) -> int | None:
         pid = int(pid_file.read_text().split()[0])
     except (OSError, ValueError, IndexError):
         return None
-    if not pid_alive(pid):
+    if not pid_alive(pid):  # (a zombie is not alive either)
         return None
-    # A zombie or a recycled pid of another program must not count as running.
+    # A recycled pid of another program must not count as running: the daemon wrote its pid
+    # file after it started, a process that took the pid later started after the file.
+    started = process_started(pid)
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        if state == "Z":
-            return None
+        written = pid_file.stat().st_mtime
     except OSError:
         return None
+    if started is not None and _BOOT_TIME + started / _TICKS_PER_S > written + 2:
+        return None
     return pid
+
+
+def _boot_time() -> float:
+    for line in Path("/proc/stat").read_text().splitlines():
+        if line.startswith("btime "):
+            return float(line.split()[1])
+    return 0.0
+
+
+_BOOT_TIME = _boot_time()
+_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
 
 class TestCluster:
@@ -694,6 +707,23 @@ class TestCluster:
                 f"{sorted(states)}: JobState={job.get('JobState')} Reason={job.get('Reason')} "
                 f"ReqNodeList={job.get('ReqNodeList')} NodeList={job.get('NodeList')}") from None
         return seen["state"]
+
+    def job_output(self, job_id: str) -> str:
+        """A batch job's output file (``sbatch`` here writes it under jobs/), or "" if none."""
+        path = self.root / "jobs" / f"{job_id}.out"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def wait_completed(self, job_id: str, timeout: float = 90) -> None:
+        """Wait until the job ends; one that does not complete fails with its state, exit code,
+        node and the tail of its output, so a failure in CI says why."""
+        state = self.wait_state(job_id, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT",
+                                         "OUT_OF_MEMORY", "NODE_FAIL"}, timeout=timeout)
+        if state != "COMPLETED":
+            job = self.job(job_id)
+            raise ClusterError(
+                f"job {job_id} ended {state} (ExitCode={job.get('ExitCode')} "
+                f"Reason={job.get('Reason')} NodeList={job.get('NodeList')}); its output ends:\n"
+                + "\n".join(self.job_output(job_id).splitlines()[-15:]))
 
     def sacct(self, job_id: str, fields: str, timeout: float = 30) -> dict[str, str]:
         """One job's accounting record (its allocation line) from slurmdbd, polled until there."""

@@ -53,13 +53,30 @@ def wait_ingested(cluster, job_id: str, timeout: float = 60) -> dict:
     raise AssertionError(f"telemetry of job {job_id} never arrived")
 
 
+def wait_daemon_quiet(cluster, quiet_s: float = 2.0, timeout: float = 60) -> None:
+    """Wait until the daemon has ingested nothing for ``quiet_s``: a burst of job ends (an
+    earlier test's jobs ending together) keeps it learning, and a hook request that misses its
+    deadline meanwhile is failed open (the job keeps what it asked for, with no decision)."""
+    log = cluster.log / "gpushare.log"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        last = 0.0
+        for line in log.read_text().splitlines():
+            entry = json.loads(line)
+            if entry.get("event") == "ingested":
+                last = max(last, entry.get("ts", 0.0))
+        if time.time() - last >= quiet_s:
+            return
+        time.sleep(0.25)
+
+
 def profile(cluster, script: str, *args: str) -> dict:
     """Run a job for the first time (whole GPU) and wait for its telemetry."""
     job_id = cluster.sbatch("--gres=gpu:1", *args, script=script)
     first = cluster.job(job_id)
     assert first["TresPerNode"].startswith(cluster.gres_prefix + "gpu:")
     assert first["AdminComment"].endswith(":why=first-run")
-    assert cluster.wait_state(job_id, {"COMPLETED", "FAILED"}, timeout=90) == "COMPLETED"
+    cluster.wait_completed(job_id)
     return wait_ingested(cluster, job_id)
 
 

@@ -14,7 +14,7 @@ import uuid
 
 import pytest
 
-from test_cluster_history import wait_ingested
+from test_cluster_history import wait_daemon_quiet, wait_ingested
 
 pytestmark = pytest.mark.cluster
 
@@ -31,10 +31,11 @@ def test_no_script_name_or_comment_text_is_kept(cluster):
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(script)
     job_ids = []
+    wait_daemon_quiet(cluster)  # this test needs the hook's decisions, not its fail-open
     for _ in range(2):  # first run (profiled), then the resubmission decided from history
         job_id = cluster.sbatch("--gres=gpu:v100:1", f"--job-name={secrets[3]}",
                                 f"--comment={secrets[4]}", str(path), secrets[5], script="")
-        assert cluster.wait_state(job_id, {"COMPLETED", "FAILED"}, timeout=90) == "COMPLETED"
+        cluster.wait_completed(job_id)
         wait_ingested(cluster, job_id)
         job_ids.append(job_id)
     assert cluster.job(job_ids[1])["AdminComment"].startswith("gpushare:v1:share:")

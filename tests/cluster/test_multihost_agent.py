@@ -48,7 +48,7 @@ def test_telemetry_from_node_a_shares_the_resubmission_on_node_b(multihost_clust
     script = unique_script(cluster, work_s=2, util=5, mem_mib={"v100": 9000, "a100": 9700})
     first = cluster.sbatch("--gres=gpu:v100:1", "-w", "v100-1", script=script)
     assert cluster.job(first)["AdminComment"].endswith(":why=first-run")
-    assert cluster.wait_state(first, {"COMPLETED", "FAILED"}, timeout=90) == "COMPLETED"
+    cluster.wait_completed(first)
     got = wait_ingested(cluster, [first], timeout=60)
     assert got and got[first]["linked"] and got[first]["peak_mib"] == 9000
     # Nothing waits in node A's spool: it went over the network (no daemon socket there).
@@ -57,7 +57,7 @@ def test_telemetry_from_node_a_shares_the_resubmission_on_node_b(multihost_clust
     job = cluster.job(again)
     assert job["TresPerNode"].startswith(cluster.gres_prefix + "shard:"), job
     assert ":why=history-share" in job["AdminComment"]
-    assert cluster.wait_state(again, {"COMPLETED", "FAILED"}, timeout=90) == "COMPLETED"
+    cluster.wait_completed(again)
     assert cluster.job(again)["NodeList"] == "v100-2"
 
 
@@ -81,9 +81,8 @@ def test_twenty_jobs_finish_during_a_60s_cut_and_their_telemetry_arrives_after(m
                                           "-p", "gpu-v100", "-w", node, script=script))
             submit_s.append(time.monotonic() - started)
         for job_id in job_ids:  # jobs are unaffected: all finish while the cut lasts
-            assert cluster.wait_state(job_id, {"COMPLETED", "FAILED"},
-                                      timeout=max(5.0, cut_s - (time.monotonic() - cut_at))) \
-                == "COMPLETED"
+            cluster.wait_completed(job_id,
+                                   timeout=max(5.0, cut_s - (time.monotonic() - cut_at)))
         finished_in_cut = time.monotonic() - cut_at
         assert finished_in_cut < cut_s
         assert not set(job_ids) & set(ingested(cluster))  # nothing got through the cut

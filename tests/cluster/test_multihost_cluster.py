@@ -22,9 +22,8 @@ pytestmark = pytest.mark.cluster
 def run_job(cluster, node: str, script: str, timeout: float = 90) -> str:
     """Run a batch job on ``node`` and return its output."""
     job_id = cluster.sbatch("-w", node, script=script)
-    assert cluster.wait_state(job_id, {"COMPLETED", "FAILED"}, timeout=timeout) == "COMPLETED", \
-        (cluster.root / "jobs" / f"{job_id}.out").read_text()
-    return (cluster.root / "jobs" / f"{job_id}.out").read_text()
+    cluster.wait_completed(job_id, timeout=timeout)
+    return cluster.job_output(job_id)
 
 
 def test_each_node_is_a_host_with_its_own_name_address_and_run_directory(multihost_cluster):

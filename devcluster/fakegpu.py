@@ -143,8 +143,9 @@ def run_workload(*, root: str, node: str, job_id: str, mem_mib: dict[str, float]
     others = [e for e in _registrations(directory) if str(e["job_id"]) != job_id]
     used = sum(e["mem_mib"] for e in others)
     if used + need > total:
+        holders = ", ".join(f"{e['job_id']} ({e['mem_mib']:.0f} MiB)" for e in others)
         print(f"fakegpu: CUDA out of memory on {node} GPU {index}: {need:.0f} MiB wanted, "
-              f"{total - used:.0f} MiB free", file=sys.stderr)
+              f"{total - used:.0f} MiB free; held by jobs {holders}", file=sys.stderr)
         return 2
     me = directory / f"{job_id}.json"
     me.write_text(json.dumps({"job_id": job_id, "pid": os.getpid(),

@@ -347,8 +347,9 @@ class Corpus:
     def _whole_gpu_shared_by_slurm(self, row: dict) -> str:
         """Slurm 22.05 may also hand out shards of a GPU it has allocated whole (fixed in
         23.11.5; check-config warns): a whole-GPU job that fits an empty GPU then finds its GPU's
-        memory taken by a share. Whole GPUs are never given twice, so on this cluster only a
-        share can be there. The product does not prevent it yet (see the admin guide's version
+        memory taken by a share. Whole GPUs are never given twice, and the fake board counts
+        only processes still running (pid and start time), so on this cluster only a share can
+        be there; the job's out-of-memory line names the jobs holding the GPU. The product does not prevent it yet (see the admin guide's version
         table); it is listed apart, never hidden."""
         if not self.cluster.slurm_version.startswith("22."):
             return ""
@@ -361,8 +362,10 @@ class Corpus:
         total = re.search(r"GPU \d+: .* \(\w+, (\d+) MiB\)", out.read_text(errors="replace"))
         if not (oom and total) or int(oom.group(3)) > int(total.group(1)):
             return ""
+        holders = re.search(r"held by jobs (.*)", out.read_text(errors="replace"))
         return (f"whole GPU {oom.group(2)} of {oom.group(1)} also given as shards by Slurm: "
-                f"{oom.group(4)} of its {total.group(1)} MiB free, the job needed {oom.group(3)}")
+                f"{oom.group(4)} of its {total.group(1)} MiB free, the job needed {oom.group(3)}"
+                + (f"; held by jobs {holders.group(1)}" if holders else ""))
 
     def _check_row(self, case: Case, row: dict, tag: Tag | None) -> list[str]:
         alloc = dict(item.split("=", 1) for item in row["AllocTRES"].split(",") if "=" in item)

@@ -174,15 +174,22 @@ class Store:
 
         A summary made from Slurm's own GPU accounting (``attribution`` SLURM_ACCOUNTING)
         only fills in for a job with no summary at all; the node agent's summary of the same
-        job, when it comes later, replaces it (it measured more)."""
+        job, when it comes later, replaces it (it measured more).
+
+        A job keeps its id when Slurm requeues it (preemption, node failure, a share re-sized
+        on overrun): a summary of a run that started after the held one ended replaces it, and
+        one of a run that ended before the held one started is old news."""
         clean = clean_summary(summary)
         with self._tx() as db:
             held = db.execute("SELECT gpu_index, data FROM summaries WHERE cluster = ? AND "
                               "job_id = ?", (clean["cluster"], clean["job_id"])).fetchall()
             if held and clean.get("attribution") == SLURM_ACCOUNTING:
                 return False
-            for row in held:
-                if json.loads(row["data"]).get("attribution") == SLURM_ACCOUNTING:
+            olds = [json.loads(row["data"]) for row in held]
+            if any(_later_run(old, clean) for old in olds):
+                return False
+            for row, old in zip(held, olds):
+                if old.get("attribution") == SLURM_ACCOUNTING or _later_run(clean, old):
                     for table in ("summaries", "recent_runs"):
                         db.execute(f"DELETE FROM {table} WHERE cluster = ? AND job_id = ? "
                                    "AND gpu_index = ?",
@@ -489,6 +496,12 @@ def _number(value, what: str):
 
 # GPU indices a node may have (NVML's device index).
 MAX_GPU_INDEX = 1023
+
+
+def _later_run(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether summary ``a`` is of a run of the job that started after ``b``'s run ended."""
+    start, end = a.get("start_ts"), b.get("end_ts")
+    return start is not None and end is not None and start > end
 
 
 def clean_summary(summary: dict[str, Any]) -> dict[str, Any]:

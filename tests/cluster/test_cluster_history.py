@@ -205,6 +205,34 @@ def test_a_job_above_its_share_is_requeued_when_admins_choose_so(cluster):
         os.kill(cluster.daemon_pid(), signal.SIGHUP)
 
 
+def test_a_requeued_job_is_learned_from_its_later_run(cluster):
+    # Slurm keeps a job's id when it requeues it: the next run's telemetry is a new run to
+    # learn from (it replaces the earlier one), not a duplicate to drop.
+    script = unique_script(cluster, work_s=1, util=10, mem_mib={"v100": 3000, "a100": 3000})
+    job_id = cluster.sbatch("--gres=gpu:1", "--gres=gpu:v100:1", "--requeue", script=script)
+    cluster.wait_completed(job_id)
+    wait_ingested(cluster, job_id)
+    cluster.slurm("scontrol", "requeue", job_id)
+    deadline = time.monotonic() + 30  # Slurm holds a requeued job back (BeginTime)
+    while cluster.job(job_id).get("Reason") != "BeginTime":
+        assert time.monotonic() < deadline, cluster.job(job_id)
+        time.sleep(0.2)
+    time.sleep(2)  # a run started in the second its credential was revoked would fail
+    cluster.slurm("scontrol", "update", f"jobid={job_id}", "StartTime=now")
+    cluster.wait_completed(job_id)
+
+    def ingested() -> list[dict]:
+        return [e for e in map(json.loads, (cluster.log / "gpushare.log").read_text()
+                               .splitlines())
+                if e.get("event") == "ingested" and e.get("job_id") == job_id]
+
+    deadline = time.monotonic() + 60
+    while len(ingested()) < 2:
+        assert time.monotonic() < deadline, ingested()
+        time.sleep(0.25)
+    assert all(e["linked"] and e["peak_mib"] == 3000 for e in ingested())
+
+
 def test_a_light_job_keeps_off_nodes_full_of_heavy_shares(cluster):
     from slurm_gpushare.core.hostlist import expand_hostlist
 

@@ -72,6 +72,22 @@ def test_ingest_is_idempotent(store):
     assert rows[0]["mgup_max"] == 80.0
 
 
+def test_a_later_run_of_the_same_job_replaces_the_earlier_one(store):
+    # Slurm keeps a job's id when it is requeued (preemption, a node failure, a share the
+    # product re-sized): the next run is what to learn from, not a duplicate of the first.
+    first = summary(start_ts=1000.0, end_ts=1100.0, mgmap_max_mib=5000.0)
+    assert store.ingest_summary(first) is True
+    assert store.ingest_summary(summary(gpu=1, start_ts=1000.5, end_ts=1100.0)) is True
+    again = summary(start_ts=1300.0, end_ts=1500.0, mgmap_max_mib=9000.0)
+    assert store.ingest_summary(again) is True
+    rows = store.summaries("100", cluster="c1")
+    assert [(r["gpu_index"], r["mgmap_max_mib"]) for r in rows] == [(0, 9000.0)]
+    assert store.ingest_summary(again) is False  # the spool delivering it twice
+    # The earlier run's summaries arriving late (spooled while the daemon was away) are old.
+    assert store.ingest_summary(summary(gpu=1, start_ts=1000.5, end_ts=1100.0)) is False
+    assert [r["mgmap_max_mib"] for r in store.summaries("100", cluster="c1")] == [9000.0]
+
+
 def test_unknown_fields_are_dropped_and_bad_values_refused(store):
     store.ingest_summary(summary(script="#!/bin/sh\nsecret", job_name="n"))
     kept = store.summaries("100", cluster="c1")[0]

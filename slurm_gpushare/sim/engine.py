@@ -142,11 +142,14 @@ class Engine:
         # type, and type_room_node a node that has it; n_version, bumped for each node whose
         # allocations change (for views of nodes).
         self.n_room = np.maximum.reduceat(self.g_cap, self.n_first)
+        self._n_room = self.n_room.tolist()  # the same as a list (read per node)
         self.n_version = np.zeros(N, np.int64)
         # Class-aware policies: the same room per class, on GPUs the policy lets it join
-        # (``class_node_room[c, node]``, ``class_type_room[c][t]``; set up after prepare).
-        self.class_node_room = np.zeros((self.n_classes, N), np.int64)
+        # (``class_node_room[c][node]``, ``class_type_room[c][t]``; set up after prepare).
+        self.class_node_room = [[0] * N for _ in range(self.n_classes)]
         self.class_type_room = [[0] * len(cluster.types) for _ in range(self.n_classes)]
+        self.type_nodes_list = [[int(n) for n in np.flatnonzero(self.n_type == t)]
+                                for t in range(len(cluster.types))]
         self.type_room = [0] * len(cluster.types)
         self.type_room_node = [-1] * len(cluster.types)
         for t in range(len(cluster.types)):
@@ -248,33 +251,44 @@ class Engine:
         return self.n_room
 
     def _allocations_changed(self, gpus, *, bump: bool = True):
-        """Recompute the room of the nodes (and their types) these GPUs belong to."""
+        """Update the room of the nodes these GPUs belong to, and of their types: a type's
+        room is recomputed over its nodes only when the node that held it lost room."""
         cap, g_whole, g_njobs, g_cap, g_used = self.cap, self.g_whole, self.g_njobs, self.g_cap, self.g_used
-        types = set()
+        joinable = self.policy.joinable if self.class_aware else None
         for node in {int(self.g_node[g]) for g in gpus}:
             first = int(self.n_first[node])
             count = int(self.n_gpus[node])
+            t = int(self.n_type[node])
             free = [int(g_cap[g] - g_used[g]) if not g_whole[g] and g_njobs[g] < cap else 0
                     for g in range(first, first + count)]
-            self.n_room[node] = max(free)  # free GiB are never negative
-            if self.class_aware:
-                ok = self.policy.joinable(self, slice(first, first + count))
-                self.class_node_room[:, node] = np.where(ok, np.array(free)[:, None], 0).max(axis=0)
+            room = max(free)  # free GiB are never negative
+            self.n_room[node] = self._n_room[node] = room
+            if room >= self.type_room[t]:
+                self.type_room[t], self.type_room_node[t] = room, node
+            elif node == self.type_room_node[t]:
+                self._type_room(t)
+            if joinable is not None:
+                rows = [joinable(self, g) for g in range(first, first + count)]
+                for c, node_room in enumerate(self.class_node_room):
+                    old = node_room[node]
+                    node_room[node] = room = max(
+                        [f for f, row in zip(free, rows) if row[c]], default=0)
+                    type_room = self.class_type_room[c]
+                    if room >= type_room[t]:
+                        type_room[t] = room
+                    elif old == type_room[t]:  # it may have held the type's most room
+                        type_room[t] = max(node_room[n] for n in self.type_nodes_list[t])
             if bump:
                 self.n_version[node] += 1
-            types.add(int(self.n_type[node]))
-        for t in types:
-            self._type_room(t)
 
     def _type_room(self, t: int):
-        nodes = self.type_nodes[t]
-        if not len(nodes):
+        """The most room on a node of type t, and the first node that has it (from scratch)."""
+        nodes = self.type_nodes_list[t]
+        if not nodes:
             return
-        k = int(self.n_room[nodes].argmax())
-        self.type_room[t], self.type_room_node[t] = int(self.n_room[nodes[k]]), int(nodes[k])
-        if self.class_aware:
-            for c, room in enumerate(self.class_node_room[:, nodes].max(axis=1).tolist()):
-                self.class_type_room[c][t] = room
+        rooms = [self._n_room[n] for n in nodes]
+        k = rooms.index(max(rooms))
+        self.type_room[t], self.type_room_node[t] = rooms[k], nodes[k]
 
     def _node_need(self, req: Request) -> np.ndarray:
         """GiB the share needs on each node (more than any GPU holds on nodes of other types)."""

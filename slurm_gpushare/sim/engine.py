@@ -194,6 +194,8 @@ class Engine:
         self.heap: list = []
         self.seq = 0
         self.buckets: dict[tuple, list] = {}
+        self.bucket_needs: dict[tuple, list] = {}  # shape -> its needs (``_needs``)
+        self.need_count: dict = {}  # need -> queued buckets with it
         self.queued = 0
         self.arrived_shapes: set = set()  # shapes enqueued since the last pass
         self.released = True  # resources freed since the last pass
@@ -565,6 +567,8 @@ class Engine:
         bucket = self.buckets.get(shape)
         if bucket is None:
             bucket = self.buckets[shape] = []
+            self.bucket_needs[shape] = self._needs(j, req)
+            self._count_needs(shape, 1)
         bisect.insort(bucket, (self.policy.key(j, self), j))
         self.queued += 1
         self.arrived_shapes.add(shape)
@@ -599,6 +603,49 @@ class Engine:
         else:
             return False
         return not req.exclude or self._share_fits_outside(req)
+
+    def _needs(self, j: int, req: Request) -> list:
+        """What a job needs to pass its quick test, as keys of ``need_count``: ("whole", GPUs),
+        or (room index, type, GiB) for each type of a share (one for all jobs of a bucket)."""
+        if req.whole:
+            return [("whole", self.ngpus[j])]
+        index = 1 + self.jclass[j] if self.class_aware else 0  # the room its class may join
+        return [(index, t, gib) for t, gib in req.need]
+
+    def _count_needs(self, shape, step: int):
+        for need in self.bucket_needs[shape]:
+            count = self.need_count.get(need, 0) + step
+            if count:
+                self.need_count[need] = count
+            else:
+                del self.need_count[need]
+
+    def _least_need(self) -> list:
+        """[fewest whole GPUs, {room index: fewest GiB per type}] over the queued buckets: a
+        head that failed its quick test in this pass needed more than the room had, and room
+        only shrinks during a pass, so below these the heads left would all fail theirs."""
+        least = [math.inf, {}]
+        for need in self.need_count:
+            if need[0] == "whole":
+                least[0] = min(least[0], need[1])
+                continue
+            index, t, gib = need
+            fewest = least[1].get(index)
+            if fewest is None:
+                fewest = least[1][index] = [math.inf] * len(self.type_room)
+            if gib < fewest[t]:
+                fewest[t] = gib
+        return least
+
+    def _may_fit(self, least: list, room) -> bool:
+        """Can any job ``least`` was noted from pass its quick test in this room?"""
+        if self.free_whole >= least[0]:
+            return True
+        for index, fewest in least[1].items():
+            for have, need in zip(room[index], fewest):
+                if have >= need:
+                    return True
+        return False
 
     def _reservation(self, j: int, req: Request) -> tuple[float, frozenset[int]]:
         """EASY: when and where the blocked job j will start, from planned ends."""
@@ -688,8 +735,20 @@ class Engine:
         emptied = []
         started = False  # room has shrunk since the quick tests
         backfill = policy.backfill
+        least = None  # since the first start: the least any head left needs (_least_need)
         while heads and tried < self.opt.depth:
             if self.free_whole == 0 and not (sharing and max(room[0]) > 0):
+                break
+            if least is not None and not self._may_fit(least, room):
+                # Room shrank below what any head left needs: each would fail its quick test
+                # in turn, the first of them (in policy order) blocked if no job is yet.
+                if blocked is None:
+                    key, shape, pos = heads[0]
+                    if first_fail is not None and first_fail[0] < key:
+                        blocked = (first_fail[1], self.j_req[first_fail[1]])
+                    else:
+                        j = self.buckets[shape][pos][1]
+                        blocked = (j, self.j_req[j])
                 break
             key, shape, pos = heapq.heappop(heads)
             if blocked is None and first_fail is not None and first_fail[0] < key:
@@ -738,6 +797,8 @@ class Engine:
             started = True
             if sharing:
                 room = self._share_room()
+            if least is None:
+                least = self._least_need()
             if pos < len(bucket):
                 heapq.heappush(heads, (bucket[pos][0], shape, pos))
         if blocked is None and first_fail is not None:
@@ -746,6 +807,8 @@ class Engine:
             self.last_blocked = blocked
         for shape in emptied:  # only a start empties a bucket
             del self.buckets[shape]
+            self._count_needs(shape, -1)
+            del self.bucket_needs[shape]
 
     # --- main loop ---------------------------------------------------------------------------
 
@@ -799,6 +862,8 @@ class Engine:
                     for _, j in bucket:
                         self.j_state[j] = DROPPED
                 self.buckets.clear()
+                self.bucket_needs.clear()
+                self.need_count.clear()
                 self.queued = 0
             self.t_time.append(now)
             self.t_queued.append(self.queued)

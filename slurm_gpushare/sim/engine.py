@@ -196,6 +196,7 @@ class Engine:
         self.buckets: dict[tuple, list] = {}
         self.bucket_needs: dict[tuple, list] = {}  # shape -> its needs (``_needs``)
         self.need_count: dict = {}  # need -> queued buckets with it
+        self._least = None  # _least_need() while no bucket is made or emptied
         self.queued = 0
         self.arrived_shapes: set = set()  # shapes enqueued since the last pass
         self.released = True  # resources freed since the last pass
@@ -613,6 +614,7 @@ class Engine:
         return [(index, t, gib) for t, gib in req.need]
 
     def _count_needs(self, shape, step: int):
+        self._least = None
         for need in self.bucket_needs[shape]:
             count = self.need_count.get(need, 0) + step
             if count:
@@ -621,9 +623,14 @@ class Engine:
                 del self.need_count[need]
 
     def _least_need(self) -> list:
-        """[fewest whole GPUs, {room index: fewest GiB per type}] over the queued buckets: a
-        head that failed its quick test in this pass needed more than the room had, and room
-        only shrinks during a pass, so below these the heads left would all fail theirs."""
+        """[fewest whole GPUs, {room index: fewest GiB per type}] over the queued buckets (kept
+        while no bucket is made or emptied). A head passes its quick test only if the room
+        reaches its need, and room only shrinks during a pass: below these, every head fails."""
+        if self._least is None:
+            self._least = self._compute_least_need()
+        return self._least
+
+    def _compute_least_need(self) -> list:
         least = [math.inf, {}]
         for need in self.need_count:
             if need[0] == "whole":
@@ -719,6 +726,11 @@ class Engine:
         heads = []
         first_fail = None
         quick_fits, j_req = self._quick_fits, self.j_req
+        if only is None and not self._may_fit(self._least_need(), room):
+            # No queued job needs as little as the room has: every head fails (the first
+            # in policy order is the one that may be blocked).
+            first_fail = min(bucket[0] for bucket in self.buckets.values())
+            buckets = ()
         for shape, bucket in buckets:
             key, j = bucket[0]
             if quick_fits(j, j_req[j], room):
@@ -864,6 +876,7 @@ class Engine:
                 self.buckets.clear()
                 self.bucket_needs.clear()
                 self.need_count.clear()
+                self._least = None
                 self.queued = 0
             self.t_time.append(now)
             self.t_queued.append(self.queued)

@@ -583,11 +583,16 @@ class Engine:
         return [list(self.type_room)] + [list(r) for r in self.class_type_room]
 
     def _quick_fits(self, j: int, req: Request, room) -> bool:
-        """Is there room of the request's kind at all (outside the nodes it must avoid)?
+        """Is there room of the request's kind at all (outside the nodes it must avoid)?"""
+        if not self._room_fits(j, req, room):
+            return False
+        return req.whole or not req.exclude or self._share_fits_outside(req)
 
-        Runs for every bucket's head in every pass: kept to plain loops."""
+    def _room_fits(self, j: int, req: Request, room, free_whole: int | None = None) -> bool:
+        """Is there room of the request's kind at all (exclusions aside)? ``free_whole``:
+        empty GPUs (default: now). Runs for bucket heads in every pass: kept to plain loops."""
         if req.whole:
-            return self.free_whole >= self.ngpus[j]
+            return (self.free_whole if free_whole is None else free_whole) >= self.ngpus[j]
         need = req.need
         if self.class_aware:  # room its class may join
             class_room = room[1 + self.jclass[j]]
@@ -600,10 +605,8 @@ class Engine:
         type_room = room[0]
         for t, gib in need:
             if gib <= type_room[t]:
-                break
-        else:
-            return False
-        return not req.exclude or self._share_fits_outside(req)
+                return True
+        return False
 
     def _needs(self, j: int, req: Request) -> list:
         """What a job needs to pass its quick test, as keys of ``need_count``: ("whole", GPUs),
@@ -653,6 +656,30 @@ class Engine:
                 if have >= need:
                     return True
         return False
+
+    def _first_without_room(self, heads: list, room, free_whole: int, room_before: dict):
+        """(job, request) of the first bucket head (in policy order) among ``heads`` that
+        failed its quick test when the pass began, or None: ``room`` and ``free_whole`` were
+        the room then; ``room_before``: the room then of each node that lost room since (a
+        share's exclusions are tested against nodes' room). Only heads that began the pass at
+        the top of their bucket count."""
+        first = None
+        for key, shape, pos in heads:
+            if pos or (first is not None and first[0] < key):
+                continue
+            j = self.buckets[shape][0][1]
+            req = self.j_req[j]
+            if not self._room_fits(j, req, room, free_whole):
+                fits = False
+            elif req.whole or not req.exclude or self._share_fits_outside(req):
+                fits = True  # room outside its exclusions now: there was then
+            else:
+                need = self._node_need(req)
+                fits = any(had >= need[node] for node, had in room_before.items()
+                           if node not in req.exclude)
+            if not fits:
+                first = (key, j)
+        return None if first is None else (first[1], self.j_req[first[1]])
 
     def _reservation(self, j: int, req: Request) -> tuple[float, frozenset[int]]:
         """EASY: when and where the blocked job j will start, from planned ends."""
@@ -721,23 +748,14 @@ class Engine:
         self.counters["passes"] += 1
         buckets = (self.buckets.items() if only is None
                    else [(s, self.buckets[s]) for s in only if s in self.buckets])
-        # Quick test of each bucket's head (is there room of its kind at all?); only buckets
-        # that pass are merged in policy order. The best head that fails may be the blocked job.
-        heads = []
-        first_fail = None
-        quick_fits, j_req = self._quick_fits, self.j_req
-        if only is None and not self._may_fit(self._least_need(), room):
-            # No queued job needs as little as the room has: every head fails (the first
-            # in policy order is the one that may be blocked).
-            first_fail = min(bucket[0] for bucket in self.buckets.values())
-            buckets = ()
-        for shape, bucket in buckets:
-            key, j = bucket[0]
-            if quick_fits(j, j_req[j], room):
-                heads.append((key, shape, 0))
-            elif first_fail is None or key < first_fail[0]:
-                first_fail = (key, j)
+        # Buckets are merged in policy order by their heads. A head gets its quick test (is
+        # there room of its kind at all?) when its turn comes, in the room of that moment: room
+        # only shrinks during a pass, so a head fails then iff it would have failed in the room
+        # the pass began with, or after a start that took that room. The first head in order
+        # that fails may be the blocked job.
+        heads = [(bucket[0][0], shape, 0) for shape, bucket in buckets]
         heapq.heapify(heads)
+        first_room, first_free, room_before = room, self.free_whole, {}
         reservation = None
         blocked = None
         if only is not None and self.last_blocked is not None:
@@ -745,30 +763,28 @@ class Engine:
                 blocked = self.last_blocked
         tried = 0
         emptied = []
-        started = False  # room has shrunk since the quick tests
         backfill = policy.backfill
-        least = None  # since the first start: the least any head left needs (_least_need)
+        quick_fits, j_req = self._quick_fits, self.j_req
+        room_shrank = True  # since the last look at the least need of all buckets
         while heads and tried < self.opt.depth:
             if self.free_whole == 0 and not (sharing and max(room[0]) > 0):
                 break
-            if least is not None and not self._may_fit(least, room):
-                # Room shrank below what any head left needs: each would fail its quick test
-                # in turn, the first of them (in policy order) blocked if no job is yet.
-                if blocked is None:
-                    key, shape, pos = heads[0]
-                    if first_fail is not None and first_fail[0] < key:
-                        blocked = (first_fail[1], self.j_req[first_fail[1]])
-                    else:
+            if room_shrank:
+                room_shrank = False
+                if not self._may_fit(self._least_need(), room):
+                    # Below what any queued bucket needs: every head left would fail its
+                    # quick test in turn, the first of them blocked if no job is yet.
+                    if blocked is None:
+                        key, shape, pos = heads[0]
                         j = self.buckets[shape][pos][1]
-                        blocked = (j, self.j_req[j])
-                break
+                        blocked = (j, j_req[j])
+                    heads = []
+                    break
             key, shape, pos = heapq.heappop(heads)
-            if blocked is None and first_fail is not None and first_fail[0] < key:
-                blocked = (first_fail[1], self.j_req[first_fail[1]])
             bucket = self.buckets[shape]
             j = bucket[pos][1]
-            req = self.j_req[j]
-            if (pos or started) and not self._quick_fits(j, req, room):
+            req = j_req[j]
+            if not quick_fits(j, req, room):
                 if blocked is None:
                     blocked = (j, req)
                 continue
@@ -805,16 +821,21 @@ class Engine:
             if not bucket:
                 emptied.append(shape)
             self.queued -= 1
+            if sharing:
+                for g in placed:
+                    node = int(self.g_node[g])
+                    if node not in room_before:
+                        room_before[node] = self._n_room[node]
             self.start(j, placed)
-            started = True
+            room_shrank = True
             if sharing:
                 room = self._share_room()
-            if least is None:
-                least = self._least_need()
             if pos < len(bucket):
                 heapq.heappush(heads, (bucket[pos][0], shape, pos))
-        if blocked is None and first_fail is not None:
-            blocked = (first_fail[1], self.j_req[first_fail[1]])
+        if blocked is None and heads:
+            # The pass stopped early: the first bucket (in order) whose head had no room when
+            # the pass began may be blocked.
+            blocked = self._first_without_room(heads, first_room, first_free, room_before)
         if only is None:
             self.last_blocked = blocked
         for shape in emptied:  # only a start empties a bucket

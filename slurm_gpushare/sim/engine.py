@@ -11,10 +11,12 @@ many GiB on which types), queue order and placement; the engine does the rest:
 - Scheduling passes at each event time: the queue in policy order, up to ``depth`` start
   attempts (Slurm's ``bf_max_job_test``). Jobs of one shape (GPU count, types, memory, and
   class for class-aware policies) wait in one bucket; when one fails, the bucket is skipped for
-  the rest of the pass (resources only shrink during a pass). For backfilling policies the first
-  job that cannot start gets an EASY reservation (the earliest time enough of its GPUs free up,
-  from running jobs' planned ends); later jobs start only if they avoid the reserved nodes or
-  are predicted to end before then.
+  the rest of the pass (resources only shrink during a pass). A bucket's head is tested for room
+  of its kind only when its turn comes, and once the room is below the least need of every
+  queued bucket the pass stops (every head left would fail). For backfilling policies the
+  first job that cannot start gets an EASY reservation (the earliest time enough of its GPUs
+  free up, from running jobs' planned ends); later jobs start only if they avoid the reserved
+  nodes or are predicted to end before then.
 - Speeds: a GPU's co-runners run at the speeds the interference model gives; whenever a GPU's
   co-runners change, every job on it is re-planned (progress so far is banked at the old
   speed, a new completion event is pushed, the old one is invalidated by a version number).

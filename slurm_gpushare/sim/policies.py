@@ -171,10 +171,10 @@ class KnowledgePolicy(Policy):
         # Per (profile, resident classes): per class of the engine, may it join (compatible
         # with every resident) / does it gain -- rows for ``joinable``, read per GPU.
         C = engine.n_classes
-        self.compat_rows = [[tuple(bool(x) for x in self.compat[p, :C, mask]) for mask in range(masks)]
-                            for p in range(P)]
-        self.gain_rows = [[tuple(bool(x > 0) for x in self.gain[p, :C, mask]) for mask in range(masks)]
-                          for p in range(P)]
+        self.compat_rows = [[tuple(bool(x) for x in self.compat[p, :C, mask])
+                             for mask in range(masks)] for p in range(P)]
+        self.gain_rows = [[tuple(bool(x > 0) for x in self.gain[p, :C, mask])
+                           for mask in range(masks)] for p in range(P)]
 
     def admit(self, j, engine):
         return self.share(j, engine, engine.work.mem_safe[j])

@@ -264,8 +264,10 @@ class Engine:
             first = int(self.n_first[node])
             count = int(self.n_gpus[node])
             t = int(self.n_type[node])
-            free = [int(g_cap[g] - g_used[g]) if not g_whole[g] and g_njobs[g] < cap else 0
-                    for g in range(first, first + count)]
+            gpus_of = slice(first, first + count)
+            free = [c - u if not w and n < cap else 0
+                    for c, u, w, n in zip(g_cap[gpus_of].tolist(), g_used[gpus_of].tolist(),
+                                          g_whole[gpus_of].tolist(), g_njobs[gpus_of].tolist())]
             room = max(free)  # free GiB are never negative
             self.n_room[node] = self._n_room[node] = room
             if room >= self.type_room[t]:
@@ -273,11 +275,15 @@ class Engine:
             elif node == self.type_room_node[t]:
                 self._type_room(t)
             if joinable is not None:
-                rows = [joinable(self, g) for g in range(first, first + count)]
+                most = [0] * self.n_classes  # per class, the most free GiB it may join
+                for g, f in zip(range(first, first + count), free):
+                    if f > 0:
+                        for c, ok in enumerate(joinable(self, g)):
+                            if ok and f > most[c]:
+                                most[c] = f
                 for c, node_room in enumerate(self.class_node_room):
                     old = node_room[node]
-                    node_room[node] = room = max(
-                        [f for f, row in zip(free, rows) if row[c]], default=0)
+                    node_room[node] = room = most[c]
                     type_room = self.class_type_room[c]
                     if room >= type_room[t]:
                         type_room[t] = room

@@ -11,10 +11,12 @@ many GiB on which types), queue order and placement; the engine does the rest:
 - Scheduling passes at each event time: the queue in policy order, up to ``depth`` start
   attempts (Slurm's ``bf_max_job_test``). Jobs of one shape (GPU count, types, memory, and
   class for class-aware policies) wait in one bucket; when one fails, the bucket is skipped for
-  the rest of the pass (resources only shrink during a pass). For backfilling policies the first
-  job that cannot start gets an EASY reservation (the earliest time enough of its GPUs free up,
-  from running jobs' planned ends); later jobs start only if they avoid the reserved nodes or
-  are predicted to end before then.
+  the rest of the pass (resources only shrink during a pass). A bucket's head is tested for room
+  of its kind only when its turn comes, and once the room is below the least need of every
+  queued bucket the pass stops (every head left would fail). For backfilling policies the
+  first job that cannot start gets an EASY reservation (the earliest time enough of its GPUs
+  free up, from running jobs' planned ends); later jobs start only if they avoid the reserved
+  nodes or are predicted to end before then.
 - Speeds: a GPU's co-runners run at the speeds the interference model gives; whenever a GPU's
   co-runners change, every job on it is re-planned (progress so far is banked at the old
   speed, a new completion event is pushed, the old one is invalidated by a version number).
@@ -142,11 +144,14 @@ class Engine:
         # type, and type_room_node a node that has it; n_version, bumped for each node whose
         # allocations change (for views of nodes).
         self.n_room = np.maximum.reduceat(self.g_cap, self.n_first)
+        self._n_room = self.n_room.tolist()  # the same as a list (read per node)
         self.n_version = np.zeros(N, np.int64)
         # Class-aware policies: the same room per class, on GPUs the policy lets it join
-        # (``class_node_room[c, node]``, ``class_type_room[c][t]``; set up after prepare).
-        self.class_node_room = np.zeros((self.n_classes, N), np.int64)
+        # (``class_node_room[c][node]``, ``class_type_room[c][t]``; set up after prepare).
+        self.class_node_room = [[0] * N for _ in range(self.n_classes)]
         self.class_type_room = [[0] * len(cluster.types) for _ in range(self.n_classes)]
+        self.type_nodes_list = [[int(n) for n in np.flatnonzero(self.n_type == t)]
+                                for t in range(len(cluster.types))]
         self.type_room = [0] * len(cluster.types)
         self.type_room_node = [-1] * len(cluster.types)
         for t in range(len(cluster.types)):
@@ -191,6 +196,9 @@ class Engine:
         self.heap: list = []
         self.seq = 0
         self.buckets: dict[tuple, list] = {}
+        self.bucket_needs: dict[tuple, list] = {}  # shape -> its needs (``_needs``)
+        self.need_count: dict = {}  # need -> queued buckets with it
+        self._least = None  # _least_need() while no bucket is made or emptied
         self.queued = 0
         self.arrived_shapes: set = set()  # shapes enqueued since the last pass
         self.released = True  # resources freed since the last pass
@@ -248,33 +256,50 @@ class Engine:
         return self.n_room
 
     def _allocations_changed(self, gpus, *, bump: bool = True):
-        """Recompute the room of the nodes (and their types) these GPUs belong to."""
+        """Update the room of the nodes these GPUs belong to, and of their types: a type's
+        room is recomputed over its nodes only when the node that held it lost room."""
         cap, g_whole, g_njobs, g_cap, g_used = self.cap, self.g_whole, self.g_njobs, self.g_cap, self.g_used
-        types = set()
+        joinable = self.policy.joinable if self.class_aware else None
         for node in {int(self.g_node[g]) for g in gpus}:
             first = int(self.n_first[node])
             count = int(self.n_gpus[node])
-            free = [int(g_cap[g] - g_used[g]) if not g_whole[g] and g_njobs[g] < cap else 0
-                    for g in range(first, first + count)]
-            self.n_room[node] = max(free)  # free GiB are never negative
-            if self.class_aware:
-                ok = self.policy.joinable(self, slice(first, first + count))
-                self.class_node_room[:, node] = np.where(ok, np.array(free)[:, None], 0).max(axis=0)
+            t = int(self.n_type[node])
+            gpus_of = slice(first, first + count)
+            free = [c - u if not w and n < cap else 0
+                    for c, u, w, n in zip(g_cap[gpus_of].tolist(), g_used[gpus_of].tolist(),
+                                          g_whole[gpus_of].tolist(), g_njobs[gpus_of].tolist())]
+            room = max(free)  # free GiB are never negative
+            self.n_room[node] = self._n_room[node] = room
+            if room >= self.type_room[t]:
+                self.type_room[t], self.type_room_node[t] = room, node
+            elif node == self.type_room_node[t]:
+                self._type_room(t)
+            if joinable is not None:
+                most = [0] * self.n_classes  # per class, the most free GiB it may join
+                for g, f in zip(range(first, first + count), free):
+                    if f > 0:
+                        for c, ok in enumerate(joinable(self, g)):
+                            if ok and f > most[c]:
+                                most[c] = f
+                for c, node_room in enumerate(self.class_node_room):
+                    old = node_room[node]
+                    node_room[node] = room = most[c]
+                    type_room = self.class_type_room[c]
+                    if room >= type_room[t]:
+                        type_room[t] = room
+                    elif old == type_room[t]:  # it may have held the type's most room
+                        type_room[t] = max(node_room[n] for n in self.type_nodes_list[t])
             if bump:
                 self.n_version[node] += 1
-            types.add(int(self.n_type[node]))
-        for t in types:
-            self._type_room(t)
 
     def _type_room(self, t: int):
-        nodes = self.type_nodes[t]
-        if not len(nodes):
+        """The most room on a node of type t, and the first node that has it (from scratch)."""
+        nodes = self.type_nodes_list[t]
+        if not nodes:
             return
-        k = int(self.n_room[nodes].argmax())
-        self.type_room[t], self.type_room_node[t] = int(self.n_room[nodes[k]]), int(nodes[k])
-        if self.class_aware:
-            for c, room in enumerate(self.class_node_room[:, nodes].max(axis=1).tolist()):
-                self.class_type_room[c][t] = room
+        rooms = [self._n_room[n] for n in nodes]
+        k = rooms.index(max(rooms))
+        self.type_room[t], self.type_room_node[t] = rooms[k], nodes[k]
 
     def _node_need(self, req: Request) -> np.ndarray:
         """GiB the share needs on each node (more than any GPU holds on nodes of other types)."""
@@ -551,6 +576,8 @@ class Engine:
         bucket = self.buckets.get(shape)
         if bucket is None:
             bucket = self.buckets[shape] = []
+            self.bucket_needs[shape] = self._needs(j, req)
+            self._count_needs(shape, 1)
         bisect.insort(bucket, (self.policy.key(j, self), j))
         self.queued += 1
         self.arrived_shapes.add(shape)
@@ -564,11 +591,16 @@ class Engine:
         return [list(self.type_room)] + [list(r) for r in self.class_type_room]
 
     def _quick_fits(self, j: int, req: Request, room) -> bool:
-        """Is there room of the request's kind at all (outside the nodes it must avoid)?
+        """Is there room of the request's kind at all (outside the nodes it must avoid)?"""
+        if not self._room_fits(j, req, room):
+            return False
+        return req.whole or not req.exclude or self._share_fits_outside(req)
 
-        Runs for every bucket's head in every pass: kept to plain loops."""
+    def _room_fits(self, j: int, req: Request, room, free_whole: int | None = None) -> bool:
+        """Is there room of the request's kind at all (exclusions aside)? ``free_whole``:
+        empty GPUs (default: now). Runs for bucket heads in every pass: kept to plain loops."""
         if req.whole:
-            return self.free_whole >= self.ngpus[j]
+            return (self.free_whole if free_whole is None else free_whole) >= self.ngpus[j]
         need = req.need
         if self.class_aware:  # room its class may join
             class_room = room[1 + self.jclass[j]]
@@ -581,10 +613,81 @@ class Engine:
         type_room = room[0]
         for t, gib in need:
             if gib <= type_room[t]:
-                break
-        else:
-            return False
-        return not req.exclude or self._share_fits_outside(req)
+                return True
+        return False
+
+    def _needs(self, j: int, req: Request) -> list:
+        """What a job needs to pass its quick test, as keys of ``need_count``: ("whole", GPUs),
+        or (room index, type, GiB) for each type of a share (one for all jobs of a bucket)."""
+        if req.whole:
+            return [("whole", self.ngpus[j])]
+        index = 1 + self.jclass[j] if self.class_aware else 0  # the room its class may join
+        return [(index, t, gib) for t, gib in req.need]
+
+    def _count_needs(self, shape, step: int):
+        self._least = None
+        for need in self.bucket_needs[shape]:
+            count = self.need_count.get(need, 0) + step
+            if count:
+                self.need_count[need] = count
+            else:
+                del self.need_count[need]
+
+    def _least_need(self) -> list:
+        """[fewest whole GPUs, {room index: fewest GiB per type}] over the queued buckets (kept
+        while no bucket is made or emptied). A head passes its quick test only if the room
+        reaches its need, and room only shrinks during a pass: below these, every head fails."""
+        if self._least is None:
+            self._least = self._compute_least_need()
+        return self._least
+
+    def _compute_least_need(self) -> list:
+        least = [math.inf, {}]
+        for need in self.need_count:
+            if need[0] == "whole":
+                least[0] = min(least[0], need[1])
+                continue
+            index, t, gib = need
+            fewest = least[1].get(index)
+            if fewest is None:
+                fewest = least[1][index] = [math.inf] * len(self.type_room)
+            if gib < fewest[t]:
+                fewest[t] = gib
+        return least
+
+    def _may_fit(self, least: list, room) -> bool:
+        """Can any job ``least`` was noted from pass its quick test in this room?"""
+        if self.free_whole >= least[0]:
+            return True
+        for index, fewest in least[1].items():
+            for have, need in zip(room[index], fewest):
+                if have >= need:
+                    return True
+        return False
+
+    def _first_without_room(self, heads: list, room, free_whole: int, room_before: dict):
+        """(job, request) of the first bucket head (in policy order) among ``heads`` that
+        failed its quick test when the pass began, or None: ``room`` and ``free_whole`` were
+        the room then; ``room_before``: the room then of each node that lost room since (a
+        share's exclusions are tested against nodes' room). Only heads that began the pass at
+        the top of their bucket count."""
+        first = None
+        for key, shape, pos in heads:
+            if pos or (first is not None and first[0] < key):
+                continue
+            j = self.buckets[shape][0][1]
+            req = self.j_req[j]
+            if not self._room_fits(j, req, room, free_whole):
+                fits = False
+            elif req.whole or not req.exclude or self._share_fits_outside(req):
+                fits = True  # room outside its exclusions now: there was then
+            else:
+                need = self._node_need(req)
+                fits = any(had >= need[node] for node, had in room_before.items()
+                           if node not in req.exclude)
+            if not fits:
+                first = (key, j)
+        return None if first is None else (first[1], self.j_req[first[1]])
 
     def _reservation(self, j: int, req: Request) -> tuple[float, frozenset[int]]:
         """EASY: when and where the blocked job j will start, from planned ends."""
@@ -653,18 +756,14 @@ class Engine:
         self.counters["passes"] += 1
         buckets = (self.buckets.items() if only is None
                    else [(s, self.buckets[s]) for s in only if s in self.buckets])
-        # Quick test of each bucket's head (is there room of its kind at all?); only buckets
-        # that pass are merged in policy order. The best head that fails may be the blocked job.
-        heads = []
-        first_fail = None
-        quick_fits, j_req = self._quick_fits, self.j_req
-        for shape, bucket in buckets:
-            key, j = bucket[0]
-            if quick_fits(j, j_req[j], room):
-                heads.append((key, shape, 0))
-            elif first_fail is None or key < first_fail[0]:
-                first_fail = (key, j)
+        # Buckets are merged in policy order by their heads. A head gets its quick test (is
+        # there room of its kind at all?) when its turn comes, in the room of that moment: room
+        # only shrinks during a pass, so a head fails then iff it would have failed in the room
+        # the pass began with, or after a start that took that room. The first head in order
+        # that fails may be the blocked job.
+        heads = [(bucket[0][0], shape, 0) for shape, bucket in buckets]
         heapq.heapify(heads)
+        first_room, first_free, room_before = room, self.free_whole, {}
         reservation = None
         blocked = None
         if only is not None and self.last_blocked is not None:
@@ -672,18 +771,28 @@ class Engine:
                 blocked = self.last_blocked
         tried = 0
         emptied = []
-        started = False  # room has shrunk since the quick tests
         backfill = policy.backfill
+        quick_fits, j_req = self._quick_fits, self.j_req
+        room_shrank = True  # since the last look at the least need of all buckets
         while heads and tried < self.opt.depth:
             if self.free_whole == 0 and not (sharing and max(room[0]) > 0):
                 break
+            if room_shrank:
+                room_shrank = False
+                if not self._may_fit(self._least_need(), room):
+                    # Below what any queued bucket needs: every head left would fail its
+                    # quick test in turn, the first of them blocked if no job is yet.
+                    if blocked is None:
+                        key, shape, pos = heads[0]
+                        j = self.buckets[shape][pos][1]
+                        blocked = (j, j_req[j])
+                    heads = []
+                    break
             key, shape, pos = heapq.heappop(heads)
-            if blocked is None and first_fail is not None and first_fail[0] < key:
-                blocked = (first_fail[1], self.j_req[first_fail[1]])
             bucket = self.buckets[shape]
             j = bucket[pos][1]
-            req = self.j_req[j]
-            if (pos or started) and not self._quick_fits(j, req, room):
+            req = j_req[j]
+            if not quick_fits(j, req, room):
                 if blocked is None:
                     blocked = (j, req)
                 continue
@@ -720,18 +829,27 @@ class Engine:
             if not bucket:
                 emptied.append(shape)
             self.queued -= 1
+            if sharing:
+                for g in placed:
+                    node = int(self.g_node[g])
+                    if node not in room_before:
+                        room_before[node] = self._n_room[node]
             self.start(j, placed)
-            started = True
+            room_shrank = True
             if sharing:
                 room = self._share_room()
             if pos < len(bucket):
                 heapq.heappush(heads, (bucket[pos][0], shape, pos))
-        if blocked is None and first_fail is not None:
-            blocked = (first_fail[1], self.j_req[first_fail[1]])
+        if blocked is None and heads:
+            # The pass stopped early: the first bucket (in order) whose head had no room when
+            # the pass began may be blocked.
+            blocked = self._first_without_room(heads, first_room, first_free, room_before)
         if only is None:
             self.last_blocked = blocked
         for shape in emptied:  # only a start empties a bucket
             del self.buckets[shape]
+            self._count_needs(shape, -1)
+            del self.bucket_needs[shape]
 
     # --- main loop ---------------------------------------------------------------------------
 
@@ -785,6 +903,9 @@ class Engine:
                     for _, j in bucket:
                         self.j_state[j] = DROPPED
                 self.buckets.clear()
+                self.bucket_needs.clear()
+                self.need_count.clear()
+                self._least = None
                 self.queued = 0
             self.t_time.append(now)
             self.t_queued.append(self.queued)

@@ -90,10 +90,10 @@ class Policy:
             return (self.est[j], j)
         return (engine.submit[j], j)
 
-    def joinable(self, engine, gpus: slice) -> np.ndarray:
-        """(GPUs, classes) bool: which classes' shares may join each of these GPUs (class-aware
-        policies narrow this; it reads only each GPU's own state)."""
-        return np.ones((len(range(engine.G)[gpus]), engine.n_classes), bool)
+    def joinable(self, engine, g: int) -> tuple[bool, ...]:
+        """Per class, whether its shares may join GPU g (class-aware policies narrow this; it
+        reads only the GPU's own state). Called per GPU on every start and end: a tuple."""
+        return (True,) * engine.n_classes
 
     def memo_key(self, j: int, req: Request):
         cls = self.engine.jclass[j] if (self.class_aware and not req.whole) else -1
@@ -168,6 +168,13 @@ class KnowledgePolicy(Policy):
                     members = [b for b in range(N_CLASSES) if mask >> b & 1]
                     self.gain[p, c, mask] = sum(k.benefit(p, c, b) for b in members)
                     self.compat[p, c, mask] = all(k.compatible(p, c, b) for b in members)
+        # Per (profile, resident classes): per class of the engine, may it join (compatible
+        # with every resident) / does it gain -- rows for ``joinable``, read per GPU.
+        C = engine.n_classes
+        self.compat_rows = [[tuple(bool(x) for x in self.compat[p, :C, mask])
+                             for mask in range(masks)] for p in range(P)]
+        self.gain_rows = [[tuple(bool(x > 0) for x in self.gain[p, :C, mask])
+                           for mask in range(masks)] for p in range(P)]
 
     def admit(self, j, engine):
         return self.share(j, engine, engine.work.mem_safe[j])
@@ -201,8 +208,8 @@ class ClassPair(KnowledgePolicy):
     name = "class-pair"
     class_aware = True
 
-    def joinable(self, engine, gpus):
-        return self.compat[engine.g_profile_arr[gpus], :engine.n_classes, engine.g_classmask[gpus]]
+    def joinable(self, engine, g):
+        return self.compat_rows[engine.g_profile[g]][engine.g_classmask[g]]
 
     def place(self, j, req, engine, exclude):
         if req.whole:
@@ -230,10 +237,10 @@ class SjfBsbf(KnowledgePolicy):
     backfill = False
     class_aware = True
 
-    def joinable(self, engine, gpus):
-        return ((engine.g_njobs[gpus] == 0)[:, None]
-                | (self.gain[engine.g_profile_arr[gpus], :engine.n_classes,
-                             engine.g_classmask[gpus]] > 0))
+    def joinable(self, engine, g):
+        if engine.g_njobs[g] == 0:  # an empty GPU takes any class
+            return (True,) * engine.n_classes
+        return self.gain_rows[engine.g_profile[g]][engine.g_classmask[g]]
 
     def place(self, j, req, engine, exclude):
         if req.whole:

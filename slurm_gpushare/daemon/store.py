@@ -177,8 +177,9 @@ class Store:
         job, when it comes later, replaces it (it measured more).
 
         A job keeps its id when Slurm requeues it (preemption, node failure, a share re-sized
-        on overrun): a summary of a run that started after the held one ended replaces it, and
-        one of a run that ended before the held one started is old news."""
+        on overrun), and an id comes back once Slurm's counter wraps: a summary of a run that
+        started after the held one ended replaces it (and is history only once its decision is
+        linked), and one of a run that ended before the held one started is old news."""
         clean = clean_summary(summary)
         with self._tx() as db:
             held = db.execute("SELECT gpu_index, data FROM summaries WHERE cluster = ? AND "
@@ -194,6 +195,12 @@ class Store:
                         db.execute(f"DELETE FROM {table} WHERE cluster = ? AND job_id = ? "
                                    "AND gpu_index = ?",
                                    (clean["cluster"], clean["job_id"], row["gpu_index"]))
+            if any(_later_run(clean, old) for old in olds):
+                # A requeue, or an id Slurm handed out again (its counter wrapped, or its state
+                # was wiped): the run becomes history under the keys of its own decision, which
+                # learning links, never under those of whatever ran under the id before.
+                db.execute("DELETE FROM job_keys WHERE cluster = ? AND job_id = ?",
+                           (clean["cluster"], clean["job_id"]))
             cur = db.execute(
                 "INSERT OR IGNORE INTO summaries (cluster, job_id, gpu_index, ingested_ts, "
                 "end_ts, gpu_model, data) VALUES (?, ?, ?, ?, ?, ?, ?)",

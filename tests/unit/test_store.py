@@ -88,6 +88,25 @@ def test_a_later_run_of_the_same_job_replaces_the_earlier_one(store):
     assert [r["mgmap_max_mib"] for r in store.summaries("100", cluster="c1")] == [9000.0]
 
 
+def test_a_later_run_under_the_id_is_history_only_under_its_own_decisions_keys(store):
+    # Slurm hands out an id again once its counter wraps (MaxJobId) or its state was wiped:
+    # the later run under that id must not become history of the script that ran before.
+    for decision_id, key in (("old", KEY["exact"]), ("new", KEY["other"])):
+        store.record_decision({"decision_id": decision_id, "action": "keep", "code": "default",
+                               "reason": "r", "keys": [key]})
+    store.ingest_summary(summary(start_ts=1000.0, end_ts=1100.0, mgmap_max_mib=5000.0))
+    assert store.link_decision("old", "100", cluster="c1")
+    store.ingest_summary(summary(start_ts=9000.0, end_ts=9100.0, mgmap_max_mib=900.0))
+    assert store.history([KEY["exact"]]) == []  # not the old script's run
+    assert store.link_decision("new", "100", cluster="c1")  # learning ties it to its decision
+    assert [s["mgmap_max_mib"] for s in store.history([KEY["other"]])] == [900.0]
+    assert store.history([KEY["exact"]]) == []
+    # A requeue keeps the job's decision: the later run is history under the same keys.
+    store.ingest_summary(summary(start_ts=9500.0, end_ts=9600.0, mgmap_max_mib=950.0))
+    assert store.link_decision("new", "100", cluster="c1")
+    assert [s["mgmap_max_mib"] for s in store.history([KEY["other"]])] == [950.0]
+
+
 def test_unknown_fields_are_dropped_and_bad_values_refused(store):
     store.ingest_summary(summary(script="#!/bin/sh\nsecret", job_name="n"))
     kept = store.summaries("100", cluster="c1")[0]

@@ -40,19 +40,29 @@ def replace_atomically(path: str | os.PathLike, data: bytes, mode: int = 0o600) 
         raise
 
 
+def _stat(pid: int) -> list[bytes] | None:
+    """``/proc/<pid>/stat`` from field 3 (state) on, or None if there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
 def process_started(pid: int) -> int | None:
     """When process ``pid`` started (clock ticks since boot, ``/proc/<pid>/stat`` field 22), or
     None if there is no such process. With the pid it names one process: pids are reused (by
     default only 32768 of them), a pid and its start time are not."""
+    fields = _stat(pid)
     try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            return int(stat.read().rsplit(b")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
+        return int(fields[19]) if fields else None
+    except (IndexError, ValueError):
         return None
 
 
 def pid_alive(pid: int, started: int | None = None) -> bool:
-    """Whether a process with this pid exists (one of another user's counts) and, when
+    """Whether a process with this pid exists (one of another user's counts), is not a zombie
+    (exited, not yet reaped: orphans under a container's init may stay so) and, when
     ``started`` is given (``process_started`` when it was recorded), is still that process
     rather than a later one given the same pid."""
     if pid <= 0:  # kill(0, ...) would signal our own process group
@@ -63,13 +73,12 @@ def pid_alive(pid: int, started: int | None = None) -> bool:
         return False
     except PermissionError:
         pass
-    if started is not None and process_started(pid) not in (started, None):
+    fields = _stat(pid)
+    if not fields:
+        return True  # no /proc to read: the signal said it exists
+    if fields[0] == b"Z":
         return False
-    try:  # a zombie (exited, not yet reaped; orphans under a container's init may stay so)
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            return stat.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except (OSError, IndexError):
-        return True
+    return started is None or len(fields) < 20 or fields[19] == str(started).encode()
 
 
 def write_locked(path: str | os.PathLike, data: bytes | str) -> None:

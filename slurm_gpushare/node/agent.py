@@ -314,7 +314,8 @@ def run(args: argparse.Namespace, deliver: Deliver | None = None) -> int:
                     saved, json.dumps(summaries).encode(), mode=0o600))
     finally:
         saved.unlink(missing_ok=True)
-        if (_read_pid(pidfile) or (None,))[0] == os.getpid():
+        found = _read_pid(pidfile)
+        if found is not None and found[0] == os.getpid():
             pidfile.unlink(missing_ok=True)
     return 0
 

@@ -186,16 +186,16 @@ class Store:
                               "job_id = ?", (clean["cluster"], clean["job_id"])).fetchall()
             if held and clean.get("attribution") == SLURM_ACCOUNTING:
                 return False
-            olds = [json.loads(row["data"]) for row in held]
-            if any(_later_run(old, clean) for old in olds):
+            olds = [(row["gpu_index"], json.loads(row["data"])) for row in held]
+            if any(_later_run(old, clean) for _, old in olds):
                 return False
-            for row, old in zip(held, olds):
-                if old.get("attribution") == SLURM_ACCOUNTING or _later_run(clean, old):
+            earlier = {index for index, old in olds if _later_run(clean, old)}
+            for index, old in olds:
+                if index in earlier or old.get("attribution") == SLURM_ACCOUNTING:
                     for table in ("summaries", "recent_runs"):
                         db.execute(f"DELETE FROM {table} WHERE cluster = ? AND job_id = ? "
-                                   "AND gpu_index = ?",
-                                   (clean["cluster"], clean["job_id"], row["gpu_index"]))
-            if any(_later_run(clean, old) for old in olds):
+                                   "AND gpu_index = ?", (clean["cluster"], clean["job_id"], index))
+            if earlier:
                 # A requeue, or an id Slurm handed out again (its counter wrapped, or its state
                 # was wiped): the run becomes history under the keys of its own decision, which
                 # learning links, never under those of whatever ran under the id before.

@@ -46,6 +46,10 @@ NODES = {"v100-1": ("v100", {"v100", "gpumem16g"}), "v100-2": ("v100", {"v100", 
          "a100-1": ("a100", {"a100", "gpumem80g"}), "a100-2": ("a100", {"a100", "gpumem80g"}),
          "t4-1": ("t4", {"t4", "gpumem16g"})}
 PARTITIONS = {"gpu": set(NODES), "gpu-v100": {"v100-1", "v100-2"}}
+# The fake board's out-of-memory line (devcluster/fakegpu.py): node, GPU, MiB wanted, MiB free,
+# and the jobs holding the GPU.
+FAKE_OOM = re.compile(r"out of memory on (\S+) GPU (\d+): (\d+) MiB wanted, (-?\d+) MiB free"
+                      r"(?:; held by jobs (.*))?")
 
 FORMS = ("sbatch", "srun", "salloc")
 GPU_OPTIONS = {  # name -> (options, GPU type asked for)
@@ -331,11 +335,7 @@ class Corpus:
         if not self.cluster.slurm_version.startswith("22."):
             return ""
         tag = Tag.decode(row["AdminComment"])
-        out = self.dir / f"{row['JobIDRaw']}.out"
-        if not (tag and tag.shard and out.is_file()):
-            return ""
-        oom = re.search(r"out of memory on (\S+) GPU (\d+): (\d+) MiB wanted, (-?\d+) MiB free",
-                        out.read_text(errors="replace"))
+        oom = FAKE_OOM.search(self._output(row)) if tag and tag.shard else None
         if not oom:
             return ""
         wanted, free = int(oom.group(3)), int(oom.group(4))
@@ -349,23 +349,27 @@ class Corpus:
         23.11.5; check-config warns): a whole-GPU job that fits an empty GPU then finds its GPU's
         memory taken by a share. Whole GPUs are never given twice, and the fake board counts
         only processes still running (pid and start time), so on this cluster only a share can
-        be there; the job's out-of-memory line names the jobs holding the GPU. The product does not prevent it yet (see the admin guide's version
-        table); it is listed apart, never hidden."""
+        be there; the job's out-of-memory line names the jobs holding the GPU. The product does
+        not prevent it yet (see the admin guide's version table); it is listed apart, never
+        hidden."""
         if not self.cluster.slurm_version.startswith("22."):
             return ""
         alloc = dict(i.split("=", 1) for i in row["AllocTRES"].split(",") if "=" in i)
-        out = self.dir / f"{row['JobIDRaw']}.out"
-        if alloc.get("gres/gpu") != "1" or not out.is_file():
+        if alloc.get("gres/gpu") != "1":
             return ""
-        oom = re.search(r"out of memory on (\S+) GPU (\d+): (\d+) MiB wanted, (-?\d+) MiB free",
-                        out.read_text(errors="replace"))
-        total = re.search(r"GPU \d+: .* \(\w+, (\d+) MiB\)", out.read_text(errors="replace"))
+        out = self._output(row)
+        oom = FAKE_OOM.search(out)
+        total = re.search(r"GPU \d+: .* \(\w+, (\d+) MiB\)", out)
         if not (oom and total) or int(oom.group(3)) > int(total.group(1)):
             return ""
-        holders = re.search(r"held by jobs (.*)", out.read_text(errors="replace"))
         return (f"whole GPU {oom.group(2)} of {oom.group(1)} also given as shards by Slurm: "
                 f"{oom.group(4)} of its {total.group(1)} MiB free, the job needed {oom.group(3)}"
-                + (f"; held by jobs {holders.group(1)}" if holders else ""))
+                + (f"; held by jobs {oom.group(5)}" if oom.group(5) else ""))
+
+    def _output(self, row: dict) -> str:
+        """The job's output file, or "" if it has none."""
+        out = self.dir / f"{row['JobIDRaw']}.out"
+        return out.read_text(errors="replace") if out.is_file() else ""
 
     def _check_row(self, case: Case, row: dict, tag: Tag | None) -> list[str]:
         alloc = dict(item.split("=", 1) for item in row["AllocTRES"].split(",") if "=" in item)

@@ -28,6 +28,7 @@ import json
 import os
 import re
 import sys
+import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -737,18 +738,25 @@ def placements_from_scontrol(text: str) -> dict[str, set[tuple[str, int]]]:
 class AccountingCache:
     """Finished jobs already read from sacct, and how far the reading got, in ``state_dir``.
 
-    ``accounting-jobs.jsonl``: one finished job per line, appended (a job read again replaces
-    the earlier line when loaded); ``accounting-state.json``: ``last_end`` (the latest end time
-    of a cached job), ``covered_from`` (the earliest time asked for) and the count of jobs.
+    ``accounting-jobs/YYYY-MM-DD.jsonl``: one finished job per line, in the file of the UTC day
+    it ended on, appended (a job read again replaces its earlier line when loaded); a run reads
+    only the days of its window, and the days the jobs sacct returned end on, never the whole
+    history. ``accounting-state.json``: ``last_end`` (the latest end time of a cached job),
+    ``covered_from`` (the earliest time asked for) and the count of job lines kept.
+    A cache of the earlier single-file layout (``accounting-jobs.jsonl``) is split into days
+    the first time it is opened.
     """
 
     STATE = "accounting-state.json"
-    JOBS = "accounting-jobs.jsonl"
+    JOBS_DIR = "accounting-jobs"
+    SINGLE_FILE = "accounting-jobs.jsonl"  # the layout before the cache was split by day
 
     def __init__(self, state_dir: str | os.PathLike):
         self.dir = Path(state_dir)
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self.days_dir = self.dir / self.JOBS_DIR
+        self.days_dir.mkdir(parents=True, exist_ok=True)
         self.state = self._read_state()
+        self._split_single_file()
 
     def _read_state(self) -> dict[str, Any]:
         try:
@@ -759,16 +767,64 @@ class AccountingCache:
             raise AccountingError(f"{self.dir / self.STATE} is damaged; remove it to re-read "
                                   "accounting from scratch") from None
 
-    def jobs(self) -> dict[str, JobRecord]:
-        out: dict[str, JobRecord] = {}
-        path = self.dir / self.JOBS
-        if not path.exists():
-            return out
-        with open(path) as handle:
-            for line in handle:
-                if line.strip():
+    @staticmethod
+    def day_of(when: float) -> str:
+        return time.strftime("%Y-%m-%d", time.gmtime(when))
+
+    def _day_path(self, day: str) -> Path:
+        return self.days_dir / f"{day}.jsonl"
+
+    def _read_day(self, day: str, into: dict[str, JobRecord]) -> None:
+        path = self._day_path(day)
+        try:
+            handle = open(path)
+        except FileNotFoundError:
+            return
+        with handle:
+            for number, line in enumerate(handle, 1):
+                if not line.strip():
+                    continue
+                try:
                     record = JobRecord.from_dict(json.loads(line))
-                    out[f"{record.cluster}/{record.job_id}"] = record
+                except (ValueError, TypeError, KeyError):
+                    raise AccountingError(f"{path} line {number} is damaged; remove the file to "
+                                          "re-read that day from sacct") from None
+                into[f"{record.cluster}/{record.job_id}"] = record
+
+    def _append(self, records: Iterable[JobRecord]) -> int:
+        by_day: dict[str, list[JobRecord]] = {}
+        for record in records:
+            by_day.setdefault(self.day_of(record.end), []).append(record)
+        for day, day_records in by_day.items():
+            with open(self._day_path(day), "a") as handle:
+                handle.writelines(json.dumps(r.to_dict(), sort_keys=True) + "\n"
+                                  for r in day_records)
+        return sum(len(v) for v in by_day.values())
+
+    def _split_single_file(self) -> None:
+        single = self.dir / self.SINGLE_FILE
+        if not single.exists():
+            return
+        records: list[JobRecord] = []
+        with open(single) as handle:
+            records = [JobRecord.from_dict(json.loads(line)) for line in handle if line.strip()]
+        # An interrupted split leaves lines twice; loading keeps one of each job.
+        self._append(r for r in records if r.end is not None)
+        single.unlink()
+
+    def days(self, since: float | None = None, until: float | None = None) -> list[str]:
+        """The cached days (``YYYY-MM-DD``) from ``since`` to ``until``, oldest first."""
+        first = self.day_of(since) if since is not None else ""
+        last = self.day_of(until) if until is not None else "9999"
+        return sorted(p.stem for p in self.days_dir.glob("*.jsonl") if first <= p.stem <= last)
+
+    def jobs(self, since: float | None = None, until: float | None = None
+             ) -> dict[str, JobRecord]:
+        """The cached jobs that ended from ``since`` to ``until`` (whole days; all without
+        bounds), by ``cluster/job_id``."""
+        out: dict[str, JobRecord] = {}
+        for day in self.days(since, until):
+            self._read_day(day, out)
         return out
 
     def query_window(self, since: float, until: float) -> tuple[float, float]:
@@ -780,22 +836,28 @@ class AccountingCache:
 
     def add(self, records: Iterable[JobRecord], since: float,
             held: dict[str, JobRecord] | None = None) -> int:
-        """Keep the finished jobs not already held; returns how many were new. ``held``: the
-        cache's ``jobs()`` if already read (the new jobs are added to it)."""
-        held = self.jobs() if held is None else held
-        new = [r for r in records if r.finished and f"{r.cluster}/{r.job_id}" not in held]
-        if new:
-            with open(self.dir / self.JOBS, "a") as handle:
-                for record in new:
-                    handle.write(json.dumps(record.to_dict(), sort_keys=True) + "\n")
-        held.update((f"{r.cluster}/{r.job_id}", r) for r in new)
-        ends = [r.end for r in new if r.end is not None]
+        """Keep the finished jobs not already held; returns how many were new. Only the days
+        the records end on are read to tell. ``held``: jobs already read from this cache
+        (they count as known; the new jobs are added to it)."""
+        finished = [r for r in records if r.finished]
+        known: dict[str, JobRecord] = {}
+        for day in {self.day_of(r.end) for r in finished}:
+            self._read_day(day, known)
+        new: dict[str, JobRecord] = {}
+        for record in finished:
+            key = f"{record.cluster}/{record.job_id}"
+            if key not in known and (held is None or key not in held):
+                new[key] = record
+        self._append(new.values())
+        if held is not None:
+            held.update(new)
+        ends = [r.end for r in new.values()]
         last_end = self.state.get("last_end")
         covered_from = self.state.get("covered_from")
         self.state.update({
             "last_end": max([e for e in [last_end, *ends] if e is not None], default=None),
             "covered_from": since if covered_from is None else min(covered_from, since),
-            "jobs": len(held),
+            "jobs": int(self.state.get("jobs") or 0) + len(new),
         })
         replace_atomically(self.dir / self.STATE,
                            (json.dumps(self.state, sort_keys=True) + "\n").encode())
@@ -834,7 +896,7 @@ def ingest(since: float, until: float, *, sacct_file: str | os.PathLike | None =
         cache = AccountingCache(state_dir)
         start, stop = cache.query_window(since, until)
         fetched = parse_sacct(runner(start, stop, as_json=as_json), progress=progress)
-        held = cache.jobs()  # read once: the report's whole window
+        held = cache.jobs(since, until)  # the window's days only
         new = cache.add(fetched, since, held)
         running = [j for j in fetched if not j.finished]
         jobs, source = list(held.values()) + running, f"cache {state_dir}"

@@ -269,3 +269,35 @@ def test_slurm_gpu_accounting_is_read_from_the_steps():
     assert recorded.gpu_mem_peak_mib is None  # 22.05's recorded output has no such column
     # The cache keeps them (a report over a cached window shows the same peaks).
     assert JobRecord.from_dict(shared.to_dict()).gpu_mem_peak_mib == 9830
+
+
+def test_incremental_runs_read_only_the_days_they_need(tmp_path):
+    """The cache is kept by day of end: a run reads the days of its window and of what sacct
+    returned, never the rest of the history (a damaged old day is not even opened)."""
+    text = (DATA / "awkward.psv").read_text()
+    window = dict(since=1795290000.0, until=1795300000.0, node_types={})
+    first = ingest(state_dir=tmp_path, runner=lambda *a, **k: text, **window)
+    cache = AccountingCache(tmp_path)
+    days = cache.days()
+    assert days and all(AccountingCache.day_of(j.end) in days for j in first.jobs if j.finished)
+    old_day = tmp_path / AccountingCache.JOBS_DIR / "2020-01-01.jsonl"
+    old_day.write_text("{not json\n")
+
+    later = ingest(state_dir=tmp_path, runner=lambda *a, **k: text, **window)
+    assert later.new == 0
+    assert sorted(j.job_id for j in later.jobs) == sorted(j.job_id for j in first.jobs)
+    # A window that covers the damaged day names the file to remove.
+    with pytest.raises(AccountingError, match="2020-01-01.jsonl line 1 is damaged"):
+        ingest(state_dir=tmp_path, runner=lambda *a, **k: text, since=1577836800.0,
+               until=window["until"], node_types={})
+
+
+def test_a_single_file_cache_is_split_into_days(tmp_path):
+    jobs = [j for j in parse_psv((DATA / "awkward.psv").read_text()) if j.finished]
+    single = tmp_path / AccountingCache.SINGLE_FILE
+    single.write_text("".join(json.dumps(j.to_dict()) + "\n" for j in jobs + jobs[:2]))
+    cache = AccountingCache(tmp_path)
+    assert not single.exists()
+    held = cache.jobs()
+    assert sorted(held) == sorted(f"{j.cluster}/{j.job_id}" for j in jobs)
+    assert cache.add(jobs, since=0) == 0  # nothing is new after the split

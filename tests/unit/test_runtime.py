@@ -2,7 +2,7 @@ import pytest
 
 from slurm_gpushare.predict.datasets import load_gavel_isolated
 from slurm_gpushare.predict.evaluate import evaluate_transfer
-from slurm_gpushare.predict.runtime import RuntimeTransfer
+from slurm_gpushare.predict.estimators import RuntimeTransfer
 
 
 def test_gavel_copy_has_26_job_types_on_three_gpus():

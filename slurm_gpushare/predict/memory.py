@@ -24,12 +24,9 @@ produces, and what the daemon loads (the packaged fit or the site's ``models fit
 
 from __future__ import annotations
 
-import itertools
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Iterable, Mapping, Sequence
-
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
 
 import numpy as np
 

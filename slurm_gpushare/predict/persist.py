@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from slurm_gpushare.core.config import Config
-from slurm_gpushare.core.files import lock_for, read_locked, replace_atomically, write_locked
+from slurm_gpushare.core.files import read_locked, write_locked
 from slurm_gpushare.predict.datasets import package_path
 from slurm_gpushare.predict.history import PREALLOC_PCT
 

@@ -28,7 +28,7 @@ sys.path.insert(0, str(REPO))
 from slurm_gpushare.predict.datasets import load_schedtune  # noqa: E402
 from slurm_gpushare.predict.evaluate import (SHARD_SIZES_MIB, privacy_table,  # noqa: E402
                                              shard_over_allocation)
-from slurm_gpushare.predict.memory import CrossTypeMemoryPredictor  # noqa: E402
+from slurm_gpushare.predict.estimators import CrossTypeMemoryPredictor  # noqa: E402
 
 
 def main(argv=None) -> int:

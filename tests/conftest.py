@@ -64,7 +64,8 @@ class RunningDaemon:
         self.service = Service(config, store=self.store, reader=self.reader)
         self.servers = [DaemonServer(self.service), DaemonServer(self.service, public=True)]
         for server in self.servers:
-            threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
+            # A short poll: stop() waits up to one interval per server for serve_forever to end.
+            threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.01},
                              daemon=True).start()
         self.socket = config.daemon.socket
         self.query_socket = config.daemon.query_socket

@@ -62,11 +62,11 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Machine-read
 
 
 def _load_classes(path: str, required: bool):
-    from slurm_gpushare.predict.classes import InterferenceClasses, default_classes
+    from slurm_gpushare.predict.classes import ClassModel, default_classes
 
     if Path(path).exists():
         try:
-            return InterferenceClasses.load(path), path
+            return ClassModel.load(path), path
         except (OSError, ValueError, KeyError) as exc:
             raise click.ClickException(f"cannot read class model {path}: {exc}") from None
     if required:
@@ -89,14 +89,15 @@ def _json_default(value):
 
 
 def _model_summary(model, source: str) -> dict[str, Any]:
+    """What ``classes fit/show`` print about fitted classes (a ``classes.ClassModel``)."""
     import numpy as np
 
     return {
-        "source": source, "k": model.k_, "k_rule": "kneedle",
-        "k_second_difference": model.k_second_difference_,
-        "silhouette": None if model.silhouette_ is None else round(model.silhouette_, 4),
-        "centroids": [dict(zip(FEATURES, np.round(c, 2).tolist())) for c in model.centroids_],
-        "distortions": {str(k): round(v, 3) for k, v in model.distortions_.items()},
+        "source": source, "k": model.k, "k_rule": "kneedle",
+        "k_second_difference": model.k_second_difference,
+        "silhouette": None if model.silhouette is None else round(model.silhouette, 4),
+        "centroids": [dict(zip(FEATURES, np.round(c, 2).tolist())) for c in model.centroids],
+        "distortions": {str(k): round(v, 3) for k, v in model.distortions.items()},
         "digest": model.digest(),
     }
 
@@ -130,8 +131,8 @@ def classes_fit(data_path, store_path, n_clusters, k_max, model_path, as_json) -
     """Fit the classes and save them (atomically, under a file lock)."""
     import pandas as pd
 
-    from slurm_gpushare.predict.classes import InterferenceClasses
     from slurm_gpushare.predict.datasets import load_alnair
+    from slurm_gpushare.predict.estimators import InterferenceClasses
 
     if data_path and store_path:
         raise click.ClickException("give --data or --store, not both")
@@ -159,7 +160,7 @@ def classes_fit(data_path, store_path, n_clusters, k_max, model_path, as_json) -
     except ValueError as exc:
         raise click.ClickException(f"cannot fit classes on {source}: {exc}") from None
     model.save(model_path)
-    summary = _model_summary(model, f"{model_path}, fitted on {source}")
+    summary = _model_summary(model.model_, f"{model_path}, fitted on {source}")
     _echo_json(summary) if as_json else _print_model(summary)
 
 

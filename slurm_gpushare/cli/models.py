@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 import json
+import pickle
 from pathlib import Path
 import click
 from slurm_gpushare.core.config import ConfigError, load_config
@@ -44,18 +45,22 @@ def fit_command(config_path: str | None, as_json: bool) -> None:
 @click.option("--config", "config_path", type=click.Path(dir_okay=False))
 def show_command(config_path: str | None) -> None:
     """Which memory model the daemon would load, with its training metadata."""
-    from slurm_gpushare.predict.persist import load_predictor
+    from slurm_gpushare.predict.persist import load_predictor, site_model_path
 
     try:
         config = load_config(config_path)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
-    path = model_path(config)
-    if not path.exists():
-        click.echo(f"no site model at {path}: the packaged SchedTune-fitted default is used")
+    path = site_model_path(config)
+    if path is None:
+        click.echo(f"no site model at {model_path(config)}: the packaged SchedTune-fitted "
+                   "default is used")
         return
-    _predictor, metadata = load_predictor(path)
-    click.echo(json.dumps(metadata, indent=2, default=str))
+    try:
+        _predictor, metadata = load_predictor(path)
+    except (OSError, ValueError, KeyError, pickle.UnpicklingError) as exc:
+        raise click.ClickException(f"cannot read {path}: {exc}") from None
+    click.echo(json.dumps({"path": str(path), **metadata}, indent=2, default=str))
 
 
 commands = [models_group]

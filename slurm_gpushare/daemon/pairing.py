@@ -17,7 +17,7 @@ import threading
 from collections import OrderedDict
 from typing import Any, Callable, Sequence
 
-from slurm_gpushare.predict.pairs import PairSpeedModel, default_model
+from slurm_gpushare.predict.pairs import PairModel, default_model
 
 CACHE_SIZE = 4096
 
@@ -47,7 +47,7 @@ def profile_of_history(history: Sequence[dict[str, Any]]) -> tuple[dict[str, Any
 class PairCompatibility:
     """One job's view of the running shares (``policy.PairCompatibility``)."""
 
-    def __init__(self, model: PairSpeedModel, profile: dict[str, Any], key: str,
+    def __init__(self, model: PairModel, profile: dict[str, Any], key: str,
                  resident: Callable[[str], tuple[dict[str, Any], str] | None]):
         self.model = model
         self.profile = profile
@@ -68,7 +68,7 @@ class PairCompatibility:
 class Pairing:
     """Owns the pair model decisions read; learning swaps in an updated copy."""
 
-    def __init__(self, store, *, model: PairSpeedModel | None = None):
+    def __init__(self, store, *, model: PairModel | None = None):
         self.store = store  # read-only use: history and decision records
         self.model = model or default_model()
         # One observation per co-run row (cluster, jobs, GPU): a row completed later replaces it.

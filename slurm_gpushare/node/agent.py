@@ -40,7 +40,8 @@ from typing import Any, Callable, Iterable
 from slurm_gpushare import PROTOCOL_VERSION
 from slurm_gpushare.core.config import DaemonConfig
 from slurm_gpushare.core.files import pid_alive, process_started, replace_atomically
-from slurm_gpushare.node.delivery import DeliveryError, Link, drain_loop, drain_once, ingest_op
+from slurm_gpushare.node.delivery import (DEFAULT_TIMEOUT_S, DeliveryError, Link, drain_loop,
+                                          drain_once, ingest_op)
 
 DEFAULT_INTERVAL_S = 0.25
 # A collector whose epilog never came (slurmd crash) ends by itself after this long.
@@ -106,7 +107,7 @@ def send_to_daemon(summary: dict[str, Any], socket_path: str, timeout_s: float =
 def link_of(args: argparse.Namespace) -> Link:
     """The way to the daemon that the command line and environment name."""
     return Link(args.socket, address=args.daemon_address or None,
-                munge_socket=args.munge_socket or None)
+                munge_socket=args.munge_socket or None, timeout_s=args.delivery_timeout)
 
 
 def share_limit_mib(job_id: str) -> float | None:
@@ -466,7 +467,8 @@ def _mtime(path: Path) -> float:
 def _forward_link(args: argparse.Namespace) -> list[str]:
     return ["--state-dir", str(args.state_dir), "--socket", args.socket,
             "--daemon-address", args.daemon_address or "",
-            "--munge-socket", args.munge_socket or ""]
+            "--munge-socket", args.munge_socket or "",
+            "--delivery-timeout", str(args.delivery_timeout)]
 
 
 def _forward(args: argparse.Namespace) -> list[str]:
@@ -495,6 +497,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="HOST:PORT of the daemon's TCP listener (instead of --socket)")
     parser.add_argument("--munge-socket", default=env("GPUSHARE_MUNGE_SOCKET", ""),
                         help="munged's socket (default: munge's own)")
+    parser.add_argument("--delivery-timeout", type=float, default=DEFAULT_TIMEOUT_S,
+                        help="seconds to wait for the daemon's answer before spooling")
     parser.add_argument("--interval", type=float, default=DEFAULT_INTERVAL_S)
     parser.add_argument("--max-duration", type=float, default=DEFAULT_MAX_DURATION_S)
     parser.add_argument("--scenario", default=env("GPUSHARE_TELEMETRY_SCENARIO"))

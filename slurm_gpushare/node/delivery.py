@@ -50,11 +50,15 @@ def item_id(op: dict[str, Any]) -> str:
     return munge.digest({k: v for k, v in op.items() if k not in ("id", "v")})
 
 
+# How long a delivery waits for the daemon's answer before the summary is spooled instead.
+DEFAULT_TIMEOUT_S = 5.0
+
+
 class Link:
     """The way to the daemon: its Unix socket, or its TCP listener when ``address`` is set."""
 
     def __init__(self, socket_path: str, address: str | None = None,
-                 munge_socket: str | None = None, timeout_s: float = 5.0):
+                 munge_socket: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S):
         self.socket_path = socket_path
         self.address = parse_address(address) if address else None
         self.munge_socket = munge_socket or None

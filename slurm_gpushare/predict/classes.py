@@ -16,27 +16,25 @@ Class ids are canonical: clusters are numbered by ascending centroid intensity (
 standardised centroid coordinates), so class 0 is the lightest whatever K-means' own labels
 were, and refitting on the same data gives the same ids.
 
-The estimator follows scikit-learn's conventions (keyword-only ``__init__`` that only stores,
-fitted attributes ending in ``_``, ``check_is_fitted``) and is saved as JSON, written
+The fit is ``estimators.InterferenceClasses`` (scikit-learn's conventions and K-means); what it
+produces, and what the daemon loads, is ``ClassModel`` here (numpy only), saved as JSON written
 atomically under a file lock (never a pickle).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
-from sklearn.base import BaseEstimator, ClusterMixin
-from sklearn.cluster import KMeans
-from sklearn.metrics import silhouette_score
-from sklearn.utils.validation import check_array, check_is_fitted
-from threadpoolctl import threadpool_limits
 
 from slurm_gpushare.predict.datasets import load_alnair
 from slurm_gpushare.predict.persist import load_json, packaged_fit, save_json
+
+if TYPE_CHECKING:
+    from slurm_gpushare.predict.estimators import InterferenceClasses
 
 FEATURES = ("MGUP", "MGMAP", "MGTSAMP")
 MODEL_FORMAT = "slurm-gpushare/interference-classes/1"
@@ -66,8 +64,8 @@ def max_second_difference(ks, distortions) -> int:
 
 def feature_matrix(data) -> np.ndarray:
     """(n, 3) array of MGUP, MGMAP, MGTSAMP from a DataFrame (paper or summary column names)
-    or an array-like."""
-    if isinstance(data, pd.DataFrame):
+    or an array-like, checked: at least one row, finite numbers."""
+    if hasattr(data, "columns"):  # a DataFrame, told apart without importing pandas
         lower = {c.lower(): c for c in data.columns}
         aliases = {"MGUP": ("mgup", "mgup_max"), "MGMAP": ("mgmap", "mgmap_max_pct"),
                    "MGTSAMP": ("mgtsamp", "magtsamp", "mgtsamp_max")}
@@ -78,142 +76,114 @@ def feature_matrix(data) -> np.ndarray:
                 raise ValueError(f"missing column {feature} (or {', '.join(aliases[feature])})")
             columns.append(found)
         data = data[columns].to_numpy(dtype=float)
-    return check_array(data, dtype=float, ensure_min_features=3)
+    try:
+        X = np.asarray(data, dtype=float)
+    except (TypeError, ValueError):
+        raise ValueError("features must be numbers") from None
+    if X.ndim != 2 or X.shape[1] != len(FEATURES) or X.shape[0] == 0:
+        raise ValueError(f"expected rows of {', '.join(FEATURES)}; got shape {X.shape}")
+    if not np.isfinite(X).all():
+        raise ValueError("features must be finite numbers")
+    return X
 
 
-class InterferenceClasses(ClusterMixin, BaseEstimator):
-    """K-means interference classes with k chosen by the elbow (kneedle).
+class ClassModel:
+    """Fitted interference classes as plain data, numpy only: what the daemon loads
+    (``estimators.InterferenceClasses.fit`` produces it and predicts through it).
 
-    Parameters: ``n_clusters`` (None: choose by the elbow), ``k_max`` (largest k tried),
-    ``n_init``, ``random_state``. Fitted: ``k_``, ``centers_`` (standardised),
-    ``centroids_`` (original units), ``mean_``, ``scale_``, ``distortions_``, ``silhouette_``,
-    ``k_second_difference_``, ``labels_`` (not kept by ``save``), ``n_samples_``,
-    ``n_features_in_``.
+    ``centers`` are in standardised units (``(x - mean) / scale``), lightest class first;
+    ``params`` are the estimator's; the rest describes the fit (``distortions`` per k, the
+    knee and second-difference choices, the silhouette, the number of records).
     """
 
-    def __init__(self, *, n_clusters: int | None = None, k_max: int = 10, n_init: int = 10,
-                 random_state: int | None = 0):
-        self.n_clusters = n_clusters
-        self.k_max = k_max
-        self.n_init = n_init
-        self.random_state = random_state
-
-    def fit(self, X, y=None) -> "InterferenceClasses":
-        X = feature_matrix(X)
-        if len(X) < 3:
-            raise ValueError("need at least 3 jobs to find classes")
-        self.mean_ = X.mean(axis=0)
-        scale = X.std(axis=0)
-        self.scale_ = np.where(scale > 0, scale, 1.0)
-        Z = (X - self.mean_) / self.scale_
-        k_max = max(1, min(self.k_max, len(np.unique(Z, axis=0))))
-        ks = list(range(1, k_max + 1))
-        # One thread: on a few hundred rows OpenMP start-up costs more than the work.
-        with threadpool_limits(1, user_api="openmp"):
-            fits = {k: KMeans(n_clusters=k, n_init=self.n_init,
-                              random_state=self.random_state).fit(Z) for k in ks}
-        self.distortions_ = {k: float(fits[k].inertia_) for k in ks}
-        self.k_knee_ = kneedle(ks, [self.distortions_[k] for k in ks])
-        self.k_second_difference_ = max_second_difference(ks, [self.distortions_[k] for k in ks])
-        k = self.n_clusters or self.k_knee_
-        if k not in fits:
-            with threadpool_limits(1, user_api="openmp"):
-                fits[k] = KMeans(n_clusters=k, n_init=self.n_init,
-                                 random_state=self.random_state).fit(Z)
-        centers = fits[k].cluster_centers_
-        order = np.lexsort((centers[:, 0], centers.sum(axis=1)))  # lightest first
-        self.centers_ = centers[order]
-        self.k_ = int(k)
-        self.n_features_in_ = X.shape[1]
-        self.labels_ = self._assign(Z)
-        self.n_samples_ = int(len(Z))
-        self.silhouette_ = (float(silhouette_score(Z, self.labels_))
-                            if 1 < k < len(Z) and len(set(self.labels_)) > 1 else None)
-        return self
+    def __init__(self, *, params: dict[str, Any], mean, scale, centers,
+                 distortions: dict[int, float], k_knee: int, k_second_difference: int,
+                 silhouette: float | None, n_samples: int):
+        self.params = dict(params)
+        self.mean = np.asarray(mean, dtype=float)
+        self.scale = np.asarray(scale, dtype=float)
+        self.centers = np.asarray(centers, dtype=float)
+        self.distortions = dict(distortions)
+        self.k_knee = int(k_knee)
+        self.k_second_difference = int(k_second_difference)
+        self.silhouette = silhouette
+        self.n_samples = int(n_samples)
 
     @property
-    def centroids_(self) -> np.ndarray:
-        check_is_fitted(self, "centers_")
-        return self.centers_ * self.scale_ + self.mean_
+    def k(self) -> int:
+        return len(self.centers)
 
-    def _assign(self, Z: np.ndarray) -> np.ndarray:
-        dist = ((Z[:, None, :] - self.centers_[None, :, :]) ** 2).sum(axis=2)
+    @property
+    def centroids(self) -> np.ndarray:
+        """Class centres in the features' own units."""
+        return self.centers * self.scale + self.mean
+
+    def assign(self, Z: np.ndarray) -> np.ndarray:
+        """Nearest class of each standardised row."""
+        dist = ((Z[:, None, :] - self.centers[None, :, :]) ** 2).sum(axis=2)
         return dist.argmin(axis=1)
 
     def predict(self, X) -> np.ndarray:
-        check_is_fitted(self, "centers_")
-        X = feature_matrix(X)
-        return self._assign((X - self.mean_) / self.scale_)
+        return self.assign((feature_matrix(X) - self.mean) / self.scale)
 
     def predict_one(self, mgup: float, mgmap_pct: float, mgtsamp: float) -> int:
         """``predict`` for one job, without the input checks' cost (on every cold decision)."""
-        check_is_fitted(self, "centers_")
         x = np.array([mgup, mgmap_pct, mgtsamp], dtype=float)
         if not np.isfinite(x).all():
             raise ValueError("features must be finite numbers")
-        return int(self._assign(((x - self.mean_) / self.scale_)[None, :])[0])
+        return int(self.assign(((x - self.mean) / self.scale)[None, :])[0])
 
     def transform(self, X) -> np.ndarray:
         """Distances (standardised units) to each class centre."""
-        check_is_fitted(self, "centers_")
-        Z = (feature_matrix(X) - self.mean_) / self.scale_
-        return np.sqrt(((Z[:, None, :] - self.centers_[None, :, :]) ** 2).sum(axis=2))
+        Z = (feature_matrix(X) - self.mean) / self.scale
+        return np.sqrt(((Z[:, None, :] - self.centers[None, :, :]) ** 2).sum(axis=2))
 
     def digest(self) -> str:
         """Short identity of the fitted classes (a knowledge base keyed by them records it)."""
-        import hashlib
-
-        check_is_fitted(self, "centers_")
-        text = json.dumps(np.round(self.centroids_, 4).tolist())
+        text = json.dumps(np.round(self.centroids, 4).tolist())
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     # -- persistence ----------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        check_is_fitted(self, "centers_")
         return {
-            "format": MODEL_FORMAT, "params": self.get_params(), "features": list(FEATURES),
-            "k": self.k_, "mean": self.mean_.tolist(), "scale": self.scale_.tolist(),
-            "centers": self.centers_.tolist(), "centroids": self.centroids_.tolist(),
-            "distortions": {str(k): v for k, v in self.distortions_.items()},
-            "k_knee": self.k_knee_, "k_second_difference": self.k_second_difference_,
-            "silhouette": self.silhouette_, "n_samples": self.n_samples_,
+            "format": MODEL_FORMAT, "params": dict(self.params), "features": list(FEATURES),
+            "k": self.k, "mean": self.mean.tolist(), "scale": self.scale.tolist(),
+            "centers": self.centers.tolist(), "centroids": self.centroids.tolist(),
+            "distortions": {str(k): v for k, v in self.distortions.items()},
+            "k_knee": self.k_knee, "k_second_difference": self.k_second_difference,
+            "silhouette": self.silhouette, "n_samples": self.n_samples,
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "InterferenceClasses":
-        if data.get("format") != MODEL_FORMAT:
-            raise ValueError(f"not an interference-classes model (format {data.get('format')!r})")
-        model = cls(**data["params"])
-        model.k_ = int(data["k"])
-        model.mean_ = np.asarray(data["mean"], dtype=float)
-        model.scale_ = np.asarray(data["scale"], dtype=float)
-        model.centers_ = np.asarray(data["centers"], dtype=float)
-        model.distortions_ = {int(k): float(v) for k, v in data["distortions"].items()}
-        model.k_knee_ = int(data["k_knee"])
-        model.k_second_difference_ = int(data["k_second_difference"])
-        model.silhouette_ = data["silhouette"]
-        model.n_features_in_ = len(FEATURES)
-        model.n_samples_ = int(data.get("n_samples", 0))
+    def from_dict(cls, data: dict[str, Any]) -> "ClassModel":
+        if not isinstance(data, dict) or data.get("format") != MODEL_FORMAT:
+            found = data.get("format") if isinstance(data, dict) else type(data).__name__
+            raise ValueError(f"not an interference-classes model (format {found!r})")
+        model = cls(params=data["params"], mean=data["mean"], scale=data["scale"],
+                    centers=data["centers"],
+                    distortions={int(k): float(v) for k, v in data["distortions"].items()},
+                    k_knee=data["k_knee"], k_second_difference=data["k_second_difference"],
+                    silhouette=data["silhouette"], n_samples=data.get("n_samples", 0))
+        if model.k != int(data["k"]) or model.centers.shape[1:] != (len(FEATURES),):
+            raise ValueError("interference-classes model: centers do not match k and features")
         return model
 
     def save(self, path: str | os.PathLike) -> None:
         save_json(path, self.to_dict())
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "InterferenceClasses":
+    def load(cls, path: str | os.PathLike) -> "ClassModel":
         return cls.from_dict(load_json(path))
 
 
-
-
-def default_classes() -> InterferenceClasses:
+def default_classes() -> ClassModel:
     """Classes fitted on the paper's 175 records: what a site starts with before its own data,
     as stored in the package (``persist.packaged_fit``); each call returns a fresh copy."""
-    return InterferenceClasses.from_dict(packaged_fit("classes"))
+    return ClassModel.from_dict(packaged_fit("classes"))
 
 
 def fit_default_classes() -> InterferenceClasses:
     """What ``default_classes`` holds, fitted afresh (``persist`` stores it)."""
+    from slurm_gpushare.predict.estimators import InterferenceClasses
+
     return InterferenceClasses().fit(load_alnair("records"))
-
-

@@ -31,17 +31,17 @@ from sklearn.preprocessing import FunctionTransformer, StandardScaler
 from sklearn.svm import SVR
 
 from slurm_gpushare.core.gpus import default_catalogue
-from slurm_gpushare.predict.classes import FEATURES, InterferenceClasses
+from slurm_gpushare.predict.classes import FEATURES
 from slurm_gpushare.predict.datasets import (alnair_job_telemetry, load_alnair, load_gavel_isolated,
                                              load_schedtune, package_dir)
 from slurm_gpushare.predict.knowledge import ALNAIR_GPU, KnowledgeBase, alnair_pairs, speed_of
-from slurm_gpushare.predict.memory import (MIB_PER_GIB, CrossTypeMemoryPredictor,
-                                           observations_from_schedtune)
+from slurm_gpushare.predict.estimators import (CrossTypeMemoryPredictor, InterferenceClasses,
+                                               PairSpeedModel, RuntimeTransfer)
+from slurm_gpushare.predict.memory import MIB_PER_GIB, observations_from_schedtune
 # The knowledge base's compatibility rule and the pair predictor share the threshold (0.7x).
 from slurm_gpushare.predict.pairs import (DEFAULT_THRESHOLD, HISTORY_PER_JOB, PARAMETERS,
-                                          PairSpeedModel, data_sets, demand_of, history_split,
+                                          data_sets, demand_of, history_split,
                                           pair_table, training_sides)
-from slurm_gpushare.predict.runtime import RuntimeTransfer
 
 # SchedTune paper (Albahar et al., CCGrid 2022), random forest, their own split.
 PAPER = {"rmse_mib": 110.6, "avg_rel_err": 0.0150, "max_rel_err": 0.0898,

@@ -86,13 +86,12 @@ class HistoryEstimator:
     def __init__(self, store, *, predictor=None, classes=None, runtime=None):
         from slurm_gpushare.predict.classes import default_classes
         from slurm_gpushare.predict.memory import default_predictor
-        from slurm_gpushare.predict.datasets import load_gavel_isolated
-        from slurm_gpushare.predict.runtime import RuntimeTransfer
+        from slurm_gpushare.predict.runtime import default_runtime
 
         self.store = store
         self.predictor = predictor or default_predictor()
         self.classes = classes or default_classes()
-        self.runtime = runtime or RuntimeTransfer().fit(load_gavel_isolated())
+        self.runtime = runtime or default_runtime()
         self._cache: OrderedDict[tuple, tuple[JobEstimate | None, str]] = OrderedDict()
         # Bumped by every invalidation: an estimate computed while one happened is not cached
         # (it may have read the store before the learned run was committed).

@@ -37,15 +37,14 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import asdict, dataclass
-from typing import Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
-import numpy as np
-import pandas as pd
-from scipy.optimize import nnls
-
-from slurm_gpushare.predict.classes import InterferenceClasses
-from slurm_gpushare.predict.datasets import alnair_job_telemetry, load_alnair, load_gavel_pairs
 from slurm_gpushare.predict.persist import load_json, save_json
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from slurm_gpushare.predict.classes import ClassModel
 
 DEFAULT_THRESHOLD = 0.7
 KB_FORMAT = "slurm-gpushare/knowledge-base/1"
@@ -176,19 +175,24 @@ class KnowledgeBase:
 
     # -- building ---------------------------------------------------------------------------
     @classmethod
-    def seeded(cls, classes: InterferenceClasses | None = None, *,
+    def seeded(cls, classes: ClassModel | None = None, *,
                threshold: float = DEFAULT_THRESHOLD) -> "KnowledgeBase":
-        """Seeded with the 34 measured pairs of Ray et al. With ``classes``, each published job
-        is placed in *its* class from its telemetry; without, the paper's cluster ids are used."""
-        pairs = alnair_pairs(classes)
+        """Seeded with the 34 measured pairs of Ray et al. (``seed_pairs``). With ``classes``,
+        each published job is placed in *its* class from its telemetry; without, the paper's
+        cluster ids are used."""
         kb = cls(threshold=threshold, classes_digest=classes.digest() if classes else "paper")
-        for row in pairs.itertuples(index=False):
-            kb.observe(row.class_a, row.class_b, row.isd_a, row.isd_b, ps=row.ps,
+        for row in seed_pairs():
+            if classes is None:
+                class_a, class_b = row["paper_class_a"], row["paper_class_b"]
+            else:
+                class_a = classes.predict_one(*row["features_a"])
+                class_b = classes.predict_one(*row["features_b"])
+            kb.observe(class_a, class_b, row["isd_a"], row["isd_b"], ps=row["ps"],
                        gpu_type=ALNAIR_GPU, prior=True)
         return kb
 
     @classmethod
-    def from_store(cls, store, classes: InterferenceClasses | None = None, *,
+    def from_store(cls, store, classes: ClassModel | None = None, *,
                    threshold: float = DEFAULT_THRESHOLD) -> "KnowledgeBase":
         """The seeded base plus every co-run in ``store`` that has classes and slowdowns."""
         kb = cls.seeded(classes, threshold=threshold)
@@ -305,8 +309,12 @@ class KnowledgeBase:
         return cls.from_dict(load_json(path))
 
 
-def alnair_pairs(classes: InterferenceClasses | None = None) -> pd.DataFrame:
+def alnair_pairs(classes: ClassModel | None = None) -> pd.DataFrame:
     """The paper's 34 measured pairs with ISD and PS as fractions and each side's class."""
+    import pandas as pd
+
+    from slurm_gpushare.predict.datasets import alnair_job_telemetry, load_alnair
+
     raw = load_alnair("pairs")
     out = pd.DataFrame({
         "task_a": raw["task_a"], "bs_a": raw["bs_a"], "task_b": raw["task_b"],
@@ -324,11 +332,43 @@ def alnair_pairs(classes: InterferenceClasses | None = None) -> pd.DataFrame:
     return out
 
 
+SEED_FORMAT = "slurm-gpushare/kb-seed/1"
+
+
+def seed_pairs() -> list[dict[str, Any]]:
+    """The paper's 34 pairs as the knowledge base is seeded with them, read from the packaged
+    ``data/models/kb-seed.json`` (no pandas on the daemon's start): ISD and PS as fractions,
+    each side's paper class and telemetry (MGUP, MGMAP, MGTSAMP)."""
+    from slurm_gpushare.predict.persist import packaged_fit
+
+    data = packaged_fit("kb-seed")
+    if data.get("format") != SEED_FORMAT:
+        raise ValueError(f"not a knowledge-base seed (format {data.get('format')!r})")
+    return data["pairs"]
+
+
+def fresh_seed_pairs() -> dict[str, Any]:
+    """What ``seed_pairs`` reads, computed now from the packaged alnair tables (``persist``
+    stores it; a test checks it is current)."""
+    return {"format": SEED_FORMAT, "pairs": [
+        {"isd_a": float(r.isd_a), "isd_b": float(r.isd_b), "ps": float(r.ps),
+         "paper_class_a": int(r.paper_class_a), "paper_class_b": int(r.paper_class_b),
+         "features_a": [float(r.MGUP_a), float(r.MGMAP_a), float(r.MGTSAMP_a)],
+         "features_b": [float(r.MGUP_b), float(r.MGMAP_b), float(r.MGTSAMP_b)]}
+        for r in alnair_pairs().itertuples(index=False)]}
+
+
 # -- Gavel's telemetry proxy -------------------------------------------------------------------
 def gavel_profiles(speed_quantile: float = GAVEL_SPEED_QUANTILE) -> pd.DataFrame:
     """The telemetry proxy of each Gavel job type on each GPU (see the module text):
     columns gpu, job, gpu_util_pct, mem_util_pct (None: not derivable), mem_used_mib (None),
     mem_total_mib."""
+    import numpy as np
+    import pandas as pd
+    from scipy.optimize import nnls
+
+    from slurm_gpushare.predict.datasets import load_gavel_pairs
+
     pairs = load_gavel_pairs()
     alone = pd.concat([
         pairs[["gpu", "job_a", "tput_a_alone"]].set_axis(["gpu", "job", "tput"], axis=1),
@@ -349,7 +389,7 @@ def gavel_profiles(speed_quantile: float = GAVEL_SPEED_QUANTILE) -> pd.DataFrame
     return pd.DataFrame(rows)
 
 
-def class_of_history(classes: InterferenceClasses, history: Iterable[Mapping[str, Any]]
+def class_of_history(classes: ClassModel, history: Iterable[Mapping[str, Any]]
                      ) -> tuple[int | None, str]:
     """A job's class from its past summaries (``Store.history``): the runs found by the most
     specific key are used, and within them the peak of each feature (the paper's features are

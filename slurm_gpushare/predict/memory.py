@@ -16,29 +16,36 @@ a job observed on more types, or on the target type itself, gets a smaller margi
 
 A type the training data lacks is mapped to the nearest trained type (same architecture, else
 nearest compute capability, then SM count) and gets an extra margin (``unseen_type_margin``).
+
+The fit is ``estimators.CrossTypeMemoryPredictor`` (scikit-learn conventions, pandas); what it
+produces, and what the daemon loads (the packaged fit or the site's ``models fit``, JSON), is
+``MemoryModel`` here, numpy only.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
 
 import numpy as np
-import pandas as pd
-from sklearn.base import BaseEstimator
-from sklearn.utils.validation import check_is_fitted
 
 from slurm_gpushare.core.gpus import Catalogue, GpuSpec, UnknownGpu, default_catalogue
 from slurm_gpushare.predict.datasets import load_schedtune
 from slurm_gpushare.predict.persist import packaged_fit
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from slurm_gpushare.predict.estimators import CrossTypeMemoryPredictor
 
 MIB_PER_GIB = 1024
 MEMORY_FORMAT = "slurm-gpushare/memory-predictor/1"
 
 def observations_from_schedtune(frame: pd.DataFrame) -> pd.DataFrame:
     """The long table the predictor trains on: job, group, gpu, peak_mib (measured rows)."""
+    import pandas as pd
+
     rows = frame[frame.fits]
     return pd.DataFrame({"job": rows.job, "group": rows.model, "gpu": rows.gpu,
                          "peak_mib": rows.peak_mib.astype(float)}).reset_index(drop=True)
@@ -109,62 +116,36 @@ def _pair_key(sources: Iterable[str]) -> str:
     return "+".join(sorted(sources))
 
 
-class CrossTypeMemoryPredictor(BaseEstimator):
-    """Peak GPU memory on one type from peaks observed on others (no model statistics).
+class MemoryModel:
+    """The fitted cross-type memory predictor as plain data, numpy only: what the daemon loads
+    (``estimators.CrossTypeMemoryPredictor.fit`` produces it and predicts through it).
 
-    ``fit(X)`` takes a long table with columns ``job``, ``gpu`` (catalogue model), ``peak_mib``
-    and optionally ``group`` (jobs of one group are held out together when calibrating, e.g.
-    all batch sizes of one network). The fitted state: ``types_``, ``pairs_`` (per ordered
-    pair), ``margins_`` (per target and observed-type set), ``margin_by_count_``.
+    ``params``: the estimator's parameters (those prediction reads: ``max_sources``,
+    ``same_type_margin``, ``unseen_type_margin``); ``types``: the trained catalogue models;
+    ``pairs``: a ``PairTransfer`` per ordered pair of types; ``margins``: per (target, observed
+    types); ``margin_by_count``: per number of observed types (the fallback).
     """
 
-    def __init__(self, *, coverage: float = 1.0, huber_delta: float = 1.345,
-                 min_jobs: int = 8, min_calibration: int = 12, n_folds: int = 12,
-                 max_sources: int = 4, same_type_margin: float = 0.05,
-                 unseen_type_margin: float = 0.10, catalogue: Catalogue | None = None,
-                 random_state: int | None = 0):
-        self.coverage = coverage
-        self.huber_delta = huber_delta
-        self.min_jobs = min_jobs
-        self.min_calibration = min_calibration
-        self.n_folds = n_folds
-        self.max_sources = max_sources
-        self.same_type_margin = same_type_margin
-        self.unseen_type_margin = unseen_type_margin
+    def __init__(self, *, params: Mapping, types: Sequence[str],
+                 pairs: Mapping[tuple[str, str], PairTransfer],
+                 margins: Mapping[tuple[str, str], float], margin_by_count: Mapping[int, float],
+                 n_jobs: int, catalogue: Catalogue | None = None):
+        self.params = dict(params)
+        self.types = list(types)
+        self.pairs = dict(pairs)
+        self.margins = dict(margins)
+        self.margin_by_count = dict(margin_by_count)
+        self.n_jobs = n_jobs
         self.catalogue = catalogue
-        self.random_state = random_state
 
-    # -- fitting -------------------------------------------------------------------------
     def _catalogue(self) -> Catalogue:
         return self.catalogue or default_catalogue()
 
     @staticmethod
-    def _wide(X: pd.DataFrame) -> pd.DataFrame:
-        missing = {"job", "gpu", "peak_mib"} - set(X.columns)
-        if missing:
-            raise ValueError(f"training table lacks column(s): {', '.join(sorted(missing))}")
-        # A job's peak on a type is the largest of its runs there (what must fit).
-        return X.pivot_table(index="job", columns="gpu", values="peak_mib", aggfunc="max")
-
-    def _fit_pairs(self, wide: pd.DataFrame) -> dict[tuple[str, str], PairTransfer]:
-        pairs = {}
-        values = wide.to_numpy(float)
-        for (i, a), (j, b) in itertools.permutations(enumerate(wide.columns), 2):
-            both = ~np.isnan(values[:, i]) & ~np.isnan(values[:, j])
-            if both.sum() < self.min_jobs:
-                continue
-            x, y = values[both, i], values[both, j]
-            intercept, slope = _huber_line(x, y - x, self.huber_delta)
-            transfer = PairTransfer(intercept, slope, float(x.min()), float(x.max()), 1.0,
-                                    int(both.sum()))
-            rel = y / transfer.predict(x) - 1
-            scale = max(1.4826 * float(np.median(np.abs(rel))), 0.005)
-            pairs[(a, b)] = PairTransfer(intercept, slope, transfer.lo, transfer.hi, scale,
-                                         int(both.sum()))
-        return pairs
-
-    def _combine(self, pairs, peaks: Mapping[str, np.ndarray], target: str):
-        """Weighted mean of the per-source predictions (vectorised over jobs)."""
+    def combine(pairs: Mapping[tuple[str, str], PairTransfer], peaks: Mapping[str, np.ndarray],
+                target: str):
+        """Weighted mean of the per-source predictions (vectorised over jobs); None when a
+        source has no transfer towards ``target``."""
         total, weight = 0.0, 0.0
         for source, peak in peaks.items():
             transfer = pairs.get((source, target))
@@ -175,55 +156,11 @@ class CrossTypeMemoryPredictor(BaseEstimator):
             weight += w
         return total / weight
 
-    def fit(self, X: pd.DataFrame, y=None) -> "CrossTypeMemoryPredictor":
-        wide = self._wide(X)
-        if wide.shape[1] < 2:
-            raise ValueError("need peaks on at least two GPU types to learn transfers")
-        groups = (X.groupby("job")["group"].first() if "group" in X.columns
-                  else pd.Series(wide.index, index=wide.index)).reindex(wide.index)
-        self.types_ = list(wide.columns)
-        self.pairs_ = self._fit_pairs(wide)
-        if not self.pairs_:
-            raise ValueError(f"no pair of GPU types shares {self.min_jobs} jobs")
-
-        # Cross-fitting: each group's jobs are predicted by transfers fitted without them.
-        unique = np.array(sorted(groups.unique()))
-        rng = np.random.default_rng(self.random_state)
-        fold_of = dict(zip(rng.permutation(unique),
-                           itertools.cycle(range(min(self.n_folds, len(unique))))))
-        folds = groups.map(fold_of).to_numpy()
-        residuals: dict[tuple[str, str], list[float]] = {}
-        for fold in np.unique(folds):
-            held = wide[folds == fold]
-            pairs = self._fit_pairs(wide[folds != fold])
-            for target in self.types_:
-                truth = held[target].to_numpy(float)
-                others = [t for t in self.types_ if t != target]
-                for k in range(1, min(self.max_sources, len(others)) + 1):
-                    for sources in itertools.combinations(others, k):
-                        pred = self._combine(pairs, {s: held[s].to_numpy(float)
-                                                     for s in sources}, target)
-                        if pred is None:
-                            continue
-                        rel = truth / pred - 1
-                        rel = rel[~np.isnan(rel)]
-                        residuals.setdefault((target, _pair_key(sources)), []).extend(rel)
-        self.calibration_residuals_ = {k: np.asarray(v) for k, v in residuals.items()}
-        self.margins_ = {k: conformal_upper(v, self.coverage)
-                         for k, v in residuals.items() if len(v) >= self.min_calibration}
-        by_count: dict[int, list[float]] = {}
-        for (target, key), values in residuals.items():
-            by_count.setdefault(key.count("+") + 1, []).extend(values)
-        self.margin_by_count_ = {k: conformal_upper(v, self.coverage)
-                                 for k, v in sorted(by_count.items())}
-        self.n_jobs_ = len(wide)
-        return self
-
     # -- prediction ----------------------------------------------------------------------
     def _trained_proxy(self, model: str) -> str:
         """The trained type nearest to ``model``: same architecture, then compute capability,
         then SM count (the CUDA context and library workspaces follow the architecture)."""
-        if model in self.types_:
+        if model in self.types:
             return model
         catalogue = self._catalogue()
         spec = catalogue.lookup(model)
@@ -232,12 +169,11 @@ class CrossTypeMemoryPredictor(BaseEstimator):
             other = catalogue.lookup(name)
             return (spec.architecture != other.architecture, abs(spec.cc - other.cc),
                     abs(math.log(spec.sm_count / other.sm_count)))
-        return min(self.types_, key=distance)
+        return min(self.types, key=distance)
 
     def predict_peak(self, observed: Mapping[str, float | Sequence[float]],
                      target: str) -> PeakPrediction:
         """Predicted peak and margin on catalogue model ``target`` from ``{model: peak(s)}``."""
-        check_is_fitted(self, "pairs_")
         runs = {model: np.atleast_1d(np.asarray(peaks, dtype=float))
                 for model, peaks in observed.items()}
         runs = {m: r for m, r in runs.items() if r.size}
@@ -247,7 +183,7 @@ class CrossTypeMemoryPredictor(BaseEstimator):
             peaks = runs[target]
             spread = float(peaks.max() / peaks.min() - 1) if peaks.size > 1 else 0.0
             return PeakPrediction(target, float(peaks.max()),
-                                  max(self.same_type_margin, spread),
+                                  max(self.params["same_type_margin"], spread),
                                   f"same type, {peaks.size} run(s)")
         proxy_target = self._trained_proxy(target)
         proxies: dict[str, float] = {}
@@ -255,23 +191,23 @@ class CrossTypeMemoryPredictor(BaseEstimator):
             proxy = self._trained_proxy(model)
             proxies[proxy] = max(proxies.get(proxy, 0.0), float(peaks.max()))
         unseen = proxy_target != target or any(self._trained_proxy(m) != m for m in runs)
-        extra = self.unseen_type_margin if unseen else 0.0
+        extra = self.params["unseen_type_margin"] if unseen else 0.0
         if proxy_target in proxies:
             # A source stands for the same trained type as the target: nothing to transfer.
             return PeakPrediction(target, proxies[proxy_target],
-                                  self.same_type_margin + extra,
+                                  self.params["same_type_margin"] + extra,
                                   f"like {proxy_target} (nearest trained type)")
-        usable = {s: p for s, p in proxies.items() if (s, proxy_target) in self.pairs_}
+        usable = {s: p for s, p in proxies.items() if (s, proxy_target) in self.pairs}
         if not usable:
             raise ValueError(f"no transfer learned towards {proxy_target}")
         # Keep the most informative sources when more were observed than calibrated for.
-        chosen = sorted(usable, key=lambda s: self.pairs_[(s, proxy_target)].scale)
-        chosen = chosen[: self.max_sources]
-        mean = float(self._combine(self.pairs_, {s: np.array([usable[s]]) for s in chosen},
+        chosen = sorted(usable, key=lambda s: self.pairs[(s, proxy_target)].scale)
+        chosen = chosen[: self.params["max_sources"]]
+        mean = float(self.combine(self.pairs, {s: np.array([usable[s]]) for s in chosen},
                                    proxy_target)[0])
         key = (proxy_target, _pair_key(chosen))
-        margin = self.margins_.get(key, self.margin_by_count_.get(
-            len(chosen), max(self.margin_by_count_.values())))
+        margin = self.margins.get(key, self.margin_by_count.get(
+            len(chosen), max(self.margin_by_count.values())))
         basis = f"from {'+'.join(sorted(chosen))}"
         if unseen:
             basis += f" via {proxy_target} (nearest trained type)"
@@ -279,41 +215,32 @@ class CrossTypeMemoryPredictor(BaseEstimator):
 
     # -- persistence (the packaged default: persist.packaged_fit) --------------------------
     def to_dict(self) -> dict:
-        """The fitted state as plain data (``calibration_residuals_`` is not kept)."""
-        check_is_fitted(self, "pairs_")
+        """The fitted state as plain data (JSON-able)."""
         return {
             "format": MEMORY_FORMAT,
-            "params": {k: v for k, v in self.get_params().items() if k != "catalogue"},
-            "types": list(self.types_),
+            "params": dict(self.params),
+            "types": list(self.types),
             "pairs": [{"source": a, "target": b, **asdict(t)}
-                      for (a, b), t in sorted(self.pairs_.items())],
+                      for (a, b), t in sorted(self.pairs.items())],
             "margins": [{"target": t, "sources": key, "margin": m}
-                        for (t, key), m in sorted(self.margins_.items())],
-            "margin_by_count": {str(k): v for k, v in self.margin_by_count_.items()},
-            "n_jobs": self.n_jobs_,
+                        for (t, key), m in sorted(self.margins.items())],
+            "margin_by_count": {str(k): v for k, v in self.margin_by_count.items()},
+            "n_jobs": self.n_jobs,
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping, catalogue: Catalogue | None = None
-                  ) -> "CrossTypeMemoryPredictor":
-        if data.get("format") != MEMORY_FORMAT:
-            raise ValueError(f"not a memory predictor (format {data.get('format')!r})")
-        model = cls(**data["params"], catalogue=catalogue)
-        model.types_ = list(data["types"])
-        model.pairs_ = {(p["source"], p["target"]): PairTransfer(
-            float(p["intercept"]), float(p["slope"]), float(p["lo"]), float(p["hi"]),
-            float(p["scale"]), int(p["n"])) for p in data["pairs"]}
-        model.margins_ = {(m["target"], m["sources"]): float(m["margin"])
-                          for m in data["margins"]}
-        model.margin_by_count_ = {int(k): float(v) for k, v in data["margin_by_count"].items()}
-        model.n_jobs_ = int(data["n_jobs"])
-        return model
-
-    def predict(self, X: pd.DataFrame) -> np.ndarray:
-        """Mean peak for rows ``source``, ``source_peak_mib``, ``target`` (one source each)."""
-        check_is_fitted(self, "pairs_")
-        return np.array([self.predict_peak({row.source: row.source_peak_mib}, row.target).mean_mib
-                         for row in X.itertuples(index=False)])
+    def from_dict(cls, data: Mapping, catalogue: Catalogue | None = None) -> "MemoryModel":
+        if not isinstance(data, Mapping) or data.get("format") != MEMORY_FORMAT:
+            found = data.get("format") if isinstance(data, Mapping) else type(data).__name__
+            raise ValueError(f"not a memory predictor (format {found!r})")
+        return cls(
+            params=data["params"], types=data["types"],
+            pairs={(p["source"], p["target"]): PairTransfer(
+                float(p["intercept"]), float(p["slope"]), float(p["lo"]), float(p["hi"]),
+                float(p["scale"]), int(p["n"])) for p in data["pairs"]},
+            margins={(m["target"], m["sources"]): float(m["margin"]) for m in data["margins"]},
+            margin_by_count={int(k): float(v) for k, v in data["margin_by_count"].items()},
+            n_jobs=int(data["n_jobs"]), catalogue=catalogue)
 
 
 # -- OOM-safe estimate per configured GPU type ---------------------------------------------
@@ -365,7 +292,7 @@ def _capacity_mib(gpu_type, spec: GpuSpec) -> float:
 
 
 def estimate_memory(observed: Mapping[str, float | Sequence[float]], gpu_types: Sequence,
-                    predictor: CrossTypeMemoryPredictor, *, catalogue: Catalogue | None = None,
+                    predictor: MemoryModel | CrossTypeMemoryPredictor, *, catalogue: Catalogue | None = None,
                     hint_mib: float | None = None, hint_margin: float = 0.10,
                     prealloc_fraction: float = 0.95) -> MemoryVerdict:
     """OOM-safe peak and shard count on each configured type from a job's observed peaks.
@@ -446,18 +373,20 @@ def _from_hint(hint_mib: float, margin: float, gpu_types, catalogue, why: str) -
 
 
 
-def default_predictor() -> CrossTypeMemoryPredictor:
+def default_predictor() -> MemoryModel:
     """The predictor fitted on the packaged SchedTune measurements (until the site has its own),
     as stored in the package (``persist.packaged_fit``: read, not refitted, at each start)."""
     global _DEFAULT
     if _DEFAULT is None:
-        _DEFAULT = CrossTypeMemoryPredictor.from_dict(packaged_fit("memory"))
+        _DEFAULT = MemoryModel.from_dict(packaged_fit("memory"))
     return _DEFAULT
 
 
 def fit_default_predictor() -> CrossTypeMemoryPredictor:
     """What ``default_predictor`` holds, fitted afresh (``persist`` stores it)."""
+    from slurm_gpushare.predict.estimators import CrossTypeMemoryPredictor
+
     return CrossTypeMemoryPredictor().fit(observations_from_schedtune(load_schedtune()))
 
 
-_DEFAULT: CrossTypeMemoryPredictor | None = None
+_DEFAULT: MemoryModel | None = None

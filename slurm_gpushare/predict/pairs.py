@@ -50,6 +50,9 @@ Gavel's measured pairs on K80, P100 and V100 (telemetry: the Amdahl utilisation 
 from isolated throughputs, see ``knowledge.py``; no memory-controller figure) and Ray et al.'s 34
 pairs on a P100 (peak utilisation and peak memory access per job). ``bench/pairs_eval.py``
 evaluates it leaving one data set out.
+
+The fit is ``estimators.PairSpeedModel``; what it produces, and what the daemon loads (the
+packaged prior, ``data/interference/pair_prior.json``), is ``PairModel`` here (pure Python).
 """
 
 from __future__ import annotations
@@ -60,13 +63,14 @@ from functools import lru_cache
 from itertools import combinations
 from typing import Any, Iterable, Mapping, Sequence
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import pandas as pd
-from scipy.stats import spearmanr
-from sklearn.base import BaseEstimator
-from sklearn.utils.validation import check_is_fitted
 
 from slurm_gpushare.predict.persist import stored_pair_prior
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 DEFAULT_THRESHOLD = 0.7
 # Mean / peak utilisation where only the peak is known (alnair's 49 runs: median mean/peak SM
@@ -146,130 +150,31 @@ def fits_memory(profiles: Sequence[Mapping[str, Any]]) -> bool | None:
     return sum(used) <= min(totals)
 
 
-class PairSpeedModel(BaseEstimator):
-    """The contention prior plus per-job corrections (scikit-learn style).
+class PairModel:
+    """The fitted pair predictor as plain data (pure Python): the prior's shape (``latency``),
+    the calibrated margins (``margin`` cold, ``margin_learned`` with corrections), the
+    ``shrinkage`` of corrections and the corrections themselves (``suffers``, ``hurts`` by job
+    key). What the daemon loads (``default_model``); ``estimators.PairSpeedModel.fit``
+    produces it and predicts through it."""
 
-    ``fit(sides)``: a frame with one row per (job, co-runner) side: ``own_sm, own_mem,
-    other_sm, other_mem, speed`` and optional ``group`` (the data set; groups weigh equally).
-    ``learn(coruns, profiles)`` adds per-job corrections from measured co-runs.
-    ``predict_group([profile, ...], keys)`` gives each co-runner's speed.
-    """
-
-    def __init__(self, *, latency: float | None = DEFAULT_LATENCY,
-                 threshold: float = DEFAULT_THRESHOLD, max_bad_rate: float = 0.01,
-                 shrinkage: float | None = None, random_state: int | None = 0):
-        self.latency = latency
+    def __init__(self, *, latency: float, threshold: float = DEFAULT_THRESHOLD,
+                 margin: float = 1.0, margin_learned: float = 1.0,
+                 shrinkage: float = SHRINKAGE_GRID[-1], n_train: int = 0):
+        self.latency = float(latency)
         self.threshold = threshold
-        self.max_bad_rate = max_bad_rate
+        self.margin = margin
+        self.margin_learned = margin_learned
         self.shrinkage = shrinkage
-        self.random_state = random_state
-
-    # -- the prior ------------------------------------------------------------------------
-    def fit(self, sides: pd.DataFrame, y=None) -> "PairSpeedModel":
-        """Set the prior's shape (``latency``; with ``latency=None`` the grid value whose
-        predictions rank the training sides best, each data set weighing the same) and calibrate
-        both margins (cold, and with learned corrections)."""
-        own = [Demand(s, m) for s, m in zip(sides["own_sm"], sides["own_mem"])]
-        other = [Demand(s, m) for s, m in zip(sides["other_sm"], sides["other_mem"])]
-        speed = sides["speed"].to_numpy(float)
-        groups = sides["group"].to_numpy() if "group" in sides else np.zeros(len(sides))
-
-        def isd_for(latency: float) -> np.ndarray:
-            return np.array([prior_isd(o, [p], latency)[0] for o, p in zip(own, other)])
-
-        if self.latency is None:
-            def score(latency: float) -> float:
-                isd = isd_for(latency)
-                return float(np.mean([spearmanr(-isd[groups == g], speed[groups == g]).statistic
-                                      for g in np.unique(groups)]))
-            latency = max(LATENCY_GRID, key=score)
-        else:
-            latency = float(self.latency)
-        self.coef_ = np.array([latency])
-        self.suffers_: dict[str, float] = {}
-        self.hurts_: dict[str, float] = {}
-        self.margin_ = self._calibrate(isd_for(latency), speed, sides)
-        self.shrinkage_, self.margin_learned_ = self._calibrate_learned(sides)
-        self.n_train_ = len(sides)
-        return self
-
-    def _calibrate_learned(self, sides: pd.DataFrame) -> tuple[float, float]:
-        """``(shrinkage, margin)`` for pairs whose jobs have corrections: each training data set
-        is replayed with ``HISTORY_PER_JOB`` co-runs per job as history (``random_state`` draws
-        them); the shrinkage (``self.shrinkage``, or with None the grid value) whose corrections
-        rank the other pairs best on average over the sets, and the margin calibrated on those
-        predictions."""
-        if not {"group", "pair", "job", "other"} <= set(sides.columns):
-            return (self.shrinkage or SHRINKAGE_GRID[-1]), self.margin_
-        rng = np.random.default_rng(self.random_state)
-        replays = []
-        for group, frame in sides.groupby("group"):
-            profiles, pairs = {}, []
-            for pair_id, rows in frame.groupby("pair", sort=False):
-                first = rows.iloc[0]
-                profiles[first["job"]] = {"gpu_util_pct": 100 * first["own_sm"],
-                                          "mem_util_pct": 100 * first["own_mem"]}
-                profiles[first["other"]] = {"gpu_util_pct": 100 * first["other_sm"],
-                                            "mem_util_pct": 100 * first["other_mem"]}
-                back = rows[rows["job"] == first["other"]]
-                pairs.append((first["job"], first["other"], float(first["speed"]),
-                              float(back["speed"].iloc[0]) if len(back) else float(first["speed"])))
-            history, test = history_split(pairs, int(rng.integers(1 << 31)))
-            replays.append((group, profiles, history, test))
-
-        def replay(shrinkage: float) -> tuple[float, float]:
-            self.shrinkage_ = shrinkage
-            isd_pred, speed, pair_ids, ranks = [], [], [], []
-            for group, profiles, history, test in replays:
-                self.learn(history, profiles)
-                predicted, measured = [], []
-                for k, (a, b, speed_a, speed_b) in enumerate(test):
-                    predicted += self.predict_isd([profiles[a], profiles[b]], [a, b])
-                    measured += [speed_a, speed_b]
-                    pair_ids += [f"{group}:{k}"] * 2
-                if len(test) > 2:
-                    ranks.append(spearmanr(-np.array(predicted), measured).statistic)
-                isd_pred += predicted
-                speed += measured
-            self.suffers_, self.hurts_ = {}, {}
-            if not pair_ids:
-                return float("nan"), self.margin_
-            return (float(np.nanmean(ranks)) if ranks else float("nan"),
-                    self._calibrate(np.array(isd_pred), np.array(speed),
-                                    pd.DataFrame({"pair": pair_ids})))
-
-        grid = SHRINKAGE_GRID if self.shrinkage is None else (self.shrinkage,)
-        results = {value: replay(value) for value in grid}
-        best = max(grid, key=lambda v: (np.nan_to_num(results[v][0], nan=-2.0), v))
-        return best, results[best][1]
-
-    def _calibrate(self, isd_pred: np.ndarray, speed: np.ndarray, sides: pd.DataFrame) -> float:
-        """The margin: per data set (the part of ``pair`` before ":"), the smallest factor on a
-        grid whose recommended pairs have at most ``max_bad_rate`` with a side measured below
-        the threshold; then the largest of these over the data sets where one exists. A set
-        where no factor up to ``MAX_MARGIN`` meets the target cannot calibrate it (Gavel: 84 to
-        100% of its pairs are below 0.7x, and host-bound jobs with a 0% utilisation proxy are
-        slowed too); with no set that can, ``MAX_MARGIN``."""
-        pair = sides["pair"].astype(str).to_numpy() if "pair" in sides else np.arange(len(sides))
-        frame = pd.DataFrame({"pair": pair, "isd": isd_pred, "speed": speed})
-        worst = frame.groupby("pair").agg(isd=("isd", "max"), speed=("speed", "min"))
-        worst["group"] = [str(p).split(":")[0] for p in worst.index]
-        feasible = []
-        for _, group in worst.groupby("group"):
-            for margin in np.round(np.arange(1.0, MAX_MARGIN + 1e-9, 0.05), 2):
-                ok = 1.0 / (1.0 + margin * group["isd"]) >= self.threshold
-                if ok.any() and (group["speed"][ok] < self.threshold).mean() <= self.max_bad_rate:
-                    feasible.append(float(margin))
-                    break
-        return max(feasible) if feasible else MAX_MARGIN
+        self.n_train = n_train
+        self.suffers: dict[str, float] = {}
+        self.hurts: dict[str, float] = {}
 
     # -- per-job corrections --------------------------------------------------------------
     def learn(self, coruns: Iterable[tuple[str, str, float | None, float | None]],
-              profiles: Mapping[str, Mapping[str, Any]]) -> "PairSpeedModel":
+              profiles: Mapping[str, Mapping[str, Any]]) -> "PairModel":
         """Per-job corrections from measured co-runs ``(job_a, job_b, speed_a, speed_b)``
         (a speed may be None: that side was not measured); ``profiles`` maps job keys to
         profiles. Replaces earlier corrections (the co-runs given are the whole evidence)."""
-        check_is_fitted(self, "coef_")
         obs: list[tuple[str, str, float]] = []
         for a, b, speed_a, speed_b in coruns:
             if a not in profiles or b not in profiles:
@@ -281,7 +186,7 @@ class PairSpeedModel(BaseEstimator):
                 if speed is None:
                     continue
                 isd = 1.0 / min(max(speed, MIN_SPEED), 1.0) - 1.0
-                prior = prior_isd(d_own, [d_other], float(self.coef_[0]))[0]
+                prior = prior_isd(d_own, [d_other], self.latency)[0]
                 obs.append((own, other, math.log((isd + EPS) / (prior + EPS))))
         suffers: dict[str, float] = {}
         hurts: dict[str, float] = {}
@@ -289,19 +194,18 @@ class PairSpeedModel(BaseEstimator):
             totals: dict[str, list[float]] = {}
             for own, other, r in obs:
                 totals.setdefault(own, []).append(r - hurts.get(other, 0.0))
-            suffers = {k: sum(v) / (len(v) + self.shrinkage_) for k, v in totals.items()}
+            suffers = {k: sum(v) / (len(v) + self.shrinkage) for k, v in totals.items()}
             totals = {}
             for own, other, r in obs:
                 totals.setdefault(other, []).append(r - suffers.get(own, 0.0))
-            hurts = {k: sum(v) / (len(v) + self.shrinkage_) for k, v in totals.items()}
-        self.suffers_, self.hurts_ = suffers, hurts
+            hurts = {k: sum(v) / (len(v) + self.shrinkage) for k, v in totals.items()}
+        self.suffers, self.hurts = suffers, hurts
         return self
 
     # -- prediction -----------------------------------------------------------------------
     def predict_isd(self, profiles: Sequence[Mapping[str, Any]],
                     keys: Sequence[str | None] | None = None) -> list[float]:
         """Each co-runner's predicted slowdown (ISD) in a group of two or more."""
-        check_is_fitted(self, "coef_")
         demands = [demand_of(p) for p in profiles]
         keys = list(keys) if keys is not None else [None] * len(profiles)
         out = []
@@ -310,8 +214,8 @@ class PairSpeedModel(BaseEstimator):
             for j, partner in enumerate(demands):
                 if j == i:
                     continue
-                factor = math.exp(self.suffers_.get(keys[i], 0.0) + self.hurts_.get(keys[j], 0.0))
-                term = prior_isd(own, [partner], float(self.coef_[0]))[0]
+                factor = math.exp(self.suffers.get(keys[i], 0.0) + self.hurts.get(keys[j], 0.0))
+                term = prior_isd(own, [partner], self.latency)[0]
                 # Corrections scale the partner's term in log(ISD + eps) space, as learned.
                 total += max(0.0, (term + EPS) * factor - EPS)
             out.append(float(total))
@@ -326,8 +230,8 @@ class PairSpeedModel(BaseEstimator):
                     keys: Sequence[str | None] | None = None) -> list[float]:
         """Pessimistic speeds (ISD times the calibrated margin), for recommending. The margin
         is the learned one where every job of the group has corrections, else the cold one."""
-        known = keys is not None and all(k in self.suffers_ or k in self.hurts_ for k in keys)
-        margin = self.margin_learned_ if known else self.margin_
+        known = keys is not None and all(k in self.suffers or k in self.hurts for k in keys)
+        margin = self.margin_learned if known else self.margin
         return [1.0 / (1.0 + margin * d) for d in self.predict_isd(profiles, keys)]
 
     def recommend(self, profiles: Sequence[Mapping[str, Any]],
@@ -338,14 +242,11 @@ class PairSpeedModel(BaseEstimator):
             return False
         return bool(min(self.safe_speeds(profiles, keys)) >= self.threshold)
 
-    def fitted_copy(self) -> "PairSpeedModel":
+    def fitted_copy(self) -> "PairModel":
         """The same prior and margins, without corrections."""
-        check_is_fitted(self, "coef_")
-        copy = PairSpeedModel(**self.get_params())
-        for name in ("coef_", "shrinkage_", "margin_", "margin_learned_", "n_train_"):
-            setattr(copy, name, getattr(self, name))
-        copy.suffers_, copy.hurts_ = {}, {}
-        return copy
+        return PairModel(latency=self.latency, threshold=self.threshold, margin=self.margin,
+                         margin_learned=self.margin_learned, shrinkage=self.shrinkage,
+                         n_train=self.n_train)
 
     def predict_pairs(self, profiles: Sequence[Mapping[str, Any]],
                       keys: Sequence[str]) -> list[dict[str, Any]]:
@@ -389,6 +290,8 @@ def training_sides() -> pd.DataFrame:
     ``group`` (data set), ``pair``, ``job``, ``other``, ``own_sm``, ``own_mem``, ``other_sm``,
     ``other_mem``, ``speed``. Gavel: failed pairs ([0, 0]) and V100 pairs filled in with the
     alone throughput are dropped; a self-pair counts once."""
+    import pandas as pd
+
     rows = []
     for name, pairs, profiles in data_sets():
         for k, (a, b, speed_a, speed_b) in enumerate(pairs):
@@ -439,7 +342,7 @@ def data_sets() -> list[tuple[str, list[tuple[str, str, float, float]], dict[str
 
 
 
-def pair_table(model: PairSpeedModel, profiles: Sequence[Mapping[str, Any]],
+def pair_table(model: PairModel, profiles: Sequence[Mapping[str, Any]],
                coruns: Sequence[tuple[str, str, float | None, float | None]] = ()
                ) -> list[dict[str, Any]]:
     """What ``kb predict-pairs`` prints: ``model`` (left unchanged) with corrections learned
@@ -452,13 +355,9 @@ def pair_table(model: PairSpeedModel, profiles: Sequence[Mapping[str, Any]],
     return learned.predict_pairs(profiles, keys)
 
 
-def default_model() -> PairSpeedModel:
+def default_model() -> PairModel:
     """The packaged prior (fitted on every packaged data set; read once per process), a fresh
     copy with no corrections each call."""
     coef, shrinkage, margin, margin_learned, sides = stored_pair_prior()
-    model = PairSpeedModel(latency=coef[0], shrinkage=shrinkage)
-    model.coef_, model.margin_, model.n_train_ = np.array(coef), margin, sides
-    model.shrinkage_ = shrinkage
-    model.margin_learned_ = margin_learned
-    model.suffers_, model.hurts_ = {}, {}
-    return model
+    return PairModel(latency=coef[0], margin=margin, margin_learned=margin_learned,
+                     shrinkage=shrinkage, n_train=sides)

@@ -1,9 +1,10 @@
 """Our fitted models on disk: where they live, how they are written (atomically, under a file
 lock) and read back. The public data sets are read by ``datasets.py``, never here.
 
-- the cross-type memory predictor (``models fit``: a pickle with its metadata beside it);
+- the cross-type memory predictor (``models fit``: JSON, the fitted model with its training
+  metadata; a ``memory.pkl`` written by earlier versions is still read when no JSON is there);
 - the interference classes (``classes fit``) and the knowledge base: JSON;
-- the packaged default fits (``data/models``: memory predictor, classes) and pair prior
+- the packaged default fits (``data/models``: memory predictor, classes, run time) and pair prior
   (``data/interference/pair_prior.json``), regenerated with
   ``python -m slurm_gpushare.predict.persist``.
 
@@ -11,7 +12,9 @@ The cross-type memory predictor (``slurm-gpushare models fit``) starts from the 
 site ran on more than one GPU type adds what it measured: its peak per type, keyed by its
 exact-script fingerprint (never by anything the job said about itself). The model is written
 atomically under a file lock with its training metadata; the daemon loads it at start and on
-SIGHUP.
+SIGHUP. Every model the daemon loads is plain JSON read into the plain fitted models
+(``memory.MemoryModel``, ``classes.ClassModel``, ...): the daemon never imports scikit-learn,
+scipy or pandas, which only fitting needs.
 """
 
 from __future__ import annotations
@@ -21,26 +24,41 @@ import hashlib
 import json
 import os
 import pickle
+import sys
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from slurm_gpushare.core.config import Config
-from slurm_gpushare.core.files import lock_for, read_locked, replace_atomically, write_locked
+from slurm_gpushare.core.files import read_locked, write_locked
 from slurm_gpushare.predict.datasets import package_path
 from slurm_gpushare.predict.history import PREALLOC_PCT
 
 if TYPE_CHECKING:
     import pandas as pd
-    from sklearn.base import BaseEstimator
 
-MEMORY_MODEL = "memory.pkl"
+    from slurm_gpushare.predict.memory import MemoryModel
+
+MEMORY_MODEL = "memory.json"
+# What versions before the JSON model wrote (a pickle of the scikit-learn estimator): still read
+# where no memory.json exists, so an upgrade keeps the site's fit until the next `models fit`.
+LEGACY_MEMORY_MODEL = "memory.pkl"
 # `slurm-gpushare classes fit` writes here by default; the daemon loads it at start and on SIGHUP.
 CLASSES_MODEL = "classes.json"
 
 
 def model_path(config: Config) -> Path:
+    """Where ``models fit`` writes the site's memory model."""
     return Path(config.daemon.state_dir) / "models" / MEMORY_MODEL
+
+
+def site_model_path(config: Config) -> Path | None:
+    """The site's memory model the daemon loads: ``memory.json``, else an earlier version's
+    ``memory.pkl``; None when there is neither (the packaged default is used)."""
+    for path in (model_path(config), model_path(config).with_name(LEGACY_MEMORY_MODEL)):
+        if path.exists():
+            return path
+    return None
 
 
 def site_observations(store):
@@ -75,7 +93,8 @@ def fit_memory_model(config: Config, store) -> dict:
     import pandas as pd
 
     from slurm_gpushare.predict.datasets import load_schedtune
-    from slurm_gpushare.predict.memory import CrossTypeMemoryPredictor, observations_from_schedtune
+    from slurm_gpushare.predict.estimators import CrossTypeMemoryPredictor
+    from slurm_gpushare.predict.memory import observations_from_schedtune
 
     site = site_observations(store)
     multi = site.groupby("job")["gpu"].nunique()
@@ -99,15 +118,15 @@ def load_classes_model(config: Config):
     path = classes_model_path(config)
     if not path.exists():
         return None
-    from slurm_gpushare.predict.classes import InterferenceClasses
+    from slurm_gpushare.predict.classes import ClassModel
 
-    return InterferenceClasses.load(path)
+    return ClassModel.load(path)
 
 
-def load_memory_model(config: Config):
+def load_memory_model(config: Config) -> MemoryModel | None:
     """The site's fitted predictor, or None (the daemon then uses the packaged default)."""
-    path = model_path(config)
-    if not path.exists():
+    path = site_model_path(config)
+    if path is None:
         return None
     predictor, _metadata = load_predictor(path)
     return predictor
@@ -123,50 +142,81 @@ def load_json(path: str | os.PathLike) -> dict[str, Any]:
     return json.loads(read_locked(path).decode())
 
 
-# -- the memory predictor (a pickle with its metadata beside it) -----------------------------
+# -- the site's memory predictor (JSON: the fitted model and its training metadata) -----------
+MEMORY_FILE_FORMAT = "slurm-gpushare/site-memory-model/1"
+
+
 def training_hash(X: pd.DataFrame) -> str:
     """sha256 of the training table in a canonical order."""
     canonical = X.sort_values(list(X.columns)).to_csv(index=False)
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def save_predictor(predictor: BaseEstimator, path: str | os.PathLike, *,
+def save_predictor(predictor, path: str | os.PathLike, *,
                    training_data: pd.DataFrame | None = None,
                    metrics: Mapping[str, float] | None = None) -> dict:
-    """Write ``predictor`` with its metadata atomically (temp file + rename, under a lock)."""
-    import sklearn
-    from sklearn.utils.validation import check_is_fitted
-
-    check_is_fitted(predictor)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Write ``predictor`` (a fitted ``CrossTypeMemoryPredictor`` or its ``MemoryModel``) with
+    its metadata as one JSON file, atomically under a lock; return the metadata."""
+    model = predictor.to_dict()  # raises NotFittedError for an unfitted estimator
     metadata = {
-        "estimator": type(predictor).__name__,
-        "params": {k: v for k, v in predictor.get_params().items() if k != "catalogue"},
+        "estimator": "CrossTypeMemoryPredictor",
+        "params": model["params"],
         "trained_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "sklearn_version": sklearn.__version__,
+        "sklearn_version": getattr(sys.modules.get("sklearn"), "__version__", None),
         "data_sha256": training_hash(training_data) if training_data is not None else None,
         "n_rows": int(len(training_data)) if training_data is not None else None,
         "metrics": dict(metrics or {}),
     }
-    payload = pickle.dumps({"metadata": metadata, "estimator": predictor})
-    with lock_for(path):  # the model and its metadata side file change together
-        replace_atomically(path, payload)
-        replace_atomically(path.with_suffix(path.suffix + ".json"),
-                           json.dumps(metadata, indent=2).encode())
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    save_json(path, {"format": MEMORY_FILE_FORMAT, "metadata": metadata, "model": model})
     return metadata
 
 
-def load_predictor(path: str | os.PathLike) -> tuple[BaseEstimator, dict]:
-    """The estimator and metadata written by ``save_predictor`` (trusted local file)."""
-    payload = pickle.loads(read_locked(path))
-    return payload["estimator"], payload["metadata"]
+def load_predictor(path: str | os.PathLike) -> tuple[MemoryModel, dict]:
+    """The fitted model and metadata written by ``save_predictor``; a ``.pkl`` is read as an
+    earlier version's pickle (a trusted local file) without importing scikit-learn."""
+    from slurm_gpushare.predict.memory import MemoryModel
+
+    if Path(path).suffix == ".pkl":
+        return _load_legacy_predictor(path)
+    data = load_json(path)
+    if data.get("format") != MEMORY_FILE_FORMAT:
+        raise ValueError(f"{path}: not a site memory model (format {data.get('format')!r})")
+    return MemoryModel.from_dict(data["model"]), data["metadata"]
+
+
+class _LegacyEstimator:
+    """Stands in for the scikit-learn estimator an earlier version pickled: unpickling fills
+    its ``__dict__`` with the estimator's parameters and fitted attributes."""
+
+
+class _LegacyUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str):
+        if (module, name) == ("slurm_gpushare.predict.memory", "CrossTypeMemoryPredictor"):
+            return _LegacyEstimator
+        return super().find_class(module, name)
+
+
+def _load_legacy_predictor(path: str | os.PathLike) -> tuple[MemoryModel, dict]:
+    import io
+
+    from slurm_gpushare.predict.memory import MemoryModel
+
+    payload = _LegacyUnpickler(io.BytesIO(read_locked(path))).load()
+    state = vars(payload["estimator"])
+    params = {k: state[k] for k in ("coverage", "huber_delta", "min_jobs", "min_calibration",
+                                    "n_folds", "max_sources", "same_type_margin",
+                                    "unseen_type_margin", "random_state")}
+    model = MemoryModel(params=params, types=state["types_"], pairs=state["pairs_"],
+                        margins=state["margins_"], margin_by_count=state["margin_by_count_"],
+                        n_jobs=state["n_jobs_"], catalogue=state.get("catalogue"))
+    return model, payload["metadata"]
 
 
 # -- the packaged default fits (data/models/*.json) ----------------------------------------
 # What a site starts with before its own data, fitted on the packaged data sets. Stored so that
 # a start reads them instead of fitting (seconds); a test checks each is the current fit.
-PACKAGED_FITS = ("memory", "classes")
+PACKAGED_FITS = ("memory", "classes", "runtime", "kb-seed")
 
 
 def packaged_fit_path(name: str) -> Path:
@@ -195,6 +245,14 @@ def fresh_fit(name: str) -> dict[str, Any]:
         from slurm_gpushare.predict.classes import fit_default_classes
 
         return fit_default_classes().to_dict()
+    if name == "kb-seed":
+        from slurm_gpushare.predict.knowledge import fresh_seed_pairs
+
+        return fresh_seed_pairs()
+    if name == "runtime":
+        from slurm_gpushare.predict.runtime import fit_default_runtime
+
+        return fit_default_runtime().to_dict()
     raise ValueError(f"no packaged fit {name!r}")
 
 
@@ -209,7 +267,8 @@ def prior_path() -> Path:
 def fitted_prior() -> dict[str, Any]:
     """The prior fitted on every packaged data set, as stored in ``pair_prior.json``
     (regenerate with ``python -m slurm_gpushare.predict.persist``; a test checks it is current)."""
-    from slurm_gpushare.predict.pairs import PARAMETERS, PairSpeedModel, training_sides
+    from slurm_gpushare.predict.estimators import PairSpeedModel
+    from slurm_gpushare.predict.pairs import PARAMETERS, training_sides
 
     model = PairSpeedModel().fit(training_sides())
     return {"format": PRIOR_FORMAT, "parameters": dict(zip(PARAMETERS, model.coef_.tolist())),

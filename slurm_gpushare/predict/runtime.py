@@ -10,22 +10,19 @@ Types outside the training set are mapped through the catalogue: the rule is tha
 with ``sqrt(fp32 TFLOPS x memory bandwidth)`` (the geometric mean of the compute and memory
 roofs), so a type is reached from the trained type nearest in that proxy and rescaled by the
 proxy ratio. This rule is not validated by the training data beyond K80/P100/V100.
+
+The fit is ``estimators.RuntimeTransfer``; what it produces, and what the daemon loads (the
+packaged fit, ``data/models/runtime.json``), is ``RuntimeModel`` here (pure Python).
 """
 
 from __future__ import annotations
 
-import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Mapping
 
-import numpy as np
-import pandas as pd
-from sklearn.base import BaseEstimator
-from sklearn.utils.validation import check_is_fitted
-
 from slurm_gpushare.core.gpus import Catalogue, default_catalogue
-from slurm_gpushare.predict.memory import _huber_line
+from slurm_gpushare.predict.persist import packaged_fit
 
 def speed_proxy(spec) -> float:
     return math.sqrt(spec.fp32_tflops * spec.memory_bandwidth_gbs)
@@ -46,49 +43,32 @@ class SpeedTransfer:
         return self.intercept + self.slope * log_tput
 
 
-class RuntimeTransfer(BaseEstimator):
-    """Run time on each GPU type from run times observed on some of them."""
+RUNTIME_FORMAT = "slurm-gpushare/runtime-transfer/1"
 
-    def __init__(self, *, method: str = "loglinear", huber_delta: float = 1.345,
-                 min_jobs: int = 5, catalogue: Catalogue | None = None,
-                 random_state: int | None = 0):
-        self.method = method
-        self.huber_delta = huber_delta
-        self.min_jobs = min_jobs
+
+class RuntimeModel:
+    """The fitted run-time transfer as plain data (pure Python): what the daemon loads
+    (``estimators.RuntimeTransfer.fit`` produces it and predicts through it). ``params``: the
+    estimator's; ``types``: the trained GPU models; ``pairs``: a ``SpeedTransfer`` per ordered
+    pair of types."""
+
+    def __init__(self, *, params: Mapping, types, pairs: Mapping[tuple[str, str], SpeedTransfer],
+                 catalogue: Catalogue | None = None):
+        self.params = dict(params)
+        self.types = list(types)
+        self.pairs = dict(pairs)
         self.catalogue = catalogue
-        self.random_state = random_state  # for the estimator API; the fit is deterministic
-
-    def fit(self, X: pd.DataFrame, y=None) -> "RuntimeTransfer":
-        if self.method not in ("loglinear", "median"):
-            raise ValueError(f"unknown method {self.method!r}")
-        wide = np.log(X.pivot_table(index="job", columns="gpu", values="throughput"))
-        self.types_ = list(wide.columns)
-        self.pairs_ = {}
-        for a, b in itertools.permutations(self.types_, 2):
-            both = wide[[a, b]].dropna()
-            if len(both) < self.min_jobs:
-                continue
-            x, d = both[a].to_numpy(), (both[b] - both[a]).to_numpy()
-            if self.method == "median":
-                coef = np.array([np.median(d), 0.0])
-            else:
-                coef = _huber_line(x, d, self.huber_delta)
-            resid = d - (coef[0] + coef[1] * x)
-            scale = max(1.4826 * float(np.median(np.abs(resid))), 0.01)
-            self.pairs_[(a, b)] = SpeedTransfer(float(coef[0]), float(coef[1]), scale,
-                                                float(np.median(d)))
-        return self
 
     def _catalogue(self) -> Catalogue:
         return self.catalogue or default_catalogue()
 
     def _anchor(self, model: str) -> tuple[str, float]:
         """Trained type nearest in speed proxy, and log(speed_model / speed_anchor)."""
-        if model in self.types_:
+        if model in self.types:
             return model, 0.0
         cat = self._catalogue()
         proxy = speed_proxy(cat.lookup(model))
-        anchor = min(self.types_, key=lambda t: abs(math.log(proxy / speed_proxy(cat.lookup(t)))))
+        anchor = min(self.types, key=lambda t: abs(math.log(proxy / speed_proxy(cat.lookup(t)))))
         return anchor, math.log(proxy / speed_proxy(cat.lookup(anchor)))
 
     def predict_runtime(self, observed_s: Mapping[str, float], target: str,
@@ -98,7 +78,6 @@ class RuntimeTransfer(BaseEstimator):
         With the job's step count (``steps``) its throughput on the observed type enters the
         loglinear pair model; without it the pair's median speed-up is used.
         """
-        check_is_fitted(self, "pairs_")
         if target in observed_s:
             return float(observed_s[target])
         target_anchor, target_shift = self._anchor(target)
@@ -112,7 +91,7 @@ class RuntimeTransfer(BaseEstimator):
             if anchor == target_anchor:
                 log_speedup, scale = 0.0, 0.05
             else:
-                pair = self.pairs_.get((anchor, target_anchor))
+                pair = self.pairs.get((anchor, target_anchor))
                 if pair is None:
                     continue
                 log_speedup, scale = pair.log_ratio(log_tput), pair.scale
@@ -126,4 +105,31 @@ class RuntimeTransfer(BaseEstimator):
     def predict_all(self, observed_s: Mapping[str, float], targets, steps=None) -> dict:
         return {t: self.predict_runtime(observed_s, t, steps) for t in targets}
 
+    def to_dict(self) -> dict:
+        return {"format": RUNTIME_FORMAT, "params": dict(self.params), "types": list(self.types),
+                "pairs": [{"source": a, "target": b, **asdict(t)}
+                          for (a, b), t in sorted(self.pairs.items())]}
 
+    @classmethod
+    def from_dict(cls, data: Mapping, catalogue: Catalogue | None = None) -> "RuntimeModel":
+        if not isinstance(data, Mapping) or data.get("format") != RUNTIME_FORMAT:
+            found = data.get("format") if isinstance(data, Mapping) else type(data).__name__
+            raise ValueError(f"not a run-time model (format {found!r})")
+        return cls(params=data["params"], types=data["types"], catalogue=catalogue,
+                   pairs={(p["source"], p["target"]): SpeedTransfer(
+                       float(p["intercept"]), float(p["slope"]), float(p["scale"]),
+                       float(p["median"])) for p in data["pairs"]})
+
+
+def default_runtime() -> RuntimeModel:
+    """The transfer fitted on Gavel's isolated throughputs, as stored in the package
+    (``persist.packaged_fit``: read, not refitted, at each start)."""
+    return RuntimeModel.from_dict(packaged_fit("runtime"))
+
+
+def fit_default_runtime():
+    """What ``default_runtime`` holds, fitted afresh (``persist`` stores it)."""
+    from slurm_gpushare.predict.datasets import load_gavel_isolated
+    from slurm_gpushare.predict.estimators import RuntimeTransfer
+
+    return RuntimeTransfer().fit(load_gavel_isolated())

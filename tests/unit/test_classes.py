@@ -11,7 +11,8 @@ import pytest
 from sklearn.base import clone
 from sklearn.exceptions import NotFittedError
 
-from slurm_gpushare.predict.classes import InterferenceClasses, kneedle, max_second_difference
+from slurm_gpushare.predict.classes import kneedle, max_second_difference
+from slurm_gpushare.predict.estimators import InterferenceClasses
 from slurm_gpushare.predict.evaluate import reproduce_alnair
 
 

@@ -216,6 +216,17 @@ def test_sighup_reloads_config_and_keeps_old_one_on_error(served):
     assert decide(sock)["share_gib"] == 4 and "reloaded" in events()
 
 
+def test_the_running_daemon_has_not_loaded_sklearn_scipy_or_pandas(served):
+    """The spawned ``serve``, after answering a decision, has none of the fitting libraries'
+    compiled modules mapped (each loads some at import): they would cost seconds per start."""
+    proc, sock, *_ = served
+    assert decide(sock)["share_gib"] == 8
+    mapped = Path(f"/proc/{proc.pid}/maps").read_text()
+    assert "numpy" in mapped  # the check sees the packages' own files
+    for package in ("sklearn", "scipy", "pandas"):
+        assert f"/{package}/" not in mapped, package
+
+
 def test_sigterm_stops_cleanly_and_removes_the_socket(served):
     proc, sock, log, *_ = served
     proc.send_signal(signal.SIGTERM)

@@ -11,10 +11,8 @@ import pytest
 from sklearn.base import clone
 from sklearn.utils import estimator_checks as checks
 
-from slurm_gpushare.predict.classes import InterferenceClasses
-from slurm_gpushare.predict.memory import CrossTypeMemoryPredictor
-from slurm_gpushare.predict.pairs import PairSpeedModel
-from slurm_gpushare.predict.runtime import RuntimeTransfer
+from slurm_gpushare.predict.estimators import (CrossTypeMemoryPredictor, InterferenceClasses,
+                                               PairSpeedModel, RuntimeTransfer)
 
 ESTIMATORS = [InterferenceClasses, CrossTypeMemoryPredictor, RuntimeTransfer, PairSpeedModel]
 API_CHECKS = [

@@ -202,6 +202,6 @@ def test_the_daemon_loads_the_classes_that_classes_fit_wrote(tmp_path):
     run("classes", "fit", "--data", str(data), "--model", str(model), "--k", "2")
     running = RunningDaemon(config)
     try:
-        assert running.service.estimator.classes.k_ == 2  # not the packaged k = 3
+        assert running.service.estimator.classes.k == 2  # not the packaged k = 3
     finally:
         running.stop()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from slurm_gpushare.predict import knowledge
+from slurm_gpushare.predict import datasets, knowledge
 from slurm_gpushare.predict.classes import default_classes
 from slurm_gpushare.predict.evaluate import evaluate_kb_on_alnair
 from slurm_gpushare.predict.knowledge import (KnowledgeBase, class_of_history, measured_isd,
@@ -34,6 +34,19 @@ def test_seeded_base_counts_and_orientation():
     # class 0 with class 0 includes Inceptionv3 + ResNet-50 (62-66% slowdown): too risky
     assert not kb.compatible(0, 0)
     assert kb.compatible(0, 1)
+
+
+@pytest.mark.parametrize("paper_classes", [False, True])
+def test_the_packaged_seed_seeds_what_the_alnair_tables_say(paper_classes):
+    """The daemon seeds from ``kb-seed.json`` (no pandas); seeding from the alnair tables
+    themselves, each side classed by ``predict`` on its telemetry, gives the same base."""
+    classes = None if paper_classes else default_classes()
+    from_tables = KnowledgeBase(classes_digest="paper" if paper_classes else classes.digest())
+    for row in knowledge.alnair_pairs(classes).itertuples(index=False):
+        from_tables.observe(row.class_a, row.class_b, row.isd_a, row.isd_b, ps=row.ps,
+                            gpu_type=knowledge.ALNAIR_GPU, prior=True)
+    assert len(knowledge.seed_pairs()) == 34
+    assert KnowledgeBase.seeded(classes).to_dict() == from_tables.to_dict()
 
 
 def test_online_observations_change_the_verdict():
@@ -82,10 +95,10 @@ def test_gavel_proxy_uses_no_pair_measurement(monkeypatch):
     assert util[("v100", "ResNet-50 (batch size 64)")] > 50
     assert util[("v100", "Recommendation (batch size 1024)")] < 10
     assert profiles["mem_util_pct"].isna().all()  # not derivable: left unknown, not invented
-    pairs = knowledge.load_gavel_pairs()
+    pairs = datasets.load_gavel_pairs()
     scrambled = pairs.assign(norm_a=pairs["norm_a"].sample(frac=1, random_state=0).to_numpy(),
                              norm_b=0.5)
-    monkeypatch.setattr(knowledge, "load_gavel_pairs", lambda: scrambled)
+    monkeypatch.setattr(datasets, "load_gavel_pairs", lambda: scrambled)
     pd.testing.assert_frame_equal(knowledge.gavel_profiles(), profiles)
 
 

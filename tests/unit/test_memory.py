@@ -13,7 +13,8 @@ from conftest import cached_json
 from slurm_gpushare.cli import main
 from slurm_gpushare.core.config import GpuType
 from slurm_gpushare.predict.datasets import load_schedtune
-from slurm_gpushare.predict.memory import (CrossTypeMemoryPredictor, _huber_line, conformal_upper,
+from slurm_gpushare.predict.estimators import CrossTypeMemoryPredictor
+from slurm_gpushare.predict.memory import (_huber_line, conformal_upper,
                                            default_predictor, estimate_memory,
                                            observations_from_schedtune)
 from slurm_gpushare.predict.persist import load_predictor, save_predictor
@@ -138,18 +139,48 @@ def test_preallocating_framework_is_unknown_unless_hinted():
         estimate_memory({"v100": -1.0}, CLUSTER, default_predictor())
 
 
-def test_persistence_is_atomic_with_metadata(tmp_path):
+def test_persistence_is_atomic_json_with_metadata(tmp_path):
     data = observations_from_schedtune(load_schedtune())
-    model = default_predictor()
-    path = tmp_path / "models" / "memory.pkl"
+    model = CrossTypeMemoryPredictor.from_dict(default_predictor().to_dict())  # = its fit
+    path = tmp_path / "models" / "memory.json"
     meta = save_predictor(model, path, training_data=data, metrics={"avg_rel_err": 0.04})
     loaded, stored = load_predictor(path)
     assert stored == meta and len(stored["data_sha256"]) == 64 and stored["n_rows"] == 222
     assert stored["sklearn_version"] and stored["metrics"]["avg_rel_err"] == 0.04
-    assert json.loads((tmp_path / "models" / "memory.pkl.json").read_text()) == meta
-    assert sorted(os.listdir(path.parent)) == ["memory.pkl", "memory.pkl.json", "memory.pkl.lock"]
-    query = {"V100-16GB": 5000.0}
-    assert loaded.predict_peak(query, "RTX3090") == model.predict_peak(query, "RTX3090")
+    assert json.loads(path.read_text())["metadata"] == meta
+    assert sorted(os.listdir(path.parent)) == ["memory.json", "memory.json.lock"]
+    for query, target in (({"V100-16GB": 5000.0}, "RTX3090"), ({"K80": 9000.0}, "T4")):
+        assert loaded.predict_peak(query, target) == model.predict_peak(query, target)
+    with pytest.raises(NotFittedError):
+        save_predictor(CrossTypeMemoryPredictor(), tmp_path / "unfitted.json")
+
+
+def test_an_earlier_versions_pickled_model_is_still_read(tmp_path, monkeypatch):
+    """``memory.pkl`` as versions before the JSON model wrote it (a pickle of the estimator
+    class then defined in predict/memory.py): read without scikit-learn, predicting the same."""
+    import pickle
+
+    from slurm_gpushare.predict import memory
+
+    fitted = CrossTypeMemoryPredictor.from_dict(default_predictor().to_dict())
+
+    class Legacy:  # pickled under the old estimator's module and name
+        pass
+
+    Legacy.__module__, Legacy.__qualname__ = "slurm_gpushare.predict.memory", "CrossTypeMemoryPredictor"
+    old = Legacy()
+    old.__dict__.update({**fitted.get_params(), "types_": fitted.types_, "pairs_": fitted.pairs_,
+                         "margins_": fitted.margins_, "margin_by_count_": fitted.margin_by_count_,
+                         "n_jobs_": fitted.n_jobs_, "_sklearn_version": "1.5.2",
+                         "calibration_residuals_": {("K80", "T4"): np.array([0.01, -0.02])}})
+    monkeypatch.setattr(memory, "CrossTypeMemoryPredictor", Legacy, raising=False)
+    path = tmp_path / "memory.pkl"
+    path.write_bytes(pickle.dumps({"metadata": {"n_rows": 222}, "estimator": old}))
+    monkeypatch.undo()
+    loaded, metadata = load_predictor(path)
+    assert metadata == {"n_rows": 222} and type(loaded) is memory.MemoryModel
+    for query, target in (({"V100-16GB": 5000.0}, "RTX3090"), ({"K80": 9000.0}, "T4")):
+        assert loaded.predict_peak(query, target) == fitted.predict_peak(query, target)
 
 
 def test_cli_predict(capsys):

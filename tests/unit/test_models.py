@@ -45,8 +45,11 @@ def test_models_fit_writes_a_model_the_daemon_loads(tmp_path, capsys):
     assert main(["models", "fit", "--config", str(config_file), "--json"]) == 0
     metadata = json.loads(capsys.readouterr().out)
     assert metadata["metrics"]["site_jobs"] == 3 and metadata["metrics"]["site_rows"] == 6
-    assert model_path(config).exists()
+    assert model_path(config).name == "memory.json" and model_path(config).exists()
     assert load_memory_model(config) is not None
+    assert main(["models", "show", "--config", str(config_file)]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["path"] == str(model_path(config)) and shown["metrics"] == metadata["metrics"]
 
 
 def test_models_fit_without_a_store_is_a_clear_error(tmp_path, capsys):

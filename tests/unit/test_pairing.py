@@ -89,7 +89,7 @@ def test_co_runs_in_the_store_become_corrections(store):
     # Measured: job 10 ran at 0.4x next to job 12 (far below what their telemetry predicts).
     store.record_corun("10", "12", cluster="c1", isd_a=1.5, isd_b=0.02)
     after = Pairing(store).load()
-    assert after.model.suffers_[LIGHT] > 0
+    assert after.model.suffers[LIGHT] > 0
     assert after.compatibility([LIGHT]).compatible_with("dlight") is False
     # Learning at ingest swaps in a new model; a decision's compatibility keeps its own.
     held = before.compatibility([LIGHT])
@@ -124,8 +124,8 @@ def test_ingest_learns_corrections_from_a_measured_co_run(store, monkeypatch):
 
     ingest(summary("20", LIGHT, 5.0, 2.0, duration_s=150.0, keys=[],
                            coruns=[{"job_id": "21", "overlap_s": 150.0}]), config)
-    assert pairing.model.suffers_ == {}  # job 21 has not reported yet: nothing to pair with
+    assert pairing.model.suffers == {}  # job 21 has not reported yet: nothing to pair with
     ingest(summary("21", OTHER_LIGHT, 6.0, 3.0, duration_s=61.0, keys=[],
                            coruns=[{"job_id": "20", "overlap_s": 61.0}]), config)
-    assert pairing.model.suffers_[LIGHT] > 0.3
+    assert pairing.model.suffers[LIGHT] > 0.3
     assert pairing.compatibility([LIGHT]).compatible_with("dlight") is False

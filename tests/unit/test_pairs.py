@@ -10,7 +10,8 @@ import pytest
 from sklearn.exceptions import NotFittedError
 
 from conftest import cached_json
-from slurm_gpushare.predict.pairs import (PairSpeedModel, default_model, demand_of, fits_memory,
+from slurm_gpushare.predict.estimators import PairSpeedModel
+from slurm_gpushare.predict.pairs import (default_model, demand_of, fits_memory,
                                           training_sides)
 
 GRID = np.linspace(0, 100, 11)
@@ -27,8 +28,8 @@ def model():
 
 def _with_corrections(model):
     learned = default_model()
-    learned.suffers_ = {"a": 0.8, "b": -0.5}
-    learned.hurts_ = {"a": -0.7, "b": 1.1}
+    learned.suffers = {"a": 0.8, "b": -0.5}
+    learned.hurts = {"a": -0.7, "b": 1.1}
     return learned
 
 
@@ -63,8 +64,8 @@ def test_self_pairs_are_defined_and_symmetric(model):
 def test_prior_parameters_are_non_negative_and_fitted_on_the_packaged_sets(model):
     sides = training_sides()
     assert set(sides["group"]) == {"gavel-k80", "gavel-p100", "gavel-v100", "alnair-p100"}
-    assert (model.coef_ >= 0).all() and model.coef_.sum() > 0
-    assert 1.0 <= model.margin_ <= 6.0
+    assert 0.0 <= model.latency <= 1.0
+    assert 1.0 <= model.margin <= 6.0
 
 
 def test_the_prior_is_calibrated_in_absolute_speed(model):
@@ -126,7 +127,7 @@ def test_a_job_that_hurts_others_is_learned_from_its_partners_side():
     profiles = {"noisy": profile(10, 5), "p": profile(50, 20), "q": profile(50, 20)}
     learned = default_model().learn([("noisy", "p", 1.0, 0.4), ("q", "noisy", 0.45, 1.0)],
                                     profiles)
-    assert learned.hurts_["noisy"] > 0
+    assert learned.hurts["noisy"] > 0
     r = profile(50, 20)
     before = default_model().predict_group([r, profiles["noisy"]], ["r", "noisy"])[0]
     after = learned.predict_group([r, profiles["noisy"]], ["r", "noisy"])[0]
@@ -147,7 +148,7 @@ def test_recommend_needs_memory_and_speed(model):
     assert not model.recommend([profile(100, 80, used=1000)] * 2)
     assert fits_memory([light, profile(2, 1)]) is None
     assert math.isclose(model.safe_speeds([light, light])[0],
-                        1 / (1 + model.margin_ * model.predict_isd([light, light])[0]))
+                        1 / (1 + model.margin * model.predict_isd([light, light])[0]))
 
 
 def test_the_packaged_prior_is_the_fit_of_the_packaged_data():

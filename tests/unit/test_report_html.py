@@ -65,8 +65,16 @@ def _workload():
     return report
 
 
-def test_page_is_self_contained_with_three_plots():
-    page = render_html(_workload())
+@pytest.fixture(scope="module")
+def rendered():
+    """The workload's report and its page, rendered once for the tests that only read them
+    (three matplotlib plots cost about a second)."""
+    report = _workload()
+    return report, render_html(report)
+
+
+def test_page_is_self_contained_with_three_plots(rendered):
+    _, page = rendered
     figures = re.findall(r"<figure [^>]*>\s*<svg ", page)
     assert len(figures) == 3
     # Nothing fetched: the only URLs are the SVG namespaces' names.
@@ -127,9 +135,8 @@ def _overlap(a, b) -> bool:
                 or a["bottom"] <= b["top"] or b["bottom"] <= a["top"])
 
 
-def test_headless_chromium_lays_out_the_plots_and_their_axes(tmp_path):
-    report = _workload()
-    page = render_html(report)
+def test_headless_chromium_lays_out_the_plots_and_their_axes(tmp_path, rendered):
+    report, page = rendered
     measured_page = tmp_path / "measured.html"
     measured_page.write_text(page.replace("</body>", MEASURE + "</body>"))
     dom = subprocess.run([*_chromium_args(tmp_path), "--virtual-time-budget=10000",
@@ -160,9 +167,9 @@ def test_headless_chromium_lays_out_the_plots_and_their_axes(tmp_path):
     assert seen["savings_legend"]["top"] >= seen["savings_axes"]["bottom"] - 1, seen
 
 
-def test_headless_chromium_renders_the_plots(tmp_path):
+def test_headless_chromium_renders_the_plots(tmp_path, rendered):
     page = tmp_path / "report.html"
-    page.write_text(render_html(_workload()))
+    page.write_text(rendered[1])
     shot = tmp_path / "report.png"
     subprocess.run([*_chromium_args(tmp_path), f"--screenshot={shot}", page.as_uri()],
                    capture_output=True, timeout=120, check=False)

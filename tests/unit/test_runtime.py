@@ -1,8 +1,9 @@
 import pytest
 
+from conftest import cached_json
 from slurm_gpushare.predict.datasets import load_gavel_isolated
 from slurm_gpushare.predict.evaluate import evaluate_transfer
-from slurm_gpushare.predict.runtime import RuntimeTransfer
+from slurm_gpushare.predict.estimators import RuntimeTransfer
 
 
 def test_gavel_copy_has_26_job_types_on_three_gpus():
@@ -13,7 +14,7 @@ def test_gavel_copy_has_26_job_types_on_three_gpus():
 
 
 def test_leave_one_job_type_out_beats_same_time_everywhere():
-    result = evaluate_transfer()
+    result = cached_json("runtime-evaluate-transfer", evaluate_transfer)  # by code and data
     naive = result["same time everywhere"]
     ours = result["per-pair log-linear (ours)"]
     assert ours["n"] == 26 * 6

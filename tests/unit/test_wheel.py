@@ -24,9 +24,11 @@ DATA = REPO.parent / "shared" / "data"
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
     root = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                    "-w", str(root / "dist"), str(REPO)], check=True, capture_output=True,
-                   timeout=300)
+    # The build backend's PEP 517 hook, called as pip calls it (without pip's own start-up).
+    build = ("import sys, setuptools.build_meta as backend; "
+             "backend.build_wheel(sys.argv[1])")
+    subprocess.run([sys.executable, "-c", build, str(root / "dist")], cwd=str(REPO), check=True,
+                   capture_output=True, timeout=300)
     (wheel,) = (root / "dist").glob("slurm_gpushare-*.whl")
     site = root / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target",

@@ -145,6 +145,10 @@ class Engine:
         # allocations change (for views of nodes).
         self.n_room = np.maximum.reduceat(self.g_cap, self.n_first)
         self._n_room = self.n_room.tolist()  # the same as a list (read per node)
+        # Free GiB on each GPU a share may join (0 when held whole or at the job cap): what
+        # placements test, per GPU of the few nodes whose room reaches a share.
+        self.g_free = self.g_cap.tolist()
+        self._n_gpu_range = [range(int(f), int(f) + int(c)) for f, c in zip(self.n_first, self.n_gpus)]
         self.n_version = np.zeros(N, np.int64)
         # Class-aware policies: the same room per class, on GPUs the policy lets it join
         # (``class_node_room[c][node]``, ``class_type_room[c][t]``; set up after prepare).
@@ -156,7 +160,7 @@ class Engine:
         self.type_room_node = [-1] * len(cluster.types)
         for t in range(len(cluster.types)):
             self._type_room(t)
-        self._share_nodes: dict = {}
+        self._whole_nodes: dict = {}  # (version, types, GPUs per node) -> nodes with them empty
         self._need: dict = {}  # request key -> GiB needed per node
         self._ever_fits: dict = {}  # (request key, GPUs of a whole request) -> can_ever_fit
         self._mem_true_by_type: dict = {}
@@ -220,22 +224,26 @@ class Engine:
 
     # --- queries used by policies --------------------------------------------------------
 
-    def gpu_ok_types(self, req: Request, exclude: frozenset[int] | None = None) -> np.ndarray:
-        """GPUs of the request's types outside its and the pass's exclusions (cached)."""
-        key = ("gpu", req.types.tobytes(), req.exclude, exclude)
-        mask = self._masks.get(key)
-        if mask is None:
-            mask = self._node_mask(req, exclude)[self.g_node]
-            self._masks[key] = mask
-        return mask
-
-    def share_candidates(self, req: Request, exclude=None, *, cap: int | None = None) -> np.ndarray:
-        """GPUs (ascending, i.e. Slurm's node order) where the share fits now."""
-        cap = cap or self.cap
-        need = req.shards[self.g_type]
-        ok = (self.gpu_ok_types(req, exclude) & ~self.g_whole & (self.g_njobs < cap)
-              & (self.g_used + need <= self.g_cap))
-        return np.flatnonzero(ok)
+    def share_candidates(self, req: Request, exclude=None, *, cap: int | None = None,
+                         rooms: list | None = None, first: bool = False) -> list[int]:
+        """GPUs (ascending, i.e. Slurm's node order) where the share fits now, outside its and
+        the pass's exclusions. Only nodes whose room (``rooms``: default ``node_room``; a
+        class's room for class-aware policies) reaches the share are looked at: few, on a
+        busy cluster. ``first``: the first such GPU only."""
+        need = self._node_need(req)
+        skip = req.exclude | exclude if exclude else req.exclude
+        tight = cap is not None and cap < self.cap  # the job cap of free GiB is not enough
+        g_free, g_njobs, ranges = self.g_free, self.g_njobs, self._n_gpu_range
+        out = []
+        for node, (room, gib) in enumerate(zip(self._n_room if rooms is None else rooms, need)):
+            if room < gib or node in skip:
+                continue
+            for g in ranges[node]:
+                if g_free[g] >= gib and not (tight and g_njobs[g] >= cap):
+                    out.append(g)
+                    if first:
+                        return out
+        return out
 
     def _node_mask(self, req: Request, exclude) -> np.ndarray:
         """Nodes of the request's types outside its and the pass's exclusions (cached)."""
@@ -268,6 +276,7 @@ class Engine:
             free = [c - u if not w and n < cap else 0
                     for c, u, w, n in zip(g_cap[gpus_of].tolist(), g_used[gpus_of].tolist(),
                                           g_whole[gpus_of].tolist(), g_njobs[gpus_of].tolist())]
+            self.g_free[first:first + count] = free
             room = max(free)  # free GiB are never negative
             self.n_room[node] = self._n_room[node] = room
             if room >= self.type_room[t]:
@@ -301,45 +310,43 @@ class Engine:
         k = rooms.index(max(rooms))
         self.type_room[t], self.type_room_node[t] = rooms[k], nodes[k]
 
-    def _node_need(self, req: Request) -> np.ndarray:
+    def _node_need(self, req: Request) -> list[int]:
         """GiB the share needs on each node (more than any GPU holds on nodes of other types)."""
         need = self._need.get(req.key)
         if need is None:
-            need = np.where(req.types[self.n_type], req.shards[self.n_type], np.iinfo(np.int64).max)
-            self._need[req.key] = need
+            need = self._need[req.key] = np.where(req.types[self.n_type], req.shards[self.n_type],
+                                                  np.iinfo(np.int64).max).tolist()
         return need
 
-    def share_nodes(self, req: Request) -> frozenset:
-        """Nodes of the request's types with room for its share, ignoring its exclusions."""
-        key = (self.version, req.key)
-        nodes = self._share_nodes.get(key)
-        if nodes is None:
-            if len(self._share_nodes) > 1024:
-                self._share_nodes.clear()
-            ok = self.node_room() >= self._node_need(req)
-            nodes = self._share_nodes[key] = frozenset(np.flatnonzero(ok).tolist())
-        return nodes
+    def _share_room_outside(self, req: Request, skip: frozenset) -> bool:
+        """Some node of the request's types, not in ``skip``, has room for its share now
+        (a plain loop over the nodes: cheaper than a cached set that each start makes stale)."""
+        for node, (room, gib) in enumerate(zip(self._n_room, self._node_need(req))):
+            if room >= gib and node not in skip:
+                return True
+        return False
 
     def _share_fits_outside(self, req: Request) -> bool:
         """Some node outside the request's exclusions has room for its share: the roomiest
-        node of one of its types, else one of the nodes with room (cached per allocation
-        state, not a scan of every node per question)."""
+        node of one of its types, else a look at the nodes with room."""
         for t, gib in req.need:
             if gib <= self.type_room[t] and self.type_room_node[t] not in req.exclude:
                 return True
-        return not self.share_nodes(req) <= req.exclude
+        return self._share_room_outside(req, req.exclude)
 
-    def _room_nodes(self, j: int, req: Request) -> frozenset:
-        """Nodes where the job's request could fit now, ignoring exclusions (cached)."""
+    def _room_outside(self, j: int, req: Request, skip: frozenset) -> bool:
+        """Could the job's request fit now on a node not in ``skip``?"""
         if not req.whole:
-            return self.share_nodes(req)
+            return self._share_room_outside(req, skip)
         n = min(self.ngpus[j], self.max_pernode)
         key = (self.version, req.types.tobytes(), n)
-        nodes = self._share_nodes.get(key)
+        nodes = self._whole_nodes.get(key)
         if nodes is None:
+            if len(self._whole_nodes) > 1024:
+                self._whole_nodes.clear()
             ok = req.types[self.n_type] & (self.n_free >= n)
-            nodes = self._share_nodes[key] = frozenset(np.flatnonzero(ok).tolist())
-        return nodes
+            nodes = self._whole_nodes[key] = frozenset(np.flatnonzero(ok).tolist())
+        return not nodes <= skip
 
     def whole_candidates(self, j: int, req: Request, exclude=None, *,
                          first: bool = False) -> list[tuple[int, ...]]:
@@ -730,6 +737,16 @@ class Engine:
         version = self.type_ready_version[t]
         if hit is not None and hit[0] == version:
             return hit[1], hit[2]
+        if per == 1 and k == 1:
+            # The node of the type's GPU that empties soonest (the first such GPU: node order).
+            gpus = self.type_gpus[t]
+            if not len(gpus):
+                return math.inf, frozenset()
+            ends = self.g_free_at[gpus]
+            g = int(gpus[int(ends.argmin())])
+            when, chosen = ends.min(), frozenset([int(self.g_node[g])])
+            self._type_ready[key] = (version, when, chosen)
+            return when, chosen
         nodes = self.type_nodes[t]
         # When each node has ``per`` GPUs empty: its GPUs' planned ends, soonest first (empty
         # GPUs read 0, padding inf), the per-th.
@@ -807,7 +824,7 @@ class Engine:
                 if reservation is None:
                     reservation = self._reservation(*blocked)
                 shadow, reserved = reservation
-                if self._room_nodes(j, req) <= reserved | req.exclude:
+                if not self._room_outside(j, req, reserved | req.exclude):
                     placed = None  # room only on the reserved nodes: no need to ask
                 else:
                     placed = policy.place(j, req, self, reserved)

@@ -107,8 +107,7 @@ class Policy:
     def place(self, j, req, engine, exclude):
         if req.whole:
             return self.first_whole(j, req, engine, exclude)
-        cands = engine.share_candidates(req, exclude)
-        return [int(cands[0])] if len(cands) else None
+        return engine.share_candidates(req, exclude, first=True) or None
 
 
 class SlurmDefault(Policy):
@@ -132,7 +131,7 @@ class RandomPack(Policy):
                 return None
             return engine.take_whole(j, groups[int(self.rng.integers(len(groups)))])
         cands = engine.share_candidates(req, exclude)
-        return [int(self.rng.choice(cands))] if len(cands) else None
+        return [int(self.rng.choice(cands))] if cands else None
 
 
 class FirstFitShare(Policy):
@@ -175,6 +174,7 @@ class KnowledgePolicy(Policy):
                              for mask in range(masks)] for p in range(P)]
         self.gain_rows = [[tuple(bool(x > 0) for x in self.gain[p, :C, mask])
                            for mask in range(masks)] for p in range(P)]
+        self.gain_list = self.gain[:, :C, :].transpose(0, 2, 1).tolist()  # [p][mask][c]
 
     def admit(self, j, engine):
         return self.share(j, engine, engine.work.mem_safe[j])
@@ -196,8 +196,9 @@ class SchedTune(KnowledgePolicy):
         if req.whole:
             return self.first_whole(j, req, engine, exclude)
         cands = engine.share_candidates(req, exclude, cap=self.threshold)
-        if not len(cands):
+        if not cands:
             return None
+        cands = np.array(cands)
         t = engine.g_type[cands]
         slow = self.mean_speed[engine.g_profile_arr[cands]] ** engine.g_njobs[cands]
         jct = engine.work.runtime_pred[j, t] / slow
@@ -212,23 +213,25 @@ class ClassPair(KnowledgePolicy):
         return self.compat_rows[engine.g_profile[g]][engine.g_classmask[g]]
 
     def place(self, j, req, engine, exclude):
+        """The compatible GPU with the best packing gain (the first on a tie), else the first
+        empty one: among the GPUs of nodes with room the job's class may join."""
         if req.whole:
             return self.first_whole(j, req, engine, exclude)
-        cands = engine.share_candidates(req, exclude)
-        if not len(cands):
-            return None
         c = engine.jclass[j]
-        prof = engine.g_profile_arr[cands]
-        mask = engine.g_classmask[cands]
-        ok = self.compat[prof, c, mask]
-        if not ok.any():
-            return None
-        cands, gain, mask = cands[ok], self.gain[prof[ok], c, mask[ok]], mask[ok]
-        shared = mask > 0
-        if shared.any():
-            best = np.flatnonzero(shared)[int(np.argmax(gain[shared]))]
-            return [int(cands[best])]
-        return [int(cands[0])]
+        profile, classmask = engine.g_profile, engine.g_classmask
+        best, best_gain, empty = None, -math.inf, None
+        for g in engine.share_candidates(req, exclude, rooms=engine.class_node_room[c]):
+            p, mask = profile[g], int(classmask[g])
+            if not self.compat_rows[p][mask][c]:
+                continue
+            if mask == 0:
+                if empty is None:
+                    empty = g
+            elif self.gain_list[p][mask][c] > best_gain:
+                best, best_gain = g, self.gain_list[p][mask][c]
+        if best is not None:
+            return [best]
+        return None if empty is None else [empty]
 
 
 class SjfBsbf(KnowledgePolicy):
@@ -243,17 +246,20 @@ class SjfBsbf(KnowledgePolicy):
         return self.gain_rows[engine.g_profile[g]][engine.g_classmask[g]]
 
     def place(self, j, req, engine, exclude):
+        """The first empty GPU, else the share with the best gain if positive: among the GPUs
+        of nodes with room the job's class may join (an empty GPU, or a positive gain)."""
         if req.whole:
             return self.first_whole(j, req, engine, exclude)
-        cands = engine.share_candidates(req, exclude)
-        if not len(cands):
-            return None
-        empty = engine.g_njobs[cands] == 0
-        if empty.any():
-            return [int(cands[int(np.argmax(empty))])]
-        gain = self.gain[engine.g_profile_arr[cands], engine.jclass[j], engine.g_classmask[cands]]
-        best = int(np.argmax(gain))
-        return [int(cands[best])] if gain[best] > 0 else None
+        c = engine.jclass[j]
+        profile, classmask, njobs = engine.g_profile, engine.g_classmask, engine.g_njobs
+        best, best_gain = None, -math.inf
+        for g in engine.share_candidates(req, exclude, rooms=engine.class_node_room[c]):
+            if njobs[g] == 0:
+                return [g]
+            gain = self.gain_list[profile[g]][int(classmask[g])][c]
+            if gain > best_gain:
+                best, best_gain = g, gain
+        return [best] if best is not None and best_gain > 0 else None
 
 
 # --- gpushare: the daemon's decision code -----------------------------------------------------

@@ -64,11 +64,17 @@ class Request:
     def __post_init__(self):
         key = (self.types.tobytes(), None if self.shards is None else self.shards.tobytes())
         object.__setattr__(self, "key", key)
-        # (type, GiB) for each allowed type: quick tests run for every queued share in a pass.
-        shards = None if self.shards is None else self.shards.tolist()
-        need = () if shards is None else tuple(
-            (t, int(shards[t])) for t in np.flatnonzero(self.types).tolist())
+        # (type, GiB) for each allowed type: quick tests run for every queued share in a pass
+        # (one tuple per shape of request, made once).
+        need = _NEEDS.get(key)
+        if need is None:
+            shards = None if self.shards is None else self.shards.tolist()
+            need = _NEEDS[key] = () if shards is None else tuple(
+                (t, int(shards[t])) for t in np.flatnonzero(self.types).tolist())
         object.__setattr__(self, "need", need)
+
+
+_NEEDS: dict = {}  # Request.key -> Request.need
 
 
 @dataclass
@@ -108,6 +114,7 @@ class Engine:
         # GPUs
         self.g_type = cluster.gpu_type
         self.g_node = cluster.gpu_node
+        self.g_node_list = self.g_node.tolist()
         self.g_cap = cluster.gpu_mem_gib.astype(np.int64)
         self.g_used = np.zeros(G, np.int64)  # GiB reserved (a whole GPU reserves all)
         self.g_njobs = np.zeros(G, np.int64)
@@ -168,6 +175,10 @@ class Engine:
         # version bumped when a planned end of its GPUs changes, and the soonest starts on its
         # nodes, (type, GPUs per node, nodes) -> (version, when, nodes), kept until then.
         self.type_ready_version = [0] * len(cluster.types)
+        # Each node's GPUs' planned ends, soonest first (rows re-sorted only for nodes whose
+        # planned ends changed since the last look: ``_ends_stale``).
+        self.n_ends = np.sort(self.g_free_at[self.n_matrix], axis=1)
+        self._ends_stale: set = set()
         self._type_ready: dict = {}
         self._reserved: tuple = (None, None)
         T = len(cluster.types)
@@ -454,6 +465,7 @@ class Engine:
         """GPU g empties at ``when``: the soonest starts on its type's nodes are stale."""
         self.g_free_at[g] = when
         self.type_ready_version[self.g_type[g]] += 1
+        self._ends_stale.add(self.g_node_list[g])
 
     def start(self, j: int, gpus: list[int]):
         req = self.j_req[j]
@@ -750,7 +762,11 @@ class Engine:
         nodes = self.type_nodes[t]
         # When each node has ``per`` GPUs empty: its GPUs' planned ends, soonest first (empty
         # GPUs read 0, padding inf), the per-th.
-        ready = np.sort(self.g_free_at[self.n_matrix[nodes]], axis=1)[:, per - 1]
+        if self._ends_stale:
+            stale = list(self._ends_stale)
+            self._ends_stale.clear()
+            self.n_ends[stale] = np.sort(self.g_free_at[self.n_matrix[stale]], axis=1)
+        ready = self.n_ends[nodes, per - 1]
         order = np.argsort(ready, kind="stable")[:k]
         when = ready[order[-1]] if len(order) == k else math.inf
         chosen = frozenset(nodes[order].tolist())

@@ -66,21 +66,33 @@ class Policy:
         work = engine.work
         self.cap_mib = np.array([t.memory_gib * 1024 for t in engine.cluster.types], float)
         self.est = np.where(work.allowed, work.runtime_pred, 0.0).max(axis=1)
+        self._share_rows: dict = {}  # memory estimate -> ``_shares``
 
     # admission helpers
     def whole(self, j: int, engine, code: str = "whole", nice: int = 0) -> Request:
         return Request(True, engine.work.allowed[j], None, frozenset(), float(self.est[j]), code,
                        nice)
 
-    def share(self, j: int, engine, memory: np.ndarray, code: str = "share") -> Request:
+    def share(self, j: int, engine, estimate: str, code: str = "share") -> Request:
+        """A share sized by the job's memory estimate ``estimate`` (a ``Workload`` field:
+        ``mem_safe`` or ``mem_pred``), on the allowed types it fits."""
         work = engine.work
         if work.n_gpus[j] > 1 or work.n_nodes[j] > 1 or engine.j_kills[j]:
             return self.whole(j, engine, "whole-multi" if engine.j_kills[j] == 0 else "whole-after-kill")
-        types = work.allowed[j] & (memory <= self.cap_mib)
-        if not types.any():
+        types, fits, shards = self._shares(engine, estimate)
+        if not fits[j]:
             return self.whole(j, engine, "whole-no-fit")
-        shards = np.maximum(np.ceil(memory / 1024), 1).astype(np.int64)
-        return Request(False, types, shards, frozenset(), float(self.est[j]), code)
+        return Request(False, types[j], shards[j], frozenset(), float(self.est[j]), code)
+
+    def _shares(self, engine, estimate: str) -> tuple:
+        """For every job at once: the types its share fits, whether any, GiB per type."""
+        rows = self._share_rows.get(estimate)
+        if rows is None:
+            memory = getattr(engine.work, estimate)
+            types = engine.work.allowed & (memory <= self.cap_mib)
+            shards = np.maximum(np.ceil(memory / 1024), 1).astype(np.int64)
+            rows = self._share_rows[estimate] = (types, types.any(axis=1).tolist(), shards)
+        return rows
 
     def admit(self, j: int, engine) -> Request:
         return self.whole(j, engine)
@@ -122,7 +134,7 @@ class RandomPack(Policy):
         self.rng = np.random.default_rng(seed)
 
     def admit(self, j, engine):
-        return self.share(j, engine, engine.work.mem_safe[j])
+        return self.share(j, engine, "mem_safe")
 
     def place(self, j, req, engine, exclude):
         if req.whole:
@@ -141,7 +153,7 @@ class FirstFitShare(Policy):
     shares = True
 
     def admit(self, j, engine):
-        return self.share(j, engine, engine.work.mem_pred[j], "share-unsafe")
+        return self.share(j, engine, "mem_pred", "share-unsafe")
 
 
 class KnowledgePolicy(Policy):
@@ -177,7 +189,7 @@ class KnowledgePolicy(Policy):
         self.gain_list = self.gain[:, :C, :].transpose(0, 2, 1).tolist()  # [p][mask][c]
 
     def admit(self, j, engine):
-        return self.share(j, engine, engine.work.mem_safe[j])
+        return self.share(j, engine, "mem_safe")
 
 
 class SchedTune(KnowledgePolicy):
@@ -291,6 +303,9 @@ class SimView:
         self._idle = engine.n_gpus.tolist()
         self._seen = engine.n_version.copy()  # the nodes' versions these views show
         self._version, self._nodes = -1, _Snapshot(self._views)
+        # The classes in each bit mask of classes, as the node views list them.
+        self._classes_of = [tuple(c for c in range(engine.n_classes) if mask >> c & 1)
+                            for mask in range(1 << engine.n_classes)]
 
     def nodes(self):
         engine = self.engine
@@ -312,9 +327,8 @@ class SimView:
                 return self._nodes
             classes_changed, idle_changed = set(), set()  # GPU types of the nodes changed
             for i, mask, idle, gpu_masks in changed:
-                classes = tuple(c for c in range(engine.n_classes) if mask >> c & 1)
-                per_gpu = tuple(tuple(c for c in range(engine.n_classes) if m >> c & 1)
-                                for m in gpu_masks)
+                classes = self._classes_of[mask]
+                per_gpu = tuple(self._classes_of[m] for m in gpu_masks)
                 old = self._views[i]
                 self._views[i] = daemon_policy.NodeView(old.name, old.gpu_type, old.partitions,
                                                         classes, gpus=len(gpu_masks),
@@ -374,7 +388,9 @@ class GpuShare(Policy):
     ``PriorityWeightAge=1000``, ``PriorityMaxAge=7-0`` (other factors equal for all jobs):
     priority = 1000 x age / 7 days - nice. Age grows alike for every waiting job, so the order
     is fixed at submission: by nice + 1000 x submit time / 7 days. (The age cap at 7 days is
-    not modelled.) FCFS with EASY backfill, as Slurm's backfill scheduler.
+    not modelled.) FCFS with EASY backfill, as Slurm's backfill scheduler. A share is placed
+    as Slurm places gres/shard (``Policy.place``): the first node in weight order with room,
+    then its first GPU with enough free shards.
     """
 
     name = "gpushare"
@@ -490,23 +506,6 @@ class GpuShare(Policy):
 
     def key(self, j, engine):
         return (engine.j_req[j].nice + self.AGE_WEIGHT * engine.submit[j] / self.MAX_AGE_S, j)
-
-    def place(self, j, req, engine, exclude):
-        """As Slurm places gres/shard: the first node (weight order) with room, then its first
-        GPU with enough free shards."""
-        if req.whole:
-            return self.first_whole(j, req, engine, exclude)
-        need = int(req.shards[0])  # one count on every type: a gres request is one string
-        ok = engine._node_mask(req, exclude) & (engine.node_room() >= need)
-        node = int(ok.argmax())
-        if not ok[node]:
-            return None
-        first = int(engine.n_first[node])
-        for g in range(first, first + int(engine.n_gpus[node])):
-            if (not engine.g_whole[g] and engine.g_njobs[g] < engine.cap
-                    and engine.g_used[g] + need <= engine.g_cap[g]):
-                return [g]
-        return None
 
 
 POLICY_NAMES = ("slurm-default", "random-pack", "first-fit-share", "schedtune", "class-pair",

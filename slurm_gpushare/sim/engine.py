@@ -211,6 +211,10 @@ class Engine:
         self.heap: list = []
         self.seq = 0
         self.buckets: dict[tuple, list] = {}
+        # (key of its head, shape, 0) for every bucket, sorted (so a valid heap as it is): a
+        # full pass starts from a copy instead of gathering and heapifying every bucket's head.
+        # Keys end with the job index, so entries never compare by shape.
+        self.heads: list = []
         self.bucket_needs: dict[tuple, list] = {}  # shape -> its needs (``_needs``)
         self.need_count: dict = {}  # need -> queued buckets with it
         self._least = None  # _least_need() while no bucket is made or emptied
@@ -597,9 +601,19 @@ class Engine:
             bucket = self.buckets[shape] = []
             self.bucket_needs[shape] = self._needs(j, req)
             self._count_needs(shape, 1)
-        bisect.insort(bucket, (self.policy.key(j, self), j))
+        entry = (self.policy.key(j, self), j)
+        if not bucket or entry < bucket[0]:  # a new head
+            if bucket:
+                self._drop_head(bucket[0][0], shape)
+            bisect.insort(self.heads, (entry[0], shape, 0))
+        bisect.insort(bucket, entry)
         self.queued += 1
         self.arrived_shapes.add(shape)
+
+    def _drop_head(self, key, shape):
+        """Take a bucket's head out of ``heads``."""
+        i = bisect.bisect_left(self.heads, (key, shape, 0))
+        del self.heads[i]
 
     def _share_room(self) -> list:
         """Most free GiB on one shareable GPU, per type; per class too for class-aware policies
@@ -787,15 +801,16 @@ class Engine:
         if not (self.free_whole > 0 or (sharing and max(room[0]) > 0)):
             return
         self.counters["passes"] += 1
-        buckets = (self.buckets.items() if only is None
-                   else [(s, self.buckets[s]) for s in only if s in self.buckets])
         # Buckets are merged in policy order by their heads. A head gets its quick test (is
         # there room of its kind at all?) when its turn comes, in the room of that moment: room
         # only shrinks during a pass, so a head fails then iff it would have failed in the room
         # the pass began with, or after a start that took that room. The first head in order
         # that fails may be the blocked job.
-        heads = [(bucket[0][0], shape, 0) for shape, bucket in buckets]
-        heapq.heapify(heads)
+        if only is None:
+            heads = self.heads.copy()
+        else:
+            heads = [(self.buckets[s][0][0], s, 0) for s in only if s in self.buckets]
+            heapq.heapify(heads)
         first_room, first_free, room_before = room, self.free_whole, {}
         reservation = None
         blocked = None
@@ -858,6 +873,10 @@ class Engine:
                     if placed is None:
                         continue
                 self.counters["backfilled"] += 1
+            if pos == 0:
+                self._drop_head(bucket[0][0], shape)
+                if len(bucket) > 1:
+                    bisect.insort(self.heads, (bucket[1][0], shape, 0))
             del bucket[pos]
             if not bucket:
                 emptied.append(shape)
@@ -936,6 +955,7 @@ class Engine:
                     for _, j in bucket:
                         self.j_state[j] = DROPPED
                 self.buckets.clear()
+                self.heads.clear()
                 self.bucket_needs.clear()
                 self.need_count.clear()
                 self._least = None

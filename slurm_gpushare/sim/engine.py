@@ -334,19 +334,19 @@ class Engine:
         return need
 
     def _share_room_outside(self, req: Request, skip: frozenset) -> bool:
-        """Some node of the request's types, not in ``skip``, has room for its share now
-        (a plain loop over the nodes: cheaper than a cached set that each start makes stale)."""
+        """Some node of the request's types, not in ``skip``, has room for its share now: the
+        roomiest node of one of its types, else a plain loop over the nodes (cheaper than a
+        cached set that each start makes stale)."""
+        for t, gib in req.need:
+            if gib <= self.type_room[t] and self.type_room_node[t] not in skip:
+                return True
         for node, (room, gib) in enumerate(zip(self._n_room, self._node_need(req))):
             if room >= gib and node not in skip:
                 return True
         return False
 
     def _share_fits_outside(self, req: Request) -> bool:
-        """Some node outside the request's exclusions has room for its share: the roomiest
-        node of one of its types, else a look at the nodes with room."""
-        for t, gib in req.need:
-            if gib <= self.type_room[t] and self.type_room_node[t] not in req.exclude:
-                return True
+        """Some node outside the request's exclusions has room for its share."""
         return self._share_room_outside(req, req.exclude)
 
     def _room_outside(self, j: int, req: Request, skip: frozenset) -> bool:

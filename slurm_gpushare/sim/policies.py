@@ -427,6 +427,13 @@ class GpuShare(Policy):
         self.type_names = cluster.type_names
         self.all_types = engine.work.allowed.shape[1]
         self.decisions: list = []
+        work = engine.work
+        # Per job: what its request is made of (GPUs, nodes, allowed types), and its estimates
+        # per type as lists (read once per admission).
+        self.shape_of = list(zip(work.n_gpus.tolist(), work.n_nodes.tolist(),
+                                 map(np.ndarray.tobytes, work.allowed)))
+        self.mem_rows, self.runtime_rows = work.mem_safe.tolist(), work.runtime_pred.tolist()
+        self.class_rows, self.kind_rows = work.job_class.tolist(), work.kind.tolist()
         self._requests: dict = {}
         self._type_masks: dict = {}
         self._node_sets: dict = {}
@@ -438,8 +445,7 @@ class GpuShare(Policy):
         """The job as the hook would send it: ``sbatch -p <sharing partition> --gres=gpu:N``
         (one frozen value per shape of job, made once)."""
         work = engine.work
-        key = (int(work.n_gpus[j]), int(work.n_nodes[j]), work.allowed[j].tobytes(),
-               engine.j_kills[j] > 0)
+        key = (self.shape_of[j], engine.j_kills[j] > 0)
         request = self._requests.get(key)
         if request is None:
             request = self._requests[key] = self._request(j, engine)
@@ -459,14 +465,13 @@ class GpuShare(Policy):
                           features=features, opt_out=engine.j_kills[j] > 0)
 
     def estimate(self, j: int, engine) -> daemon_policy.JobEstimate:
-        work = engine.work
         names = self.type_names
         return daemon_policy.JobEstimate(
             source="history",
-            memory_mib=dict(zip(names, work.mem_safe[j].tolist())),
-            runtime_s=dict(zip(names, work.runtime_pred[j].tolist())),
-            job_class=int(work.job_class[j]),
-            util_pct=self.util.get(int(work.kind[j])),
+            memory_mib=dict(zip(names, self.mem_rows[j])),
+            runtime_s=dict(zip(names, self.runtime_rows[j])),
+            job_class=self.class_rows[j],
+            util_pct=self.util.get(self.kind_rows[j]),
             detail="simulated history")
 
     def admit(self, j, engine):

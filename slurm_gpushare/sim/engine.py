@@ -133,6 +133,7 @@ class Engine:
         self.version = 0  # bumped whenever allocations change (for cached views)
         # Nodes
         self.n_type = np.array([n.gpu_type for n in cluster.nodes])
+        self.n_type_list = self.n_type.tolist()
         self.n_gpus = np.array([n.gpus for n in cluster.nodes])
         self.n_first = cluster.node_first_gpu
         self.n_free = self.n_gpus.copy()  # empty GPUs per node
@@ -283,15 +284,14 @@ class Engine:
         room is recomputed over its nodes only when the node that held it lost room."""
         cap, g_whole, g_njobs, g_cap, g_used = self.cap, self.g_whole, self.g_njobs, self.g_cap, self.g_used
         joinable = self.policy.joinable if self.class_aware else None
-        for node in {int(self.g_node[g]) for g in gpus}:
-            first = int(self.n_first[node])
-            count = int(self.n_gpus[node])
-            t = int(self.n_type[node])
-            gpus_of = slice(first, first + count)
-            free = [c - u if not w and n < cap else 0
-                    for c, u, w, n in zip(g_cap[gpus_of].tolist(), g_used[gpus_of].tolist(),
-                                          g_whole[gpus_of].tolist(), g_njobs[gpus_of].tolist())]
-            self.g_free[first:first + count] = free
+        g_free, g_node = self.g_free, self.g_node_list
+        for g in gpus:  # only these GPUs changed
+            g_free[g] = int(g_cap[g] - g_used[g]) if not g_whole[g] and g_njobs[g] < cap else 0
+        for node in {g_node[g] for g in gpus}:
+            gpus_of = self._n_gpu_range[node]
+            first, count = gpus_of.start, len(gpus_of)
+            t = self.n_type_list[node]
+            free = g_free[first:first + count]
             room = max(free)  # free GiB are never negative
             self.n_room[node] = self._n_room[node] = room
             if room >= self.type_room[t]:

@@ -143,7 +143,8 @@ class RandomPack(Policy):
                 return None
             return engine.take_whole(j, groups[int(self.rng.integers(len(groups)))])
         cands = engine.share_candidates(req, exclude)
-        return [int(self.rng.choice(cands))] if cands else None
+        # the same draw as rng.choice(cands), without its conversion of the list to an array
+        return [cands[int(self.rng.integers(len(cands)))]] if cands else None
 
 
 class FirstFitShare(Policy):

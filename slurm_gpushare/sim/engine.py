@@ -1,11 +1,13 @@
 """The event-driven engine: a heap of completion/kill events, arrivals merged in time order.
 
-State is kept in flat arrays indexed by GPU (``g_*``), node (``n_*``) and job (``j_*``) so that a
-placement is a few vectorised numpy operations and an event a few list updates. What every
-pass asks (the most free GiB per node, per type, per class) is kept current by each start and
-end for the nodes it touched, not recomputed over the cluster; reservations per GPU type are
-kept until a planned end of that type changes (bench/results/sim_speed.json: the full Philly
-trace per policy). Policies (``policies.py``) decide admission (whole GPUs or a share of so
+State is kept in flat arrays indexed by GPU (``g_*``), node (``n_*``) and job (``j_*``) so that
+a whole-GPU placement is a few vectorised numpy operations and an event a few list updates.
+What every pass asks (the most free GiB per GPU, per node, per type, per class) is kept current
+by each start and end for the GPUs and nodes it touched, not recomputed over the cluster, so a
+share's placement looks only at the GPUs of the few nodes whose room reaches it (plain Python:
+numpy costs more than it saves on such small sets); the heads of the queue's buckets are kept
+sorted; reservations per GPU type are kept until a planned end of that type changes
+(bench/results/sim_speed.json: the full Philly trace per policy). Policies (``policies.py``) decide admission (whole GPUs or a share of so
 many GiB on which types), queue order and placement; the engine does the rest:
 
 - Scheduling passes at each event time: the queue in policy order, up to ``depth`` start
@@ -64,11 +66,17 @@ class Request:
     def __post_init__(self):
         key = (self.types.tobytes(), None if self.shards is None else self.shards.tobytes())
         object.__setattr__(self, "key", key)
-        # (type, GiB) for each allowed type: quick tests run for every queued share in a pass.
-        shards = None if self.shards is None else self.shards.tolist()
-        need = () if shards is None else tuple(
-            (t, int(shards[t])) for t in np.flatnonzero(self.types).tolist())
+        # (type, GiB) for each allowed type: quick tests run for every queued share in a pass
+        # (one tuple per shape of request, made once).
+        need = _NEEDS.get(key)
+        if need is None:
+            shards = None if self.shards is None else self.shards.tolist()
+            need = _NEEDS[key] = () if shards is None else tuple(
+                (t, int(shards[t])) for t in np.flatnonzero(self.types).tolist())
         object.__setattr__(self, "need", need)
+
+
+_NEEDS: dict = {}  # Request.key -> Request.need
 
 
 @dataclass
@@ -108,6 +116,7 @@ class Engine:
         # GPUs
         self.g_type = cluster.gpu_type
         self.g_node = cluster.gpu_node
+        self.g_node_list = self.g_node.tolist()
         self.g_cap = cluster.gpu_mem_gib.astype(np.int64)
         self.g_used = np.zeros(G, np.int64)  # GiB reserved (a whole GPU reserves all)
         self.g_njobs = np.zeros(G, np.int64)
@@ -126,6 +135,7 @@ class Engine:
         self.version = 0  # bumped whenever allocations change (for cached views)
         # Nodes
         self.n_type = np.array([n.gpu_type for n in cluster.nodes])
+        self.n_type_list = self.n_type.tolist()
         self.n_gpus = np.array([n.gpus for n in cluster.nodes])
         self.n_first = cluster.node_first_gpu
         self.n_free = self.n_gpus.copy()  # empty GPUs per node
@@ -145,6 +155,10 @@ class Engine:
         # allocations change (for views of nodes).
         self.n_room = np.maximum.reduceat(self.g_cap, self.n_first)
         self._n_room = self.n_room.tolist()  # the same as a list (read per node)
+        # Free GiB on each GPU a share may join (0 when held whole or at the job cap): what
+        # placements test, per GPU of the few nodes whose room reaches a share.
+        self.g_free = self.g_cap.tolist()
+        self._n_gpu_range = [range(int(f), int(f) + int(c)) for f, c in zip(self.n_first, self.n_gpus)]
         self.n_version = np.zeros(N, np.int64)
         # Class-aware policies: the same room per class, on GPUs the policy lets it join
         # (``class_node_room[c][node]``, ``class_type_room[c][t]``; set up after prepare).
@@ -156,7 +170,7 @@ class Engine:
         self.type_room_node = [-1] * len(cluster.types)
         for t in range(len(cluster.types)):
             self._type_room(t)
-        self._share_nodes: dict = {}
+        self._whole_nodes: dict = {}  # (version, types, GPUs per node) -> nodes with them empty
         self._need: dict = {}  # request key -> GiB needed per node
         self._ever_fits: dict = {}  # (request key, GPUs of a whole request) -> can_ever_fit
         self._mem_true_by_type: dict = {}
@@ -164,6 +178,10 @@ class Engine:
         # version bumped when a planned end of its GPUs changes, and the soonest starts on its
         # nodes, (type, GPUs per node, nodes) -> (version, when, nodes), kept until then.
         self.type_ready_version = [0] * len(cluster.types)
+        # Each node's GPUs' planned ends, soonest first (rows re-sorted only for nodes whose
+        # planned ends changed since the last look: ``_ends_stale``).
+        self.n_ends = np.sort(self.g_free_at[self.n_matrix], axis=1)
+        self._ends_stale: set = set()
         self._type_ready: dict = {}
         self._reserved: tuple = (None, None)
         T = len(cluster.types)
@@ -196,6 +214,10 @@ class Engine:
         self.heap: list = []
         self.seq = 0
         self.buckets: dict[tuple, list] = {}
+        # (key of its head, shape, 0) for every bucket, sorted (so a valid heap as it is): a
+        # full pass starts from a copy instead of gathering and heapifying every bucket's head.
+        # Keys end with the job index, so entries never compare by shape.
+        self.heads: list = []
         self.bucket_needs: dict[tuple, list] = {}  # shape -> its needs (``_needs``)
         self.need_count: dict = {}  # need -> queued buckets with it
         self._least = None  # _least_need() while no bucket is made or emptied
@@ -220,22 +242,26 @@ class Engine:
 
     # --- queries used by policies --------------------------------------------------------
 
-    def gpu_ok_types(self, req: Request, exclude: frozenset[int] | None = None) -> np.ndarray:
-        """GPUs of the request's types outside its and the pass's exclusions (cached)."""
-        key = ("gpu", req.types.tobytes(), req.exclude, exclude)
-        mask = self._masks.get(key)
-        if mask is None:
-            mask = self._node_mask(req, exclude)[self.g_node]
-            self._masks[key] = mask
-        return mask
-
-    def share_candidates(self, req: Request, exclude=None, *, cap: int | None = None) -> np.ndarray:
-        """GPUs (ascending, i.e. Slurm's node order) where the share fits now."""
-        cap = cap or self.cap
-        need = req.shards[self.g_type]
-        ok = (self.gpu_ok_types(req, exclude) & ~self.g_whole & (self.g_njobs < cap)
-              & (self.g_used + need <= self.g_cap))
-        return np.flatnonzero(ok)
+    def share_candidates(self, req: Request, exclude=None, *, cap: int | None = None,
+                         rooms: list | None = None, first: bool = False) -> list[int]:
+        """GPUs (ascending, i.e. Slurm's node order) where the share fits now, outside its and
+        the pass's exclusions. Only nodes whose room (``rooms``: default ``node_room``; a
+        class's room for class-aware policies) reaches the share are looked at: few, on a
+        busy cluster. ``first``: the first such GPU only."""
+        need = self._node_need(req)
+        skip = req.exclude | exclude if exclude else req.exclude
+        tight = cap is not None and cap < self.cap  # the job cap of free GiB is not enough
+        g_free, g_njobs, ranges = self.g_free, self.g_njobs, self._n_gpu_range
+        out = []
+        for node, (room, gib) in enumerate(zip(self._n_room if rooms is None else rooms, need)):
+            if room < gib or node in skip:
+                continue
+            for g in ranges[node]:
+                if g_free[g] >= gib and not (tight and g_njobs[g] >= cap):
+                    out.append(g)
+                    if first:
+                        return out
+        return out
 
     def _node_mask(self, req: Request, exclude) -> np.ndarray:
         """Nodes of the request's types outside its and the pass's exclusions (cached)."""
@@ -260,14 +286,14 @@ class Engine:
         room is recomputed over its nodes only when the node that held it lost room."""
         cap, g_whole, g_njobs, g_cap, g_used = self.cap, self.g_whole, self.g_njobs, self.g_cap, self.g_used
         joinable = self.policy.joinable if self.class_aware else None
-        for node in {int(self.g_node[g]) for g in gpus}:
-            first = int(self.n_first[node])
-            count = int(self.n_gpus[node])
-            t = int(self.n_type[node])
-            gpus_of = slice(first, first + count)
-            free = [c - u if not w and n < cap else 0
-                    for c, u, w, n in zip(g_cap[gpus_of].tolist(), g_used[gpus_of].tolist(),
-                                          g_whole[gpus_of].tolist(), g_njobs[gpus_of].tolist())]
+        g_free, g_node = self.g_free, self.g_node_list
+        for g in gpus:  # only these GPUs changed
+            g_free[g] = int(g_cap[g] - g_used[g]) if not g_whole[g] and g_njobs[g] < cap else 0
+        for node in {g_node[g] for g in gpus}:
+            gpus_of = self._n_gpu_range[node]
+            first, count = gpus_of.start, len(gpus_of)
+            t = self.n_type_list[node]
+            free = g_free[first:first + count]
             room = max(free)  # free GiB are never negative
             self.n_room[node] = self._n_room[node] = room
             if room >= self.type_room[t]:
@@ -301,45 +327,43 @@ class Engine:
         k = rooms.index(max(rooms))
         self.type_room[t], self.type_room_node[t] = rooms[k], nodes[k]
 
-    def _node_need(self, req: Request) -> np.ndarray:
+    def _node_need(self, req: Request) -> list[int]:
         """GiB the share needs on each node (more than any GPU holds on nodes of other types)."""
         need = self._need.get(req.key)
         if need is None:
-            need = np.where(req.types[self.n_type], req.shards[self.n_type], np.iinfo(np.int64).max)
-            self._need[req.key] = need
+            need = self._need[req.key] = np.where(req.types[self.n_type], req.shards[self.n_type],
+                                                  np.iinfo(np.int64).max).tolist()
         return need
 
-    def share_nodes(self, req: Request) -> frozenset:
-        """Nodes of the request's types with room for its share, ignoring its exclusions."""
-        key = (self.version, req.key)
-        nodes = self._share_nodes.get(key)
-        if nodes is None:
-            if len(self._share_nodes) > 1024:
-                self._share_nodes.clear()
-            ok = self.node_room() >= self._node_need(req)
-            nodes = self._share_nodes[key] = frozenset(np.flatnonzero(ok).tolist())
-        return nodes
+    def _share_room_outside(self, req: Request, skip: frozenset) -> bool:
+        """Some node of the request's types, not in ``skip``, has room for its share now: the
+        roomiest node of one of its types, else a plain loop over the nodes (cheaper than a
+        cached set that each start makes stale)."""
+        for t, gib in req.need:
+            if gib <= self.type_room[t] and self.type_room_node[t] not in skip:
+                return True
+        for node, (room, gib) in enumerate(zip(self._n_room, self._node_need(req))):
+            if room >= gib and node not in skip:
+                return True
+        return False
 
     def _share_fits_outside(self, req: Request) -> bool:
-        """Some node outside the request's exclusions has room for its share: the roomiest
-        node of one of its types, else one of the nodes with room (cached per allocation
-        state, not a scan of every node per question)."""
-        for t, gib in req.need:
-            if gib <= self.type_room[t] and self.type_room_node[t] not in req.exclude:
-                return True
-        return not self.share_nodes(req) <= req.exclude
+        """Some node outside the request's exclusions has room for its share."""
+        return self._share_room_outside(req, req.exclude)
 
-    def _room_nodes(self, j: int, req: Request) -> frozenset:
-        """Nodes where the job's request could fit now, ignoring exclusions (cached)."""
+    def _room_outside(self, j: int, req: Request, skip: frozenset) -> bool:
+        """Could the job's request fit now on a node not in ``skip``?"""
         if not req.whole:
-            return self.share_nodes(req)
+            return self._share_room_outside(req, skip)
         n = min(self.ngpus[j], self.max_pernode)
         key = (self.version, req.types.tobytes(), n)
-        nodes = self._share_nodes.get(key)
+        nodes = self._whole_nodes.get(key)
         if nodes is None:
+            if len(self._whole_nodes) > 1024:
+                self._whole_nodes.clear()
             ok = req.types[self.n_type] & (self.n_free >= n)
-            nodes = self._share_nodes[key] = frozenset(np.flatnonzero(ok).tolist())
-        return nodes
+            nodes = self._whole_nodes[key] = frozenset(np.flatnonzero(ok).tolist())
+        return not nodes <= skip
 
     def whole_candidates(self, j: int, req: Request, exclude=None, *,
                          first: bool = False) -> list[tuple[int, ...]]:
@@ -447,6 +471,7 @@ class Engine:
         """GPU g empties at ``when``: the soonest starts on its type's nodes are stale."""
         self.g_free_at[g] = when
         self.type_ready_version[self.g_type[g]] += 1
+        self._ends_stale.add(self.g_node_list[g])
 
     def start(self, j: int, gpus: list[int]):
         req = self.j_req[j]
@@ -578,9 +603,19 @@ class Engine:
             bucket = self.buckets[shape] = []
             self.bucket_needs[shape] = self._needs(j, req)
             self._count_needs(shape, 1)
-        bisect.insort(bucket, (self.policy.key(j, self), j))
+        entry = (self.policy.key(j, self), j)
+        if not bucket or entry < bucket[0]:  # a new head
+            if bucket:
+                self._drop_head(bucket[0][0], shape)
+            bisect.insort(self.heads, (entry[0], shape, 0))
+        bisect.insort(bucket, entry)
         self.queued += 1
         self.arrived_shapes.add(shape)
+
+    def _drop_head(self, key, shape):
+        """Take a bucket's head out of ``heads``."""
+        i = bisect.bisect_left(self.heads, (key, shape, 0))
+        del self.heads[i]
 
     def _share_room(self) -> list:
         """Most free GiB on one shareable GPU, per type; per class too for class-aware policies
@@ -730,10 +765,24 @@ class Engine:
         version = self.type_ready_version[t]
         if hit is not None and hit[0] == version:
             return hit[1], hit[2]
+        if per == 1 and k == 1:
+            # The node of the type's GPU that empties soonest (the first such GPU: node order).
+            gpus = self.type_gpus[t]
+            if not len(gpus):
+                return math.inf, frozenset()
+            ends = self.g_free_at[gpus]
+            g = int(gpus[int(ends.argmin())])
+            when, chosen = ends.min(), frozenset([int(self.g_node[g])])
+            self._type_ready[key] = (version, when, chosen)
+            return when, chosen
         nodes = self.type_nodes[t]
         # When each node has ``per`` GPUs empty: its GPUs' planned ends, soonest first (empty
         # GPUs read 0, padding inf), the per-th.
-        ready = np.sort(self.g_free_at[self.n_matrix[nodes]], axis=1)[:, per - 1]
+        if self._ends_stale:
+            stale = list(self._ends_stale)
+            self._ends_stale.clear()
+            self.n_ends[stale] = np.sort(self.g_free_at[self.n_matrix[stale]], axis=1)
+        ready = self.n_ends[nodes, per - 1]
         order = np.argsort(ready, kind="stable")[:k]
         when = ready[order[-1]] if len(order) == k else math.inf
         chosen = frozenset(nodes[order].tolist())
@@ -754,15 +803,16 @@ class Engine:
         if not (self.free_whole > 0 or (sharing and max(room[0]) > 0)):
             return
         self.counters["passes"] += 1
-        buckets = (self.buckets.items() if only is None
-                   else [(s, self.buckets[s]) for s in only if s in self.buckets])
         # Buckets are merged in policy order by their heads. A head gets its quick test (is
         # there room of its kind at all?) when its turn comes, in the room of that moment: room
         # only shrinks during a pass, so a head fails then iff it would have failed in the room
         # the pass began with, or after a start that took that room. The first head in order
         # that fails may be the blocked job.
-        heads = [(bucket[0][0], shape, 0) for shape, bucket in buckets]
-        heapq.heapify(heads)
+        if only is None:
+            heads = self.heads.copy()
+        else:
+            heads = [(self.buckets[s][0][0], s, 0) for s in only if s in self.buckets]
+            heapq.heapify(heads)
         first_room, first_free, room_before = room, self.free_whole, {}
         reservation = None
         blocked = None
@@ -807,7 +857,7 @@ class Engine:
                 if reservation is None:
                     reservation = self._reservation(*blocked)
                 shadow, reserved = reservation
-                if self._room_nodes(j, req) <= reserved | req.exclude:
+                if not self._room_outside(j, req, reserved | req.exclude):
                     placed = None  # room only on the reserved nodes: no need to ask
                 else:
                     placed = policy.place(j, req, self, reserved)
@@ -825,6 +875,10 @@ class Engine:
                     if placed is None:
                         continue
                 self.counters["backfilled"] += 1
+            if pos == 0:
+                self._drop_head(bucket[0][0], shape)
+                if len(bucket) > 1:
+                    bisect.insort(self.heads, (bucket[1][0], shape, 0))
             del bucket[pos]
             if not bucket:
                 emptied.append(shape)
@@ -903,6 +957,7 @@ class Engine:
                     for _, j in bucket:
                         self.j_state[j] = DROPPED
                 self.buckets.clear()
+                self.heads.clear()
                 self.bucket_needs.clear()
                 self.need_count.clear()
                 self._least = None

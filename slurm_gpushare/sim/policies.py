@@ -66,21 +66,33 @@ class Policy:
         work = engine.work
         self.cap_mib = np.array([t.memory_gib * 1024 for t in engine.cluster.types], float)
         self.est = np.where(work.allowed, work.runtime_pred, 0.0).max(axis=1)
+        self._share_rows: dict = {}  # memory estimate -> ``_shares``
 
     # admission helpers
     def whole(self, j: int, engine, code: str = "whole", nice: int = 0) -> Request:
         return Request(True, engine.work.allowed[j], None, frozenset(), float(self.est[j]), code,
                        nice)
 
-    def share(self, j: int, engine, memory: np.ndarray, code: str = "share") -> Request:
+    def share(self, j: int, engine, estimate: str, code: str = "share") -> Request:
+        """A share sized by the job's memory estimate ``estimate`` (a ``Workload`` field:
+        ``mem_safe`` or ``mem_pred``), on the allowed types it fits."""
         work = engine.work
         if work.n_gpus[j] > 1 or work.n_nodes[j] > 1 or engine.j_kills[j]:
             return self.whole(j, engine, "whole-multi" if engine.j_kills[j] == 0 else "whole-after-kill")
-        types = work.allowed[j] & (memory <= self.cap_mib)
-        if not types.any():
+        types, fits, shards = self._shares(engine, estimate)
+        if not fits[j]:
             return self.whole(j, engine, "whole-no-fit")
-        shards = np.maximum(np.ceil(memory / 1024), 1).astype(np.int64)
-        return Request(False, types, shards, frozenset(), float(self.est[j]), code)
+        return Request(False, types[j], shards[j], frozenset(), float(self.est[j]), code)
+
+    def _shares(self, engine, estimate: str) -> tuple:
+        """For every job at once: the types its share fits, whether any, GiB per type."""
+        rows = self._share_rows.get(estimate)
+        if rows is None:
+            memory = getattr(engine.work, estimate)
+            types = engine.work.allowed & (memory <= self.cap_mib)
+            shards = np.maximum(np.ceil(memory / 1024), 1).astype(np.int64)
+            rows = self._share_rows[estimate] = (types, types.any(axis=1).tolist(), shards)
+        return rows
 
     def admit(self, j: int, engine) -> Request:
         return self.whole(j, engine)
@@ -107,8 +119,7 @@ class Policy:
     def place(self, j, req, engine, exclude):
         if req.whole:
             return self.first_whole(j, req, engine, exclude)
-        cands = engine.share_candidates(req, exclude)
-        return [int(cands[0])] if len(cands) else None
+        return engine.share_candidates(req, exclude, first=True) or None
 
 
 class SlurmDefault(Policy):
@@ -123,7 +134,7 @@ class RandomPack(Policy):
         self.rng = np.random.default_rng(seed)
 
     def admit(self, j, engine):
-        return self.share(j, engine, engine.work.mem_safe[j])
+        return self.share(j, engine, "mem_safe")
 
     def place(self, j, req, engine, exclude):
         if req.whole:
@@ -132,7 +143,8 @@ class RandomPack(Policy):
                 return None
             return engine.take_whole(j, groups[int(self.rng.integers(len(groups)))])
         cands = engine.share_candidates(req, exclude)
-        return [int(self.rng.choice(cands))] if len(cands) else None
+        # the same draw as rng.choice(cands), without its conversion of the list to an array
+        return [cands[int(self.rng.integers(len(cands)))]] if cands else None
 
 
 class FirstFitShare(Policy):
@@ -142,7 +154,7 @@ class FirstFitShare(Policy):
     shares = True
 
     def admit(self, j, engine):
-        return self.share(j, engine, engine.work.mem_pred[j], "share-unsafe")
+        return self.share(j, engine, "mem_pred", "share-unsafe")
 
 
 class KnowledgePolicy(Policy):
@@ -175,9 +187,10 @@ class KnowledgePolicy(Policy):
                              for mask in range(masks)] for p in range(P)]
         self.gain_rows = [[tuple(bool(x > 0) for x in self.gain[p, :C, mask])
                            for mask in range(masks)] for p in range(P)]
+        self.gain_list = self.gain[:, :C, :].transpose(0, 2, 1).tolist()  # [p][mask][c]
 
     def admit(self, j, engine):
-        return self.share(j, engine, engine.work.mem_safe[j])
+        return self.share(j, engine, "mem_safe")
 
 
 class SchedTune(KnowledgePolicy):
@@ -196,8 +209,9 @@ class SchedTune(KnowledgePolicy):
         if req.whole:
             return self.first_whole(j, req, engine, exclude)
         cands = engine.share_candidates(req, exclude, cap=self.threshold)
-        if not len(cands):
+        if not cands:
             return None
+        cands = np.array(cands)
         t = engine.g_type[cands]
         slow = self.mean_speed[engine.g_profile_arr[cands]] ** engine.g_njobs[cands]
         jct = engine.work.runtime_pred[j, t] / slow
@@ -212,23 +226,25 @@ class ClassPair(KnowledgePolicy):
         return self.compat_rows[engine.g_profile[g]][engine.g_classmask[g]]
 
     def place(self, j, req, engine, exclude):
+        """The compatible GPU with the best packing gain (the first on a tie), else the first
+        empty one: among the GPUs of nodes with room the job's class may join."""
         if req.whole:
             return self.first_whole(j, req, engine, exclude)
-        cands = engine.share_candidates(req, exclude)
-        if not len(cands):
-            return None
         c = engine.jclass[j]
-        prof = engine.g_profile_arr[cands]
-        mask = engine.g_classmask[cands]
-        ok = self.compat[prof, c, mask]
-        if not ok.any():
-            return None
-        cands, gain, mask = cands[ok], self.gain[prof[ok], c, mask[ok]], mask[ok]
-        shared = mask > 0
-        if shared.any():
-            best = np.flatnonzero(shared)[int(np.argmax(gain[shared]))]
-            return [int(cands[best])]
-        return [int(cands[0])]
+        profile, classmask = engine.g_profile, engine.g_classmask
+        best, best_gain, empty = None, -math.inf, None
+        for g in engine.share_candidates(req, exclude, rooms=engine.class_node_room[c]):
+            p, mask = profile[g], int(classmask[g])
+            if not self.compat_rows[p][mask][c]:
+                continue
+            if mask == 0:
+                if empty is None:
+                    empty = g
+            elif self.gain_list[p][mask][c] > best_gain:
+                best, best_gain = g, self.gain_list[p][mask][c]
+        if best is not None:
+            return [best]
+        return None if empty is None else [empty]
 
 
 class SjfBsbf(KnowledgePolicy):
@@ -243,17 +259,20 @@ class SjfBsbf(KnowledgePolicy):
         return self.gain_rows[engine.g_profile[g]][engine.g_classmask[g]]
 
     def place(self, j, req, engine, exclude):
+        """The first empty GPU, else the share with the best gain if positive: among the GPUs
+        of nodes with room the job's class may join (an empty GPU, or a positive gain)."""
         if req.whole:
             return self.first_whole(j, req, engine, exclude)
-        cands = engine.share_candidates(req, exclude)
-        if not len(cands):
-            return None
-        empty = engine.g_njobs[cands] == 0
-        if empty.any():
-            return [int(cands[int(np.argmax(empty))])]
-        gain = self.gain[engine.g_profile_arr[cands], engine.jclass[j], engine.g_classmask[cands]]
-        best = int(np.argmax(gain))
-        return [int(cands[best])] if gain[best] > 0 else None
+        c = engine.jclass[j]
+        profile, classmask, njobs = engine.g_profile, engine.g_classmask, engine.g_njobs
+        best, best_gain = None, -math.inf
+        for g in engine.share_candidates(req, exclude, rooms=engine.class_node_room[c]):
+            if njobs[g] == 0:
+                return [g]
+            gain = self.gain_list[profile[g]][int(classmask[g])][c]
+            if gain > best_gain:
+                best, best_gain = g, gain
+        return [best] if best is not None and best_gain > 0 else None
 
 
 # --- gpushare: the daemon's decision code -----------------------------------------------------
@@ -285,6 +304,9 @@ class SimView:
         self._idle = engine.n_gpus.tolist()
         self._seen = engine.n_version.copy()  # the nodes' versions these views show
         self._version, self._nodes = -1, _Snapshot(self._views)
+        # The classes in each bit mask of classes, as the node views list them.
+        self._classes_of = [tuple(c for c in range(engine.n_classes) if mask >> c & 1)
+                            for mask in range(1 << engine.n_classes)]
 
     def nodes(self):
         engine = self.engine
@@ -306,9 +328,8 @@ class SimView:
                 return self._nodes
             classes_changed, idle_changed = set(), set()  # GPU types of the nodes changed
             for i, mask, idle, gpu_masks in changed:
-                classes = tuple(c for c in range(engine.n_classes) if mask >> c & 1)
-                per_gpu = tuple(tuple(c for c in range(engine.n_classes) if m >> c & 1)
-                                for m in gpu_masks)
+                classes = self._classes_of[mask]
+                per_gpu = tuple(self._classes_of[m] for m in gpu_masks)
                 old = self._views[i]
                 self._views[i] = daemon_policy.NodeView(old.name, old.gpu_type, old.partitions,
                                                         classes, gpus=len(gpu_masks),
@@ -368,7 +389,9 @@ class GpuShare(Policy):
     ``PriorityWeightAge=1000``, ``PriorityMaxAge=7-0`` (other factors equal for all jobs):
     priority = 1000 x age / 7 days - nice. Age grows alike for every waiting job, so the order
     is fixed at submission: by nice + 1000 x submit time / 7 days. (The age cap at 7 days is
-    not modelled.) FCFS with EASY backfill, as Slurm's backfill scheduler.
+    not modelled.) FCFS with EASY backfill, as Slurm's backfill scheduler. A share is placed
+    as Slurm places gres/shard (``Policy.place``): the first node in weight order with room,
+    then its first GPU with enough free shards.
     """
 
     name = "gpushare"
@@ -405,6 +428,13 @@ class GpuShare(Policy):
         self.type_names = cluster.type_names
         self.all_types = engine.work.allowed.shape[1]
         self.decisions: list = []
+        work = engine.work
+        # Per job: what its request is made of (GPUs, nodes, allowed types), and its estimates
+        # per type as lists (read once per admission).
+        self.shape_of = list(zip(work.n_gpus.tolist(), work.n_nodes.tolist(),
+                                 map(np.ndarray.tobytes, work.allowed)))
+        self.mem_rows, self.runtime_rows = work.mem_safe.tolist(), work.runtime_pred.tolist()
+        self.class_rows, self.kind_rows = work.job_class.tolist(), work.kind.tolist()
         self._requests: dict = {}
         self._type_masks: dict = {}
         self._node_sets: dict = {}
@@ -416,8 +446,7 @@ class GpuShare(Policy):
         """The job as the hook would send it: ``sbatch -p <sharing partition> --gres=gpu:N``
         (one frozen value per shape of job, made once)."""
         work = engine.work
-        key = (int(work.n_gpus[j]), int(work.n_nodes[j]), work.allowed[j].tobytes(),
-               engine.j_kills[j] > 0)
+        key = (self.shape_of[j], engine.j_kills[j] > 0)
         request = self._requests.get(key)
         if request is None:
             request = self._requests[key] = self._request(j, engine)
@@ -437,14 +466,13 @@ class GpuShare(Policy):
                           features=features, opt_out=engine.j_kills[j] > 0)
 
     def estimate(self, j: int, engine) -> daemon_policy.JobEstimate:
-        work = engine.work
         names = self.type_names
         return daemon_policy.JobEstimate(
             source="history",
-            memory_mib=dict(zip(names, work.mem_safe[j].tolist())),
-            runtime_s=dict(zip(names, work.runtime_pred[j].tolist())),
-            job_class=int(work.job_class[j]),
-            util_pct=self.util.get(int(work.kind[j])),
+            memory_mib=dict(zip(names, self.mem_rows[j])),
+            runtime_s=dict(zip(names, self.runtime_rows[j])),
+            job_class=self.class_rows[j],
+            util_pct=self.util.get(self.kind_rows[j]),
             detail="simulated history")
 
     def admit(self, j, engine):
@@ -484,23 +512,6 @@ class GpuShare(Policy):
 
     def key(self, j, engine):
         return (engine.j_req[j].nice + self.AGE_WEIGHT * engine.submit[j] / self.MAX_AGE_S, j)
-
-    def place(self, j, req, engine, exclude):
-        """As Slurm places gres/shard: the first node (weight order) with room, then its first
-        GPU with enough free shards."""
-        if req.whole:
-            return self.first_whole(j, req, engine, exclude)
-        need = int(req.shards[0])  # one count on every type: a gres request is one string
-        ok = engine._node_mask(req, exclude) & (engine.node_room() >= need)
-        node = int(ok.argmax())
-        if not ok[node]:
-            return None
-        first = int(engine.n_first[node])
-        for g in range(first, first + int(engine.n_gpus[node])):
-            if (not engine.g_whole[g] and engine.g_njobs[g] < engine.cap
-                    and engine.g_used[g] + need <= engine.g_cap[g]):
-                return [g]
-        return None
 
 
 POLICY_NAMES = ("slurm-default", "random-pack", "first-fit-share", "schedtune", "class-pair",

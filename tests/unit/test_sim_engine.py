@@ -280,7 +280,28 @@ class Checked(Engine):
     def schedule(self, only=None):
         assert self.now >= getattr(self, "_last_now", -math.inf)
         self._last_now = self.now
+        # the kept heads are every bucket's head, sorted
+        assert self.heads == sorted((b[0][0], s, 0) for s, b in self.buckets.items() if b)
         super().schedule(only)
+
+    def share_candidates(self, req, exclude=None, *, cap=None, rooms=None, first=False):
+        got = super().share_candidates(req, exclude, cap=cap, rooms=rooms, first=first)
+        # against every GPU, from the arrays: the GPUs the share fits now outside the exclusions
+        need = req.shards[self.g_type]
+        ok = (req.types[self.g_type] & ~self.g_whole & (self.g_njobs < (cap or self.cap))
+              & (self.g_used + need <= self.g_cap))
+        for node in req.exclude | (exclude or frozenset()):
+            ok[self.g_node == node] = False
+        fits = np.flatnonzero(ok).tolist()
+        assert self.g_free == [int(c - u) if not w and n < self.cap else 0 for c, u, w, n
+                               in zip(self.g_cap, self.g_used, self.g_whole, self.g_njobs)]
+        if rooms is None:
+            assert got == (fits[:1] if first else fits)
+        else:  # a class's room: every fitting GPU the class may join is looked at
+            c = next(c for c, r in enumerate(self.class_node_room) if r is rooms)
+            joinable = [g for g in fits if self.policy.joinable(self, g)[c]]
+            assert set(joinable) <= set(got) <= set(fits)
+        return got
 
 
 @pytest.mark.parametrize("policy", policies.POLICY_NAMES)

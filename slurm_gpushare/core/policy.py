@@ -341,7 +341,7 @@ def choose_offer(fits: Sequence[GpuType], needs: Mapping[str, int], estimate: Jo
     node the job would be excluded from for its partners is no room) first, then its run time, run times within ``RUNTIME_TIE`` counting as equal; then the
     request that can use more types. It is offered on every type of its set that is not
     slower than the fastest one with room now (a faster type that is full is offered too: it
-    may free first; without a view of room, on every type of its set). Returns ``(units, types offered fastest first, types left out, whether
+    may free first; where no type is known to have room, on every type of its set). Returns ``(units, types offered fastest first, types left out, whether
     any offered type has room now or None where the view does not know)``.
     """
     def runtime(g: GpuType) -> float | None:
@@ -382,10 +382,11 @@ def choose_offer(fits: Sequence[GpuType], needs: Mapping[str, int], estimate: Jo
         return (min(completion(g, room) for g in group), -len(group), position)
 
     units, group, _, room = min(offers, key=score)
-    # Without a view of free room every type of the request is offered (none is known to wait).
-    with_room = [g for g in group if room is not None and g.name in room] or group
+    # Without a view of free room, or with room on none of them, every type of the request is
+    # offered: whichever frees first takes the job.
+    with_room = [g for g in group if room is not None and g.name in room]
     known = [runtime(g) for g in with_room if runtime(g) is not None]
-    limit = min(known) * (1 + RUNTIME_TIE) if known and room is not None else None
+    limit = min(known) * (1 + RUNTIME_TIE) if known else None
     offered = [g for g in group if limit is None or runtime(g) is None or runtime(g) <= limit]
     left_out = [g for g in ordered if g not in offered]
     has_room = None if room is None else any(g.name in room for g in offered)

@@ -515,7 +515,9 @@ def share_or_keep(request: JobRequest, config: Config, *, estimate: JobEstimate 
             fits, units, partitions, view, away):
         # The job could start now only next to those partners (Slurm packs a GPU before it
         # takes the next): an exclusion would keep it waiting while GPUs it fits on have room.
-        away = []
+        packed, away = away, []
+    else:
+        packed = []
     if away:
         # Appended, not merged: the user's list may be a hostlist expression (n[1,3-4]).
         writes["exc_nodes"] = ",".join(([request.exc_nodes] if request.exc_nodes else []) + away)
@@ -563,6 +565,9 @@ def share_or_keep(request: JobRequest, config: Config, *, estimate: JobEstimate 
     elif away:
         reason += (f"; away from {', '.join(away)} (resident shares of a class that interferes "
                    f"with class {estimate.job_class})")
+    if packed:
+        reason += (f"; may join the shares on {', '.join(packed)} (the only room now; Slurm "
+                   "fills a shared GPU before the next)")
     return Decision(action="share", code=code, reason=reason, decision_id=decision_id,
                     writes=writes, share_gib=share_gib, gpu_types=type_names,
                     details={"source": estimate.source,

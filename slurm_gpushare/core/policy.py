@@ -110,7 +110,8 @@ def incompatible_nodes(job_class: int | None, fits: Sequence[GpuType], partition
     GPUs (with its GPU count unknown: any). Where the view estimates each GPU's free units and
     shares (the daemon), a share of ``units`` lands on the GPU Slurm packs it onto
     (``landing_gpu``): the node is excluded when the job should not join the shares there (all
-    of them together, where the knowledge can judge a group). Nothing is excluded when that
+    of them together, where the knowledge can judge a group), never for lack of room now.
+    Nothing is excluded when that
     would leave no candidate node (the job would only wait longer).
     """
     pairwise = hasattr(knowledge, "compatible_with")
@@ -139,9 +140,13 @@ def incompatible_nodes(job_class: int | None, fits: Sequence[GpuType], partition
         return node.resident_jobs if pairwise else node.resident_classes
 
     def blocked(node: NodeView) -> bool:
-        gpu = landing_gpu(node, units) if pairwise and units and node.gpu_jobs else None
-        if gpu is not None:
-            joined = node.gpu_jobs[gpu]
+        if pairwise and units and node.free_units:
+            gpu = landing_gpu(node, units)
+            if gpu is None:
+                # No room now: Slurm cannot start it there now, and by the time it can, the
+                # residents are others (an exclusion is for good; the view is seconds old).
+                return False
+            joined = node.gpu_jobs[gpu] if gpu < len(node.gpu_jobs) else ()
             if hasattr(knowledge, "compatible_with_group"):
                 return bool(joined) and not knowledge.compatible_with_group(joined, node.gpu_type)
             return any(clashes(r, node.gpu_type) for r in joined)

@@ -343,11 +343,12 @@ def choose_offer(fits: Sequence[GpuType], needs: Mapping[str, int], estimate: Jo
     A request suits a set of types: every shard type with one count of GiB (memory only), or
     the types where the anchor type's count means the same (MPS percent, GPU-time sized
     shards). Each is judged by expected completion: whether a type has room now (no wait; a
-    node the job would be excluded from for its partners is no room) first, then its run time, run times within ``RUNTIME_TIE`` counting as equal; then the
-    request that can use more types. It is offered on every type of its set that is not
-    slower than the fastest one with room now (a faster type that is full is offered too: it
-    may free first; where no type is known to have room, on every type of its set). Returns ``(units, types offered fastest first, types left out, whether
-    any offered type has room now or None where the view does not know)``.
+    node the job would be kept away from for its partners is no room) first, then its run
+    time, run times within ``RUNTIME_TIE`` counting as equal; then the request usable on more
+    types. It is offered on every type of its set not slower than the fastest one with room
+    now (a faster type that is full is offered too: it may free first); where no type is known
+    to have room, on every type of its set. Returns ``(units, types offered fastest first,
+    types left out, whether an offered type has room now: None where the view does not say)``.
     """
     def runtime(g: GpuType) -> float | None:
         value = estimate.runtime_s.get(g.name)

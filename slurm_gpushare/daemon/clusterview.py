@@ -11,6 +11,12 @@ whole; decisions made on one snapshot keep their answers in it (node exclusions 
 ``Snapshot.memo``; feasibility, idle GPUs and features per partition in ``Snapshot.checks``), and
 a refresh answers on the new snapshot, before swapping it in, whatever decisions asked recently:
 no decision waits on a scan of every node of a large cluster.
+
+From the running jobs it estimates each GPU's free units and shares (``gpu_occupancy``: Slurm
+packs a shared gres onto the first GPU with room). Shares the daemon decided that are not
+running yet are kept in a ledger (``claim_share``, ``place_pending``) and counted where Slurm
+will most likely start them, so that the decisions of one burst see each other; an entry goes
+when the view shows its job running, or after ``PENDING_REFRESHES`` refreshes.
 """
 
 from __future__ import annotations

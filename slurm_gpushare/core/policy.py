@@ -100,7 +100,8 @@ def landing_gpu(node: NodeView, units: int) -> int | None:
 def incompatible_nodes(job_class: int | None, fits: Sequence[GpuType], partitions: Sequence[str],
                        view: ClusterView | None,
                        knowledge: Compatibility | PairCompatibility | None,
-                       units: int | None = None) -> tuple[list[str], int]:
+                       units: int | None = None, all_of_them: bool = False
+                       ) -> tuple[list[str], int]:
     """Nodes of the fitting types where the job could only land next to a share that
     interferes with it.
 
@@ -112,7 +113,8 @@ def incompatible_nodes(job_class: int | None, fits: Sequence[GpuType], partition
     (``landing_gpu``): the node is excluded when the job should not join the shares there (all
     of them together, where the knowledge can judge a group), never for lack of room now.
     Nothing is excluded when that
-    would leave no candidate node (the job would only wait longer).
+    would leave no candidate node (the job would only wait longer), unless ``all_of_them``
+    (which nodes it should not join, for the type choice).
     """
     pairwise = hasattr(knowledge, "compatible_with")
     if view is None or knowledge is None or (job_class is None and not pairwise):
@@ -122,7 +124,7 @@ def incompatible_nodes(job_class: int | None, fits: Sequence[GpuType], partition
     # A view snapshot that never changes (the daemon's) keeps the answers given on it: every
     # decision of a class would otherwise loop over all of a large cluster's nodes.
     memo = getattr(nodes, "memo", None)
-    memo_key = (job_class, tuple(sorted(types)), tuple(partitions), units)
+    memo_key = (job_class, tuple(sorted(types)), tuple(partitions), units, all_of_them)
     if memo is not None:
         hit = memo.get(memo_key)
         if hit is not None and hit[0] is knowledge:
@@ -159,7 +161,7 @@ def incompatible_nodes(job_class: int | None, fits: Sequence[GpuType], partition
     candidates = [n for n in nodes if n.gpu_type in types
                   and (not n.partitions or not wanted.isdisjoint(n.partitions))]
     excluded = sorted(n.name for n in candidates if residents(n) and blocked(n))
-    if len(excluded) == len(candidates):
+    if len(excluded) == len(candidates) and not all_of_them:
         excluded = []
     if memo is not None:
         memo[memo_key] = (knowledge, tuple(excluded), len(candidates))
@@ -370,7 +372,7 @@ def choose_offer(fits: Sequence[GpuType], needs: Mapping[str, int], estimate: Jo
         room = None
         if view is not None:
             away, _ = incompatible_nodes(estimate.job_class, group, partitions, view, knowledge,
-                                         units)
+                                         units, all_of_them=True)
             room = room_types(group, units, partitions, view, away)
         offers.append((units, group, position, room))
 
@@ -517,13 +519,6 @@ def share_or_keep(request: JobRequest, config: Config, *, estimate: JobEstimate 
     writes["features"] = features
     away, candidates = incompatible_nodes(estimate.job_class, fits, partitions, view, knowledge,
                                           units)
-    if away and room_types(fits, units, partitions, view) and not room_types(
-            fits, units, partitions, view, away):
-        # The job could start now only next to those partners (Slurm packs a GPU before it
-        # takes the next): an exclusion would keep it waiting while GPUs it fits on have room.
-        packed, away = away, []
-    else:
-        packed = []
     if away:
         # Appended, not merged: the user's list may be a hostlist expression (n[1,3-4]).
         writes["exc_nodes"] = ",".join(([request.exc_nodes] if request.exc_nodes else []) + away)
@@ -571,9 +566,6 @@ def share_or_keep(request: JobRequest, config: Config, *, estimate: JobEstimate 
     elif away:
         reason += (f"; away from {', '.join(away)} (resident shares of a class that interferes "
                    f"with class {estimate.job_class})")
-    if packed:
-        reason += (f"; may join the shares on {', '.join(packed)} (the only room now; Slurm "
-                   "fills a shared GPU before the next)")
     return Decision(action="share", code=code, reason=reason, decision_id=decision_id,
                     writes=writes, share_gib=share_gib, gpu_types=type_names,
                     details={"source": estimate.source,

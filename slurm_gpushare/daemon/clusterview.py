@@ -561,10 +561,10 @@ class SlurmClusterView:
 def _answer(kind: str, key: tuple, knowledge, view: _Fixed, by_name: Mapping) -> None:
     """Ask ``view`` the question behind one memo or checks key, so that its answer is kept."""
     if kind == "memo":
-        job_class, types, partitions, units = key
+        job_class, types, partitions, units, all_of_them = key
         if knowledge is not None and all(name in by_name for name in types):
             incompatible_nodes(job_class, [by_name[n] for n in types], list(partitions), view,
-                               knowledge, units)
+                               knowledge, units, all_of_them)
     elif key[0] == "feasibility":
         _, partition, features, req_nodes, exc_nodes, reservation, types = key
         if all(name in by_name for name in types):

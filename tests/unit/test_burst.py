@@ -132,10 +132,9 @@ def test_a_burst_spreads_over_gpus_and_types_through_the_ledger(monkeypatch):
     # Two per GPU that Slurm would use (it packs GPU 0 of a node first): v1, v2, then t1.
     assert [sorted(w) for _, _, w in placed[:6]] == [["v1"], ["v1"], ["v2"], ["v2"], ["t1"], ["t1"]]
     assert placed[4][0] == ("t4",)  # the shard types' GPUs it may join are taken: MPS on t4
-    # Then it could start only next to two partners: it is not kept waiting for the busy a100s
-    # while GPUs it fits on have room (Slurm packs GPU 0 before it takes GPU 1).
+    # Then it could start only next to two partners: it is kept away from them and waits.
     types, excluded, where = placed[6]
-    assert excluded == [] and "no room" not in decisions[6].reason
+    assert not where and "no room for it on any type now" in decisions[6].reason
 
 
 def test_ledger_entries_go_when_the_job_runs_or_after_a_few_refreshes(monkeypatch):
@@ -162,17 +161,18 @@ def test_ledger_entries_go_when_the_job_runs_or_after_a_few_refreshes(monkeypatc
     assert {n.name: n for n in view.nodes()}["v2"].gpu_jobs == (("d1",), ())
 
 
-def test_a_job_that_could_start_only_next_to_bad_partners_is_not_excluded_from_them():
+def test_a_job_that_could_start_only_next_to_bad_partners_waits_for_another_gpu():
     # v1's GPU 0 holds two shares (Slurm would pack the job there, GPU 1 stays idle); the
-    # a100s are full: excluding v1 would keep it waiting while v1 has room.
+    # a100s are full: it is kept off v1 and waits for a GPU it may share.
     view = View(node("a1", "a100", [0, 0]), node("a2", "a100", [0, 0]),
                 node("v1", "v100", [6, 16], [("x", "y"), ()]))
     decision = decide(request(), CONFIG, estimate=estimate(gib=5), view=view,
                       knowledge=AtMostOnePartner())
-    assert "exc_nodes" not in decision.writes
-    assert "may join the shares on v1" in decision.reason
-    # With room elsewhere it is kept away from them.
-    view = View(*view.nodes(), node("v2", "v100", [16, 16]))
+    assert decision.writes["exc_nodes"] == "v1"
+    assert "no room for it on any type now" in decision.reason
+    # A node without room now is never excluded (by the time it has room, others are there).
+    view = View(node("a1", "a100", [0, 0]), node("v1", "v100", [2, 2], [("x", "y"), ("z",)]),
+                node("v2", "v100", [16, 16]))
     decision = decide(request(), CONFIG, estimate=estimate(gib=5), view=view,
                       knowledge=AtMostOnePartner())
-    assert decision.writes["exc_nodes"] == "v1"
+    assert "exc_nodes" not in decision.writes

@@ -53,6 +53,11 @@ class NodeView:
     features: tuple[str, ...] = ()  # active features where the view knows them (the daemon)
     state: str = ""  # sinfo %t state ("" = usable); see feasibility.UNUSABLE_STATES
     idle_gpus: int | None = None  # GPUs holding no job at all; None: unknown
+    # Units of the shared gres free on each GPU, in Slurm's GPU order, and the ids of the
+    # shares on each GPU, where the view estimates them (the daemon: running shares and the
+    # shares it decided that are not placed yet); () where it does not.
+    free_units: tuple[int, ...] = ()
+    gpu_jobs: tuple[tuple[str, ...], ...] = ()
 
 
 class ClusterView(Protocol):
@@ -73,10 +78,29 @@ class PairCompatibility(Protocol):
 
     def compatible_with(self, resident_job: str, gpu_type: str | None = None) -> bool: ...
 
+    def compatible_with_group(self, resident_jobs: Sequence[str],
+                              gpu_type: str | None = None) -> bool: ...
+
+
+# Run times within this fraction of each other count as equal when types are chosen: a run time
+# on a type the job never ran on is a catalogue ratio, no finer than that.
+RUNTIME_TIE = 0.25
+
+
+def landing_gpu(node: NodeView, units: int) -> int | None:
+    """The GPU on ``node`` where Slurm would put a share of ``units``: it packs a shared gres
+    onto the first GPU with room (a GPU already shared fills before an idle one); None where the
+    node has no room now or the view does not know."""
+    for index, free in enumerate(node.free_units):
+        if free >= units:
+            return index
+    return None
+
 
 def incompatible_nodes(job_class: int | None, fits: Sequence[GpuType], partitions: Sequence[str],
                        view: ClusterView | None,
-                       knowledge: Compatibility | PairCompatibility | None
+                       knowledge: Compatibility | PairCompatibility | None,
+                       units: int | None = None, all_of_them: bool = False
                        ) -> tuple[list[str], int]:
     """Nodes of the fitting types where the job could only land next to a share that
     interferes with it.
@@ -84,8 +108,13 @@ def incompatible_nodes(job_class: int | None, fits: Sequence[GpuType], partition
     Returns ``(excluded, candidates)``. Slurm takes exclusions by node, not by GPU, so a node
     is excluded only when none of its GPUs is free of an incompatible share: known per GPU
     where the view has it, else when the node holds at least as many incompatible shares as
-    GPUs (with its GPU count unknown: any). Nothing is excluded when that would leave no
-    candidate node (the job would only wait longer).
+    GPUs (with its GPU count unknown: any). Where the view estimates each GPU's free units and
+    shares (the daemon), a share of ``units`` lands on the GPU Slurm packs it onto
+    (``landing_gpu``): the node is excluded when the job should not join the shares there (all
+    of them together, where the knowledge can judge a group), never for lack of room now.
+    Nothing is excluded when that
+    would leave no candidate node (the job would only wait longer), unless ``all_of_them``
+    (which nodes it should not join, for the type choice).
     """
     pairwise = hasattr(knowledge, "compatible_with")
     if view is None or knowledge is None or (job_class is None and not pairwise):
@@ -95,7 +124,7 @@ def incompatible_nodes(job_class: int | None, fits: Sequence[GpuType], partition
     # A view snapshot that never changes (the daemon's) keeps the answers given on it: every
     # decision of a class would otherwise loop over all of a large cluster's nodes.
     memo = getattr(nodes, "memo", None)
-    memo_key = (job_class, tuple(sorted(types)), tuple(partitions))
+    memo_key = (job_class, tuple(sorted(types)), tuple(partitions), units, all_of_them)
     if memo is not None:
         hit = memo.get(memo_key)
         if hit is not None and hit[0] is knowledge:
@@ -113,6 +142,16 @@ def incompatible_nodes(job_class: int | None, fits: Sequence[GpuType], partition
         return node.resident_jobs if pairwise else node.resident_classes
 
     def blocked(node: NodeView) -> bool:
+        if pairwise and units and node.free_units:
+            gpu = landing_gpu(node, units)
+            if gpu is None:
+                # No room now: Slurm cannot start it there now, and by the time it can, the
+                # residents are others (an exclusion is for good; the view is seconds old).
+                return False
+            joined = node.gpu_jobs[gpu] if gpu < len(node.gpu_jobs) else ()
+            if hasattr(knowledge, "compatible_with_group"):
+                return bool(joined) and not knowledge.compatible_with_group(joined, node.gpu_type)
+            return any(clashes(r, node.gpu_type) for r in joined)
         if node.gpu_classes and not pairwise:
             return all(any(clashes(r, node.gpu_type) for r in gpu) for gpu in node.gpu_classes)
         bad = sum(clashes(r, node.gpu_type) for r in residents(node))
@@ -122,7 +161,7 @@ def incompatible_nodes(job_class: int | None, fits: Sequence[GpuType], partition
     candidates = [n for n in nodes if n.gpu_type in types
                   and (not n.partitions or not wanted.isdisjoint(n.partitions))]
     excluded = sorted(n.name for n in candidates if residents(n) and blocked(n))
-    if len(excluded) == len(candidates):
+    if len(excluded) == len(candidates) and not all_of_them:
         excluded = []
     if memo is not None:
         memo[memo_key] = (knowledge, tuple(excluded), len(candidates))
@@ -265,6 +304,103 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
+def room_types(fits: Sequence[GpuType], units: int, partitions: Sequence[str],
+               view: ClusterView | None, excluded: Sequence[str] = ()) -> set[str] | None:
+    """The types among ``fits`` with a node in one of the job's partitions, not ``excluded``,
+    where Slurm could place a share of ``units`` now (counting the shares decided but not
+    placed yet, where the view has them); None where the view does not know free units."""
+    if view is None:
+        return None
+    nodes = view.nodes()
+    checks = getattr(nodes, "checks", None)  # a daemon snapshot: answered once per snapshot
+    key = ("room", tuple(g.name for g in fits), tuple(partitions), units, tuple(excluded))
+    if checks is not None and key in checks:
+        found = checks[key]
+        return None if found is None else set(found)
+    types = {g.name for g in fits}
+    wanted, away = set(partitions), set(excluded)
+    known, found = False, set()
+    for node in nodes:
+        if node.gpu_type not in types or (node.partitions and wanted.isdisjoint(node.partitions)):
+            continue
+        if node.name in away:
+            known = known or bool(node.free_units)
+            continue
+        if node.free_units:
+            known = True
+            if feasibility.state_usable(node.state) and landing_gpu(node, units) is not None:
+                found.add(node.gpu_type)
+    answer = tuple(sorted(found)) if known else None
+    if checks is not None:
+        checks[key] = answer
+    return None if answer is None else set(answer)
+
+
+def choose_offer(fits: Sequence[GpuType], needs: Mapping[str, int], estimate: JobEstimate,
+                 budget: float, partitions: Sequence[str], view: ClusterView | None,
+                 knowledge: Compatibility | PairCompatibility | None = None
+                 ) -> tuple[int, list[GpuType], list[GpuType], bool | None]:
+    """The request (one sharing gres, one count) and the types it is offered on.
+
+    A request suits a set of types: every shard type with one count of GiB (memory only), or
+    the types where the anchor type's count means the same (MPS percent, GPU-time sized
+    shards). Each is judged by expected completion: whether a type has room now (no wait; a
+    node the job would be kept away from for its partners is no room) first, then its run
+    time, run times within ``RUNTIME_TIE`` counting as equal; then the request usable on more
+    types. It is offered on every type of its set not slower than the fastest one with room
+    now (a faster type that is full is offered too: it may free first); where no type is known
+    to have room, on every type of its set. Returns ``(units, types offered fastest first,
+    types left out, whether an offered type has room now: None where the view does not say)``.
+    """
+    def runtime(g: GpuType) -> float | None:
+        value = estimate.runtime_s.get(g.name)
+        return value if value and value > 0 else None
+
+    ordered = sorted(fits, key=lambda g: (runtime(g) is None, runtime(g) or 0.0))
+    offers = []
+    for position, anchor in enumerate(ordered):
+        if anchor.sharing == "shard" and budget <= 0:
+            same = [g for g in ordered if g.sharing == "shard"]
+            units = max(max(needs[g.name] for g in same), 1)
+            group = [g for g in same if units <= capacity(g)]
+        else:
+            units = max(needs[anchor.name], 1)
+            group = [g for g in ordered if g.sharing == anchor.sharing
+                     and needs[g.name] <= units <= capacity(g)]
+        if anchor not in group or any(group == other for _, other, _, _ in offers):
+            continue
+        room = None
+        if view is not None:
+            away, _ = incompatible_nodes(estimate.job_class, group, partitions, view, knowledge,
+                                         units, all_of_them=True)
+            room = room_types(group, units, partitions, view, away)
+        offers.append((units, group, position, room))
+
+    def completion(g: GpuType, room: set[str] | None) -> tuple[bool, float]:
+        waits = room is not None and g.name not in room
+        known = [r for r in (runtime(h) for h in fits) if r is not None]
+        own = runtime(g)
+        if own is None or not known:
+            return waits, 0.0
+        fastest = min(known)
+        return waits, (fastest if own <= fastest * (1 + RUNTIME_TIE) else own)
+
+    def score(offer) -> tuple:
+        units, group, position, room = offer
+        return (min(completion(g, room) for g in group), -len(group), position)
+
+    units, group, _, room = min(offers, key=score)
+    # Without a view of free room, or with room on none of them, every type of the request is
+    # offered: whichever frees first takes the job.
+    with_room = [g for g in group if room is not None and g.name in room]
+    known = [runtime(g) for g in with_room if runtime(g) is not None]
+    limit = min(known) * (1 + RUNTIME_TIE) if known else None
+    offered = [g for g in group if limit is None or runtime(g) is None or runtime(g) <= limit]
+    left_out = [g for g in ordered if g not in offered]
+    has_room = None if room is None else any(g.name in room for g in offered)
+    return units, offered, left_out, has_room
+
+
 def share_or_keep(request: JobRequest, config: Config, *, estimate: JobEstimate | None = None,
                   view: ClusterView | None = None, knowledge: Compatibility | None = None,
                   decision_id: str = "") -> Decision:
@@ -363,25 +499,10 @@ def share_or_keep(request: JobRequest, config: Config, *, estimate: JobEstimate 
         return keep_tagged(placement.code, f"{placement.reason}; left as submitted",
                            source=estimate.source)
     fits = [g for g in fits if g.name in placement.types]
-    # Fastest predicted type first (SchedTune's min-JCT choice); other types are offered only
-    # where the same request (same gres, same count) is safe and within budget.
-    fits.sort(key=lambda g: (estimate.runtime_s.get(g.name) is None,
-                             estimate.runtime_s.get(g.name, 0.0)))
+    # Which request to make, and on which types: by expected completion.
+    units, fits, slower, room = choose_offer(fits, needs, estimate, budget, partitions, view,
+                                             knowledge)
     best = fits[0]
-    if best.sharing == "shard" and budget <= 0:
-        # A shard is the same memory on every type, so one count means the same memory everywhere: ask
-        # for the most any fitting type needs and offer every type it fits on, so the job
-        # never waits for one type while another it fits on has room.
-        same = [g for g in fits if g.sharing == "shard"]
-        units = max(max(needs[g.name] for g in same), 1)
-        slower = [g for g in fits if g.sharing != "shard" or units > capacity(g)]
-    else:
-        # MPS percent and GPU-time sized shards mean different things on different types:
-        # other types are offered only where the best type's count suits them too.
-        units = max(needs[best.name], 1)
-        slower = [g for g in fits[1:] if g.sharing != best.sharing
-                  or not needs[g.name] <= units <= capacity(g)]
-    fits = [g for g in fits if g not in slower]
     if config.policy.keep_whole_when_idle:
         idle = idle_types(fits, partitions, view)
         if idle:
@@ -396,7 +517,8 @@ def share_or_keep(request: JobRequest, config: Config, *, estimate: JobEstimate 
         # 22.05: a shared gres per job needs one node; move it per node and drop the job-wide GPU.
         writes["tres_per_job"] = tresmod.replace(request.tres_per_job, "gpu", None)
     writes["features"] = features
-    away, candidates = incompatible_nodes(estimate.job_class, fits, partitions, view, knowledge)
+    away, candidates = incompatible_nodes(estimate.job_class, fits, partitions, view, knowledge,
+                                          units)
     if away:
         # Appended, not merged: the user's list may be a hostlist expression (n[1,3-4]).
         writes["exc_nodes"] = ",".join(([request.exc_nodes] if request.exc_nodes else []) + away)
@@ -435,7 +557,9 @@ def share_or_keep(request: JobRequest, config: Config, *, estimate: JobEstimate 
                                           for t, why in placement.dropped.items())
     if slower:
         reason += (f"; not offered on {', '.join(g.name for g in slower)} "
-                   f"(slower, and the same request would not suit it)")
+                   f"(slower than where it can start, or the same request would not suit it)")
+    if room is not None and not room:
+        reason += "; no room for it on any type now: waits for the first to free"
     if away and hasattr(knowledge, "compatible_with"):
         reason += (f"; away from {', '.join(away)} (resident shares the pair predictor says "
                    "would run below the speed threshold with it)")

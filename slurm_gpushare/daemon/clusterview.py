@@ -11,6 +11,12 @@ whole; decisions made on one snapshot keep their answers in it (node exclusions 
 ``Snapshot.memo``; feasibility, idle GPUs and features per partition in ``Snapshot.checks``), and
 a refresh answers on the new snapshot, before swapping it in, whatever decisions asked recently:
 no decision waits on a scan of every node of a large cluster.
+
+From the running jobs it estimates each GPU's free units and shares (``gpu_occupancy``: Slurm
+packs a shared gres onto the first GPU with room). Shares the daemon decided that are not
+running yet are kept in a ledger (``claim_share``, ``place_pending``) and counted where Slurm
+will most likely start them, so that the decisions of one burst see each other; an entry goes
+when the view shows its job running, or after ``PENDING_REFRESHES`` refreshes.
 """
 
 from __future__ import annotations
@@ -28,7 +34,8 @@ from slurm_gpushare.core.config import Config
 from slurm_gpushare.core import feasibility
 from slurm_gpushare.core.feasibility import state_usable
 from slurm_gpushare.core.hostlist import expand_hostlist
-from slurm_gpushare.core.policy import NodeView, idle_types, incompatible_nodes
+from slurm_gpushare.core.policy import (NodeView, capacity, idle_types, incompatible_nodes,
+                                         landing_gpu, room_types)
 from slurm_gpushare.core.tag import Tag
 from slurm_gpushare.core.types import JobRequest
 from slurm_gpushare.daemon.validity import partition_features
@@ -163,6 +170,8 @@ class RunningJob:
     share_class: int | None = None
     decision_id: str = ""
     shared: bool = False
+    job_id: str = ""
+    units: int = 0  # units of its shared gres (shards or MPS percent), for a share
 
 
 def parse_running(line: str) -> RunningJob | None:
@@ -175,6 +184,7 @@ def parse_running(line: str) -> RunningJob | None:
     except tresmod.TresError:
         return None
     gpus = sum(t.count for t in tresmod.find(tokens, "gpu"))
+    units = sum(t.count for name in ("shard", "mps") for t in tresmod.find(tokens, name))
     shared = bool(_SHARED.search(tres))
     if shared:
         gpus += 1  # it may share its GPU with another share: never over-count idle GPUs
@@ -185,8 +195,8 @@ def parse_running(line: str) -> RunningJob | None:
     if shared and len(nodes) == 1:
         tag = Tag.decode(parts[3].strip() if len(parts) == 4 else "")
         return RunningJob(nodes, gpus, tag.job_class if tag else None,
-                          tag.decision_id if tag else "", True)
-    return RunningJob(nodes, gpus)
+                          tag.decision_id if tag else "", True, parts[0].strip(), units)
+    return RunningJob(nodes, gpus, job_id=parts[0].strip())
 
 
 def idle_gpus_per_node(gpus_of: Mapping[str, int], squeue_out: str,
@@ -203,6 +213,95 @@ def idle_gpus_per_node(gpus_of: Mapping[str, int], squeue_out: str,
                 busy[node] = busy.get(node, 0) + job.gpus
     return {name: (max(0, gpus - busy.get(name, 0)) if name in up else 0)
             for name, gpus in gpus_of.items()}
+
+
+def gpu_occupancy(gpus: int, per_gpu: int, jobs: Sequence[RunningJob]
+                  ) -> tuple[tuple[int, ...], tuple[tuple[str, ...], ...]]:
+    """Each GPU's free units of the shared gres and the decision ids of its shares, estimated
+    from the jobs running on one node in the order they were submitted (job id): a whole-GPU
+    job takes the first GPU holding nothing, a share the first GPU with room -- Slurm packs a
+    shared gres that way (``policy.landing_gpu``). squeue names a share's node, not its GPU, so
+    this is an estimate; shares of other tools' jobs (no tag) take room but have no id."""
+    free, held = [per_gpu] * gpus, [[] for _ in range(gpus)]
+    if not gpus:
+        return (), ()
+
+    def order(job: RunningJob) -> tuple[int, ...]:
+        return tuple(int(n) for n in re.findall(r"\d+", job.job_id)) or (0,)
+
+    for job in sorted(jobs, key=order):
+        if job.shared and job.units:
+            index = next((i for i in range(gpus) if free[i] >= job.units),
+                         max(range(gpus), key=lambda i: free[i]))
+            free[index] = max(0, free[index] - job.units)
+            if job.decision_id:
+                held[index].append(job.decision_id)
+        whole = job.gpus - (1 if job.shared else 0)
+        for index in range(gpus):
+            if whole <= 0:
+                break
+            if free[index] == per_gpu and not held[index]:
+                free[index], whole = 0, whole - 1
+    return tuple(free), tuple(tuple(h) for h in held)
+
+
+@dataclass(frozen=True)
+class PendingShare:
+    """A share the daemon decided that the view does not show running yet (the ledger)."""
+
+    decision_id: str
+    types: tuple[str, ...]
+    units: int
+    partitions: tuple[str, ...]
+    excluded: frozenset[str]
+    job_class: int | None
+    refresh: int  # the refresh count when it was decided
+
+
+# Ledger entries are dropped when the view shows the job running, or after this many refreshes
+# (the job pends in the queue, was cancelled or was rejected): the view then tells the truth.
+PENDING_REFRESHES = 3
+# While shares are pending the view is refreshed at least this often, so that it soon shows
+# where Slurm put them.
+PENDING_REFRESH_S = 1.0
+
+
+def place_pending(nodes: list[NodeView], entry: PendingShare,
+                  per_gpu: Mapping[str, int]) -> int | None:
+    """Put ``entry`` where Slurm would most likely start it now: among the nodes it may use
+    with room, one whose GPUs are already shared first (Slurm fits a job tightly), then in
+    order; on that node, the GPU ``policy.landing_gpu`` names. Updates ``nodes`` in place and
+    returns the node's index, or None when no node has room (it waits in the queue)."""
+    best = None
+    for i, node in enumerate(nodes):
+        if (node.gpu_type not in entry.types or node.name in entry.excluded
+                or not state_usable(node.state)
+                or (node.partitions and set(entry.partitions).isdisjoint(node.partitions))
+                or landing_gpu(node, entry.units) is None):
+            continue
+        shared = any(0 < free < per_gpu.get(node.gpu_type, 0) or jobs
+                     for free, jobs in zip(node.free_units, node.gpu_jobs))
+        if shared:
+            best = i
+            break
+        if best is None:
+            best = i
+    if best is None:
+        return None
+    node = nodes[best]
+    gpu = landing_gpu(node, entry.units)
+    was_idle = node.free_units[gpu] == per_gpu.get(node.gpu_type, -1) and not node.gpu_jobs[gpu]
+    free = list(node.free_units)
+    free[gpu] -= entry.units
+    held = list(node.gpu_jobs)
+    held[gpu] = held[gpu] + (entry.decision_id,)
+    nodes[best] = replace(
+        node, free_units=tuple(free), gpu_jobs=tuple(held),
+        resident_jobs=node.resident_jobs + (entry.decision_id,),
+        resident_classes=node.resident_classes + (
+            (entry.job_class,) if entry.job_class is not None else ()),
+        idle_gpus=(max(0, node.idle_gpus - 1) if was_idle and node.idle_gpus else node.idle_gpus))
+    return best
 
 
 class _Fixed:
@@ -239,6 +338,12 @@ class SlurmClusterView:
         self._residents: dict[str, list[int]] = {}  # node -> classes of its shares (known)
         self._resident_jobs: dict[str, list[str]] = {}  # node -> decision ids of its shares
         self._position: dict[str, int] = {}  # node -> its index in the snapshot
+        self._node_jobs: dict[str, dict[str, RunningJob]] = {}  # node -> job id -> job
+        self._base: list[NodeView] = []  # the nodes as Slurm shows them (no pending shares)
+        # The ledger: shares decided that the view does not show running yet.
+        self._pending: dict[str, PendingShare] = {}
+        self._ledger_lock = threading.Lock()
+        self._per_gpu = {g.name: capacity(g) for g in config.gpu_types}
         self._refreshes = 0
         self.refreshed_at: float | None = None  # wall clock of the last good refresh
         # ("memo" | "checks", question) -> (the refresh it was last asked after, the knowledge
@@ -273,9 +378,39 @@ class SlurmClusterView:
                 self._snapshot = snapshot
                 return
 
+    def claim_share(self, decision_id: str, types: Sequence[str], units: int,
+                    partitions: Sequence[str], excluded: Sequence[str] = (),
+                    job_class: int | None = None) -> None:
+        """A share was decided: count it on the node where Slurm will most likely start it
+        (``place_pending``) until the view shows it running, so that the next decisions of a
+        burst see it as a resident (pair checks) and as taken room (type choice)."""
+        entry = PendingShare(decision_id, tuple(types), int(units), tuple(partitions),
+                             frozenset(excluded), job_class, self._refreshes)
+        with self._ledger_lock:
+            self._pending[decision_id] = entry
+            old = self._snapshot
+            nodes = list(old)
+            if place_pending(nodes, entry, self._per_gpu) is None:
+                return  # it waits in the queue: nothing it takes now
+            snapshot = Snapshot(nodes)
+            # Answers about room, idle GPUs and exclusions may change; the others carry over.
+            dict.update(snapshot.checks, [(key, answer) for key, answer in
+                                          list(dict.items(old.checks))
+                                          if key[0] not in ("idle", "room")])
+            snapshot.memo.asked, snapshot.checks.asked = old.memo.asked, old.checks.asked
+            self._snapshot = snapshot
+
+    def pending(self) -> list[PendingShare]:
+        return list(self._pending.values())
+
     def _account(self, job: RunningJob, sign: int, changed: set[str]) -> None:
         for node in job.nodes:
             self._busy[node] = self._busy.get(node, 0) + sign * job.gpus
+            jobs = self._node_jobs.setdefault(node, {})
+            if sign > 0:
+                jobs[job.job_id] = job
+            else:
+                jobs.pop(job.job_id, None)
             changed.add(node)
         if job.shared:
             node = job.nodes[0]
@@ -298,12 +433,13 @@ class SlurmClusterView:
         reservations = read_reservations()
         if reservations is not None:
             self._reservations = reservations
-        nodes = list(self._snapshot)
+        nodes = list(self._base)
         if sinfo_out != self._sinfo_out:  # nodes rarely change: rebuild only when they do
             self._info = parse_sinfo_nodes(sinfo_out, self.config)
             self.all_features = frozenset(f for i in self._info.values() for f in i.features)
             self.all_partitions = frozenset(p for i in self._info.values() for p in i.partitions)
             self._lines, self._busy, self._residents, self._resident_jobs = {}, {}, {}, {}
+            self._node_jobs = {}
             nodes = [NodeView(name=name, gpu_type=info.gpu_type, partitions=info.partitions,
                               gpus=info.gpus, features=info.features, state=info.state)
                      for name, info in sorted(self._info.items()) if info.gpu_type]
@@ -332,14 +468,40 @@ class SlurmClusterView:
                 i, info = self._position[name], self._info[name]
                 idle = (max(0, info.gpus - self._busy.get(name, 0))
                         if state_usable(info.state) else 0)
+                free, held = gpu_occupancy(info.gpus, self._per_gpu.get(info.gpu_type, 0),
+                                           list(self._node_jobs.get(name, {}).values()))
+                if not state_usable(info.state):
+                    free = tuple(0 for _ in free)
                 nodes[i] = replace(nodes[i], resident_classes=tuple(self._residents.get(name, ())),
                                    resident_jobs=tuple(self._resident_jobs.get(name, ())),
-                                   idle_gpus=idle)
-        snapshot = Snapshot(nodes)
-        self._warm(snapshot, self._snapshot)
-        self._snapshot = snapshot
+                                   idle_gpus=idle, free_units=free, gpu_jobs=held)
+        self._base = nodes
+        running = {job.decision_id for job in lines.values() if job and job.decision_id}
+        with self._ledger_lock:
+            # Shares now running are in the view itself; old entries have served their purpose.
+            oldest = self._refreshes + 1 - PENDING_REFRESHES
+            self._pending = {k: e for k, e in self._pending.items()
+                             if k not in running and e.refresh >= oldest}
+            pending = dict(self._pending)
+        snapshot = Snapshot(self._with_pending(nodes, pending.values()))
+        self._warm(snapshot, self._snapshot)  # (off the lock: decisions claim meanwhile)
+        with self._ledger_lock:
+            claimed = [e for k, e in self._pending.items() if k not in pending]
+            if claimed:  # decided while the new snapshot was being answered
+                fresh = Snapshot(self._with_pending(list(snapshot), claimed))
+                dict.update(fresh.checks, [(key, answer) for key, answer in
+                                           list(dict.items(snapshot.checks))
+                                           if key[0] not in ("idle", "room")])
+                snapshot = fresh
+            self._snapshot = snapshot
         self.refreshed_at = time.time()
         return True
+
+    def _with_pending(self, nodes: list[NodeView], entries) -> list[NodeView]:
+        placed = list(nodes)
+        for entry in entries:
+            place_pending(placed, entry, self._per_gpu)
+        return placed
 
     def health(self) -> dict:
         """GPU nodes known, how many take jobs now, and when Slurm was last read (for `ping`:
@@ -390,23 +552,29 @@ class SlurmClusterView:
                 self.refresh()
             except Exception:  # noqa: BLE001 -- a bad snapshot keeps the previous one
                 log.exception("cluster-view-refresh-failed")
-            # Until the nodes are known every decision keeps its job: ask again soon.
-            self._stop.wait(self.interval_s if self._snapshot else min(1.0, self.interval_s))
+            # Until the nodes are known every decision keeps its job: ask again soon; while
+            # shares are pending, soon too (to see where Slurm put them).
+            soon = not self._snapshot or self._pending
+            self._stop.wait(min(PENDING_REFRESH_S, self.interval_s) if soon else self.interval_s)
 
 
 def _answer(kind: str, key: tuple, knowledge, view: _Fixed, by_name: Mapping) -> None:
     """Ask ``view`` the question behind one memo or checks key, so that its answer is kept."""
     if kind == "memo":
-        job_class, types, partitions = key
+        job_class, types, partitions, units, all_of_them = key
         if knowledge is not None and all(name in by_name for name in types):
             incompatible_nodes(job_class, [by_name[n] for n in types], list(partitions), view,
-                               knowledge)
+                               knowledge, units, all_of_them)
     elif key[0] == "feasibility":
         _, partition, features, req_nodes, exc_nodes, reservation, types = key
         if all(name in by_name for name in types):
             request = JobRequest(uid=0, partition=partition, features=features,
                                  req_nodes=req_nodes, exc_nodes=exc_nodes, reservation=reservation)
             feasibility.check(request, [by_name[n] for n in types], view)
+    elif key[0] == "room":
+        _, types, partitions, units, excluded = key
+        if all(name in by_name for name in types):
+            room_types([by_name[n] for n in types], units, list(partitions), view, excluded)
     elif key[0] == "idle":
         _, types, partitions = key
         if all(name in by_name for name in types):

@@ -64,6 +64,17 @@ class PairCompatibility:
         speeds = self.model.safe_speeds([self.profile, profile], [self.key, key])
         return bool(min(speeds) >= self.model.threshold)
 
+    def compatible_with_group(self, resident_ids, gpu_type: str | None = None) -> bool:
+        """Whether the job may join these shares on one GPU, all together: every side's
+        pessimistic predicted speed is at least the threshold (residents without a profile
+        are left out: nothing is known against them)."""
+        found = [r for r in (self.resident(i) for i in resident_ids) if r is not None]
+        if not found:
+            return True
+        speeds = self.model.safe_speeds([self.profile] + [p for p, _ in found],
+                                        [self.key] + [k for _, k in found])
+        return bool(min(speeds) >= self.model.threshold)
+
 
 class Pairing:
     """Owns the pair model decisions read; learning swaps in an updated copy."""
@@ -113,6 +124,14 @@ class Pairing:
                 while len(self._decision_keys) > CACHE_SIZE:
                     self._decision_keys.popitem(last=False)
         return self.profile(keys)
+
+    def remember(self, decision_id: str, keys: Sequence[str]) -> None:
+        """A decision's keys, known before its record is written: a share of a burst is then
+        judged as a resident by the next decisions at once."""
+        with self._lock:
+            self._decision_keys[decision_id] = tuple(keys[:2])
+            while len(self._decision_keys) > CACHE_SIZE:
+                self._decision_keys.popitem(last=False)
 
     def invalidate(self) -> None:
         """New telemetry arrived: profiles are read again."""

@@ -347,6 +347,15 @@ class Service:
                decide_us=elapsed_us)
         if op == "decide" and decision.code == "idle-gpu" and hasattr(self.view, "claim_idle"):
             self.view.claim_idle(decision.details.get("idle_types", ()))
+        if op == "decide" and decision.action == "share" and hasattr(self.view, "claim_share"):
+            # Until the view shows it running, the next decisions count it where it will go.
+            if self.pairing is not None:
+                self.pairing.remember(decision_id, keys.as_list())
+            self.view.claim_share(decision_id, decision.gpu_types,
+                                  decision.details.get("units", 1),
+                                  [p for p in request.partition.split(",") if p],
+                                  decision.details.get("excluded_nodes", ()),
+                                  decision.details.get("job_class"))
         if op == "decide" and problem is None:
             self.records.put_decision({
                 **decision.to_dict(), "ts": time.time(), "uid": request.uid,

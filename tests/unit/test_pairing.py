@@ -67,6 +67,22 @@ def test_a_light_job_is_kept_away_from_a_heavy_share_only(store):
     assert pairing.compatibility(["f" * 64]) is None  # no profile: the classes decide
 
 
+def test_a_job_is_judged_with_all_the_shares_of_a_gpu_together(store):
+    pairing = Pairing(store).load()
+    # A decision's keys are known before its record is written (a burst's next decision).
+    pairing.remember("dpending", [HEAVY])
+    assert pairing.resident("dpending")[1] == HEAVY
+    compat = pairing.compatibility([OTHER_LIGHT])
+    assert compat.compatible_with_group([]) is True
+    assert compat.compatible_with_group(["dlight"]) is True
+    assert compat.compatible_with_group(["dlight", "dpending"]) is False  # the heavy one
+    assert compat.compatible_with_group(["unknown-decision"]) is True
+    # Monotone: more partners never make a group acceptable that one of them spoils.
+    light = pairing.compatibility([LIGHT])
+    assert light.compatible_with_group(["dheavy"]) is False
+    assert light.compatible_with_group(["dheavy", "dlight"]) is False
+
+
 def test_decide_excludes_nodes_by_the_pair_predictor(store):
     config = Config(policy=PolicyConfig(sharing_partitions=("gpu",)),
                     gpu_types=(GpuType("v100", 16),))

@@ -124,7 +124,9 @@ def incompatible_nodes(job_class: int | None, fits: Sequence[GpuType], partition
     # A view snapshot that never changes (the daemon's) keeps the answers given on it: every
     # decision of a class would otherwise loop over all of a large cluster's nodes.
     memo = getattr(nodes, "memo", None)
-    memo_key = (job_class, tuple(sorted(types)), tuple(partitions), units, all_of_them)
+    # The share's size matters only to the per-GPU check (pairwise, where free units are known).
+    memo_key = (job_class, tuple(sorted(types)), tuple(partitions), units if pairwise else None,
+                all_of_them)
     if memo is not None:
         hit = memo.get(memo_key)
         if hit is not None and hit[0] is knowledge:
@@ -369,27 +371,28 @@ def choose_offer(fits: Sequence[GpuType], needs: Mapping[str, int], estimate: Jo
                      and needs[g.name] <= units <= capacity(g)]
         if anchor not in group or any(group == other for _, other, _, _ in offers):
             continue
-        room = None
-        if view is not None:
+        room = None if view is None else room_types(group, units, partitions, view)
+        if room is not None:  # the view knows free units: a node to keep away from is no room
             away, _ = incompatible_nodes(estimate.job_class, group, partitions, view, knowledge,
                                          units, all_of_them=True)
-            room = room_types(group, units, partitions, view, away)
+            if away:
+                room = room_types(group, units, partitions, view, away)
         offers.append((units, group, position, room))
+
+    fastest = min((r for r in map(runtime, fits) if r is not None), default=None)
 
     def completion(g: GpuType, room: set[str] | None) -> tuple[bool, float]:
         waits = room is not None and g.name not in room
-        known = [r for r in (runtime(h) for h in fits) if r is not None]
         own = runtime(g)
-        if own is None or not known:
+        if own is None or fastest is None:
             return waits, 0.0
-        fastest = min(known)
         return waits, (fastest if own <= fastest * (1 + RUNTIME_TIE) else own)
 
     def score(offer) -> tuple:
         units, group, position, room = offer
         return (min(completion(g, room) for g in group), -len(group), position)
 
-    units, group, _, room = min(offers, key=score)
+    units, group, _, room = offers[0] if len(offers) == 1 else min(offers, key=score)
     # Without a view of free room, or with room on none of them, every type of the request is
     # offered: whichever frees first takes the job.
     with_room = [g for g in group if room is not None and g.name in room]

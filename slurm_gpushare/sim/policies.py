@@ -343,12 +343,14 @@ class SimView:
             # their answers (as on the daemon's snapshots). Answers that read nothing that
             # changed carry over: feasibility reads only partitions, features and states, which
             # never change here; idle types read idle GPUs, node exclusions resident classes,
-            # each only on nodes of the types in their key.
+            # each only on nodes of the types in their key. Room now is unknown here (these
+            # views carry no free units per GPU), whatever changed.
             previous = self._nodes
             self._nodes = _Snapshot(self._views)
             self._nodes.checks.update(
                 (k, v) for k, v in previous.checks.items()
-                if k[0] == "feasibility" or (k[0] == "idle" and idle_changed.isdisjoint(k[1])))
+                if k[0] in ("feasibility", "room")
+                or (k[0] == "idle" and idle_changed.isdisjoint(k[1])))
             self._nodes.memo.update((k, v) for k, v in previous.memo.items()
                                     if classes_changed.isdisjoint(k[1]))
         return self._nodes

@@ -15,6 +15,7 @@ from slurm_gpushare.core import feasibility
 from slurm_gpushare.core import tres as tresmod
 from slurm_gpushare.core.tag import Tag
 from slurm_gpushare.core.config import Config, GpuType, shards_per_gpu
+from slurm_gpushare.core.hostlist import expand_hostlist
 from slurm_gpushare.core.types import Decision, JobRequest
 
 SHARED_GRES = ("shard", "mps")
@@ -522,6 +523,11 @@ def share_or_keep(request: JobRequest, config: Config, *, estimate: JobEstimate 
     writes["features"] = features
     away, candidates = incompatible_nodes(estimate.job_class, fits, partitions, view, knowledge,
                                           units)
+    if away and request.req_nodes:
+        # Slurm refuses a job whose --nodelist node is also excluded: the nodes the user named
+        # are never excluded (the job shares there as it asked).
+        required = set(expand_hostlist(request.req_nodes))
+        away = [n for n in away if n not in required]
     if away:
         # Appended, not merged: the user's list may be a hostlist expression (n[1,3-4]).
         writes["exc_nodes"] = ",".join(([request.exc_nodes] if request.exc_nodes else []) + away)

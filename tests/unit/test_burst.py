@@ -176,3 +176,18 @@ def test_a_job_that_could_start_only_next_to_bad_partners_waits_for_another_gpu(
     decision = decide(request(), CONFIG, estimate=estimate(gib=5), view=view,
                       knowledge=AtMostOnePartner())
     assert "exc_nodes" not in decision.writes
+
+
+def test_a_node_the_user_named_is_never_excluded():
+    """Slurm refuses a job whose --nodelist node is also excluded ("Invalid node name
+    specified"): the per-GPU check must leave the user's nodes alone."""
+    view = View(node("a1", "a100", [0, 0]), node("v1", "v100", [6, 16], [("x", "y"), ()]),
+                node("v2", "v100", [16, 16]))
+    pinned = JobRequest(uid=1000, partition="gpu", tres_per_node="gres:gpu:1", req_nodes="v1")
+    decision = decide(pinned, CONFIG, estimate=estimate(gib=5), view=view,
+                      knowledge=AtMostOnePartner())
+    assert "v1" not in decision.writes.get("exc_nodes", "").split(",")
+    # Unpinned, the same job is kept off v1.
+    decision = decide(request(), CONFIG, estimate=estimate(gib=5), view=view,
+                      knowledge=AtMostOnePartner())
+    assert decision.writes["exc_nodes"] == "v1"

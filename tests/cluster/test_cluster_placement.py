@@ -7,13 +7,13 @@ of it than fits. (The test cluster shares on idle GPUs too, `keep_whole_when_idl
 
 from __future__ import annotations
 
-import re
 import time
 import uuid
 
 import pytest
 
 from devcluster.cluster import _wait_until
+from slurm_gpushare.slurm.jobs import gres_placements
 from test_cluster_history import decision_of, profile, unique_script
 
 pytestmark = pytest.mark.cluster
@@ -41,12 +41,14 @@ def test_sjf_lever_sets_nice_from_the_jobs_own_run_time(cluster):
 
 
 def gpus_in_use(cluster, job_ids) -> dict[tuple[str, str], list[str]]:
-    """(node, GPU index) -> running jobs on it, from Slurm (``scontrol show job -d``)."""
+    """(node, GPU index) -> running jobs on it, from Slurm (``scontrol show job -d``, read by
+    the product's parser of both versions' spellings)."""
     held: dict[tuple[str, str], list[str]] = {}
     for job_id in job_ids:
         out = cluster.slurm("scontrol", "show", "job", "-d", job_id, check=False).stdout
-        for node, index in re.findall(r"Nodes=(\S+) .*?GRES=\S*?\(IDX:(\d+)\)", out):
-            held.setdefault((node, index), []).append(job_id)
+        for node, indices in gres_placements(out):
+            for index in indices:
+                held.setdefault((node, str(index)), []).append(job_id)
     return held
 
 

@@ -583,5 +583,5 @@ def share_or_keep(request: JobRequest, config: Config, *, estimate: JobEstimate 
                              "job_class": estimate.job_class,
                              "excluded_types": [g.name for g in too_big],
                              "excluded_nodes": away, "candidate_nodes": candidates,
-                             "sharing": best.sharing, "units": units,
+                             "sharing": best.sharing, "units": units, "room_now": room,
                              "memory_limit_mib": limit_mib})

@@ -272,12 +272,13 @@ def place_pending(nodes: list[NodeView], entry: PendingShare,
     with room, one whose GPUs are already shared first (Slurm fits a job tightly), then in
     order; on that node, the GPU ``policy.landing_gpu`` names. Updates ``nodes`` in place and
     returns the node's index, or None when no node has room (it waits in the queue)."""
-    best = None
+    best, units, wanted = None, entry.units, set(entry.partitions)
     for i, node in enumerate(nodes):
-        if (node.gpu_type not in entry.types or node.name in entry.excluded
+        # Cheapest tests first: this runs on the decision's thread, over every node.
+        if (node.gpu_type not in entry.types or not node.free_units
+                or max(node.free_units) < units or node.name in entry.excluded
                 or not state_usable(node.state)
-                or (node.partitions and set(entry.partitions).isdisjoint(node.partitions))
-                or landing_gpu(node, entry.units) is None):
+                or (node.partitions and wanted.isdisjoint(node.partitions))):
             continue
         shared = any(0 < free < per_gpu.get(node.gpu_type, 0) or jobs
                      for free, jobs in zip(node.free_units, node.gpu_jobs))
@@ -380,23 +381,33 @@ class SlurmClusterView:
 
     def claim_share(self, decision_id: str, types: Sequence[str], units: int,
                     partitions: Sequence[str], excluded: Sequence[str] = (),
-                    job_class: int | None = None) -> None:
+                    job_class: int | None = None, room_now: bool | None = None) -> None:
         """A share was decided: count it on the node where Slurm will most likely start it
         (``place_pending``) until the view shows it running, so that the next decisions of a
-        burst see it as a resident (pair checks) and as taken room (type choice)."""
+        burst see it as a resident (pair checks) and as taken room (type choice).
+        ``room_now`` False: the decision saw no room on any of its types, so it waits in the
+        queue and takes nothing now (no scan of the nodes on the decision's thread)."""
         entry = PendingShare(decision_id, tuple(types), int(units), tuple(partitions),
                              frozenset(excluded), job_class, self._refreshes)
         with self._ledger_lock:
             self._pending[decision_id] = entry
+            if room_now is False:
+                return
             old = self._snapshot
             nodes = list(old)
-            if place_pending(nodes, entry, self._per_gpu) is None:
+            placed = place_pending(nodes, entry, self._per_gpu)
+            if placed is None:
                 return  # it waits in the queue: nothing it takes now
             snapshot = Snapshot(nodes)
-            # Answers about room, idle GPUs and exclusions may change; the others carry over.
+            # Answers about the node's GPU type (room, idle GPUs, exclusions) may change; the
+            # others carry over, so the next decision does not scan every node again.
+            changed = nodes[placed].gpu_type
+            dict.update(snapshot.memo, [(key, answer) for key, answer in
+                                        list(dict.items(old.memo)) if changed not in key[1]])
             dict.update(snapshot.checks, [(key, answer) for key, answer in
                                           list(dict.items(old.checks))
-                                          if key[0] not in ("idle", "room")])
+                                          if key[0] not in ("idle", "room")
+                                          or changed not in key[1]])
             snapshot.memo.asked, snapshot.checks.asked = old.memo.asked, old.checks.asked
             self._snapshot = snapshot
 

@@ -355,7 +355,8 @@ class Service:
                                   decision.details.get("units", 1),
                                   [p for p in request.partition.split(",") if p],
                                   decision.details.get("excluded_nodes", ()),
-                                  decision.details.get("job_class"))
+                                  decision.details.get("job_class"),
+                                  decision.details.get("room_now"))
         if op == "decide" and problem is None:
             self.records.put_decision({
                 **decision.to_dict(), "ts": time.time(), "uid": request.uid,

@@ -4,7 +4,8 @@ choice by expected completion (room now first, then run time)."""
 from __future__ import annotations
 
 from slurm_gpushare.core.config import parse_config
-from slurm_gpushare.core.policy import JobEstimate, NodeView, decide, landing_gpu
+from slurm_gpushare.core.policy import (JobEstimate, NodeView, decide,
+                                         incompatible_nodes, landing_gpu, room_types)
 from slurm_gpushare.core.tag import Tag
 from slurm_gpushare.core.types import JobRequest
 from slurm_gpushare.daemon import clusterview
@@ -125,7 +126,7 @@ def test_a_burst_spreads_over_gpus_and_types_through_the_ledger(monkeypatch):
                           knowledge=AtMostOnePartner(), decision_id=f"d{i}")
         assert decision.action == "share", decision.reason
         view.claim_share(f"d{i}", decision.gpu_types, decision.details["units"], ["gpu"],
-                         decision.details["excluded_nodes"], 0)
+                         decision.details["excluded_nodes"], 0, decision.details["room_now"])
         where = {n.name: n.gpu_jobs for n in view.nodes() if any(f"d{i}" in g for g in n.gpu_jobs)}
         decisions.append(decision)
         placed.append((decision.gpu_types, decision.details["excluded_nodes"], where))
@@ -159,6 +160,28 @@ def test_ledger_entries_go_when_the_job_runs_or_after_a_few_refreshes(monkeypatc
         view.refresh()
     assert view.pending() == []  # never seen running (queued, cancelled): gone
     assert {n.name: n for n in view.nodes()}["v2"].gpu_jobs == (("d1",), ())
+
+
+def test_a_claim_keeps_the_answers_about_other_types_and_skips_the_scan_without_room(
+        monkeypatch):
+    monkeypatch.setattr(cmd, "run", fake_slurm(["1|a1|gres:gpu:a100:2|(null)"]))
+    view = SlurmClusterView(CONFIG)
+    view.refresh()
+    a100 = [g for g in CONFIG.gpu_types if g.name == "a100"]
+    v100 = [g for g in CONFIG.gpu_types if g.name == "v100"]
+    knowledge = AtMostOnePartner()
+    for fits in (a100, v100):
+        incompatible_nodes(0, fits, ["gpu"], view, knowledge, 6)
+        room_types(fits, 6, ["gpu"], view)
+    before = view.nodes()
+    view.claim_share("d1", ("v100",), 6, ["gpu"])
+    after = view.nodes()
+    assert after is not before
+    assert {k[1] for k in dict(after.memo)} == {("a100",)}
+    assert {k[1] for k in dict(after.checks) if k[0] == "room"} == {("a100",)}
+    # A share the decision saw no room for waits in the queue: in the ledger, on no node.
+    view.claim_share("d2", ("v100",), 6, ["gpu"], room_now=False)
+    assert view.nodes() is after and "d2" in {e.decision_id for e in view.pending()}
 
 
 def test_a_job_that_could_start_only_next_to_bad_partners_waits_for_another_gpu():

@@ -134,6 +134,7 @@ def _boot_time() -> float:
 
 
 _BOOT_TIME = _boot_time()
+_SLURM_DAEMONS = ("slurmctld", "slurmdbd", "slurmd")
 _TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
 
@@ -463,7 +464,36 @@ class TestCluster:
         return folder / f"{name}.pid"
 
     def _pid(self, name: str) -> int | None:
-        return _pid_alive(self._pid_file(name))
+        pid = _pid_alive(self._pid_file(name))
+        if pid is None and name.startswith(_SLURM_DAEMONS):
+            # 24.11's slurmd and slurmctld restart themselves on reconfigure: for a moment the
+            # pid file names the process that has exited while its successor runs.
+            pid = next(iter(self._slurm_processes().get(name, [])), None)
+        return pid
+
+    def _slurm_processes(self) -> dict[str, list[int]]:
+        """This cluster's Slurm daemons as /proc shows them (told apart from other clusters'
+        by their SLURM_CONF), by component name (``slurmctld``, ``slurmd-<node>``, ...)."""
+        mine = f"SLURM_CONF={self.slurm_conf}".encode()
+        found: dict[str, list[int]] = {}
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                argv = Path("/proc", entry, "cmdline").read_bytes().split(b"\0")
+                if os.path.basename(argv[0]).decode(errors="replace") not in _SLURM_DAEMONS:
+                    continue
+                if mine not in Path("/proc", entry, "environ").read_bytes().split(b"\0"):
+                    continue
+            except OSError:  # gone meanwhile, or not ours to read
+                continue
+            name = os.path.basename(argv[0]).decode()
+            if name == "slurmd":
+                if b"-N" not in argv[:-1]:
+                    continue
+                name = f"slurmd-{argv[argv.index(b'-N') + 1].decode(errors='replace')}"
+            found.setdefault(name, []).append(int(entry))
+        return found
 
     def _spawn(self, name: str, argv: list[str], *, env: dict[str, str] | None = None) -> None:
         """Start a daemon that forks into the background itself (or writes its own pid file)."""
@@ -655,6 +685,25 @@ class TestCluster:
         self._terminate("slurmdbd")
         self._terminate("mysqld", timeout=60)
         self._terminate("munged")
+        self._stop_strays()
+
+    def _stop_strays(self, timeout: float = 15) -> None:
+        """Stop any Slurm daemon of this cluster that no pid file named (one a restart left
+        behind), so the next start meets none."""
+        strays = [pid for pids in self._slurm_processes().values() for pid in pids]
+        for pid in strays:
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        try:
+            _wait_until(lambda: not self._slurm_processes(), timeout, "stray Slurm daemons to stop")
+        except ClusterError:
+            for pid in [pid for pids in self._slurm_processes().values() for pid in pids]:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
 
     def status(self) -> dict[str, bool]:
         names = ["munged", "mysqld", "slurmdbd", "gpushare", "slurmctld"]

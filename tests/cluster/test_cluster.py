@@ -222,3 +222,46 @@ def test_job_decision_lookup_for_owner_and_admin_only(cluster):
     os.close(write_end)
     os.waitpid(pid, 0)
     assert json.loads(os.read(read_end, 65536))["error"] == "permission denied: not your job"
+
+
+def _slurmd_pids(cluster, node: str) -> list[int]:
+    """The slurmd processes of ``node`` that belong to this cluster (by their SLURM_CONF)."""
+    import os
+    from pathlib import Path
+
+    mine = f"SLURM_CONF={cluster.slurm_conf}".encode()
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            argv = Path("/proc", entry, "cmdline").read_bytes().split(b"\0")
+            environ = Path("/proc", entry, "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv[:3] == [b"slurmd", b"-N", node.encode()] and mine in environ:
+            pids.append(int(entry))
+    return pids
+
+
+def test_start_never_runs_a_second_slurmd_for_a_node(cluster):
+    """24.11's slurmd restarts itself on reconfigure, and for a moment its pid file names the
+    process that has exited: a `cluster start` then must not start a second slurmd for the
+    node, and `cluster stop` must stop every slurmd of the cluster whatever the pid files say."""
+    import subprocess
+
+    node = cluster.nodes[-1].name
+    pid_file = cluster._pid_file(f"slurmd-{node}")
+    assert len(_slurmd_pids(cluster, node)) == 1
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    saved = pid_file.read_text()
+    pid_file.write_text(f"{gone.pid}\n")
+    try:
+        cluster.start()
+        time.sleep(1)  # a second slurmd would be running or failing to bind by now
+        assert len(_slurmd_pids(cluster, node)) == 1
+        assert cluster.status()[f"slurmd-{node}"]
+    finally:
+        if len(_slurmd_pids(cluster, node)) == 1:
+            pid_file.write_text(saved)

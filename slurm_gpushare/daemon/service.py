@@ -301,13 +301,14 @@ class Service:
             return reply_ok(version=__version__, counters=counters,
                             **({"view": health()} if health else {}))
         deadline = message.get("deadline")
+        brief = op == "decide" and message.get("brief") is True
         if op == "decide" and isinstance(deadline, (int, float)) and time.time() > deadline:
             # The hook gave up on this request long ago (it sat in the socket's backlog while
             # the daemon was stopped) and let the job through as submitted: decide nothing and
             # record nothing, or a decision row would describe a job that ran unchanged.
             self._count("expired")
             return reply_ok(refused_keep("request arrived after the hook's deadline",
-                                         code="expired"))
+                                         code="expired"), brief=brief)
         if not peer.admin:
             # A user may ask what would happen to a job of theirs, never of someone else's.
             request = replace(request, uid=peer.uid, user=_user_name(peer.uid))
@@ -364,8 +365,8 @@ class Service:
                 "keys": keys.as_list(),
                 "job_class": estimate.job_class if estimate else None})
             if request.script_digest:  # the hook sends it instead of the script next time
-                return reply_ok(decision, script_digest=request.script_digest)
-        return reply_ok(decision)
+                return reply_ok(decision, brief=brief, script_digest=request.script_digest)
+        return reply_ok(decision, brief=brief)
 
     def _self_test(self, config: Config) -> str | None:
         """Decide a plain one-GPU job end to end (history lookup, policy, validity) without

@@ -3,6 +3,7 @@ batches by their own threads; a script sent once travels as its digest afterward
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 
@@ -123,3 +124,41 @@ def test_users_cannot_pass_a_digest_for_a_script_they_did_not_send(daemon):
         k: v for k, v in job.items() if k != "script_digest"}}, user)["decision"]
     assert (reply["decision"]["code"], reply["decision"]["reason"]) == (plain["code"],
                                                                         plain["reason"])
+
+
+def test_events_queue_without_a_log_record_and_are_written_bounded(tmp_path):
+    """event() on the daemon's handler appends a tuple (no LogRecord, no formatting on the
+    request path); the writer formats it like any other line, each field bounded."""
+    from slurm_gpushare.core.config import parse_config
+    from slurm_gpushare.daemon import logs
+
+    path = tmp_path / "daemon.log"
+    config = parse_config({"daemon": {"log_file": str(path), "log_level": "info"}})
+    logs.setup_logging(config)
+    handler = logs._batched
+    try:
+        logs.event(logging.INFO, "decision", id="d1", reason="x" * 5000, writes={"a": "b"})
+        logs.event(logging.DEBUG, "noise", id="d2")  # below the level: not even queued
+        assert [type(item) for item in handler.pending] == [tuple]
+        handler.drain()
+        entry = json.loads(path.read_text())
+        assert entry["event"] == "decision" and entry["level"] == "info"
+        assert entry["id"] == "d1" and entry["writes"] == {"a": "b"}
+        assert entry["reason"].endswith("...(truncated)") and len(entry["reason"]) < 600
+    finally:
+        root = logging.getLogger("slurm_gpushare")
+        root.handlers[:] = []
+        handler.close()
+        logs._batched = None
+
+
+def test_the_hooks_brief_reply_carries_what_it_reads_and_nothing_else(daemon):
+    full = request_once(daemon.socket, {"v": 1, "op": "decide", "rid": 1, "job": JOB})
+    brief = request_once(daemon.socket, {"v": 1, "op": "decide", "rid": 2, "brief": True,
+                                         "job": JOB})
+    assert brief["ok"] and brief["rid"] == 2 and brief["script_digest"] == full["script_digest"]
+    assert set(brief["decision"]) == {"action", "code", "decision_id", "writes"}
+    assert brief["decision"]["writes"]["tres_per_node"] == full["decision"]["writes"][
+        "tres_per_node"]
+    assert brief["decision"]["action"] == full["decision"]["action"] == "share"
+    assert {"reason", "details"} <= set(full["decision"])  # explain and old clients: all of it

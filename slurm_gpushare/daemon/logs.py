@@ -22,7 +22,12 @@ MAX_FIELD_CHARS = 512
 MAX_LINE_CHARS = 8192
 
 
+_PLAIN = (int, float, bool, type(None))
+
+
 def _bounded(value):
+    if type(value) in _PLAIN or (type(value) is str and len(value) <= MAX_FIELD_CHARS):
+        return value  # most fields: nothing to bound
     if isinstance(value, str) and len(value) > MAX_FIELD_CHARS:
         return value[:MAX_FIELD_CHARS] + "...(truncated)"
     if isinstance(value, (list, tuple)) and len(value) > 32:
@@ -34,13 +39,16 @@ def _bounded(value):
     return value
 
 
+_ENCODER = json.JSONEncoder(default=str)  # one for all lines (json.dumps builds one per call)
+
+
 def json_line(ts: float, level: str, name: str, fields: dict, error: str | None = None) -> str:
     """One log line: ts, level, event, the structured fields (each bounded), an error."""
     entry = {"ts": round(ts, 3), "level": level, "event": name[:MAX_FIELD_CHARS]}
     entry.update({k: _bounded(v) for k, v in fields.items()})
     if error:
         entry["error"] = error[-4000:]
-    line = json.dumps(entry, sort_keys=False, default=str)
+    line = _ENCODER.encode(entry)
     if len(line) > MAX_LINE_CHARS:
         line = json.dumps({"ts": entry["ts"], "level": entry["level"],
                            "event": entry["event"], "truncated": len(line)})
@@ -89,8 +97,11 @@ class BatchedHandler(logging.Handler):
 
     def drain(self) -> None:
         lines = []
-        while self.pending:
-            record = self.pending.popleft()
+        while True:
+            try:  # the writer thread and a flush (at exit) may drain at once
+                record = self.pending.popleft()
+            except IndexError:
+                break
             try:
                 if isinstance(record, tuple):  # queued by event(): (ts, level, name, fields)
                     ts, level, name, fields = record

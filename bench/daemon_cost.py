@@ -11,7 +11,12 @@ least; the round trip's wall time is recorded too. Three request shapes: a short
 the daemon returns one).
 
     .venv/bin/python bench/daemon_cost.py --code /tmp/before --code . [--rounds 5]
-        [--requests 2000] [--out bench/results/daemon_cost.json]
+        [--requests 2000] [--nodes 4] [--out bench/results/daemon_cost.json]
+
+``--nodes N`` gives every daemon a view of N GPU nodes (sinfo/squeue/scontrol stand-ins on its
+PATH, half v100, half a100, no running jobs), so that requests take the path of a real cluster:
+shares placed, the ledger of pending shares claimed, refreshes every second while shares
+pend. Without it the daemon sees no Slurm and keeps every job ("not-checkable").
 """
 
 from __future__ import annotations
@@ -39,8 +44,22 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICKS  # utime + stime
 
 
+def slurm_stand_ins(directory: Path, nodes: int) -> Path:
+    """sinfo/squeue/scontrol that show ``nodes`` idle GPU nodes and nothing running."""
+    directory.mkdir(parents=True)
+    lines = "".join(f"n{i}|{'v100' if i % 2 else 'a100'}|gpu*|"
+                    f"gpu:{'v100' if i % 2 else 'a100'}:4|mix\n" for i in range(nodes))
+    (directory / "nodes.txt").write_text(lines)
+    (directory / "sinfo").write_text(f"#!/bin/sh\ncat {directory / 'nodes.txt'}\n")
+    (directory / "squeue").write_text("#!/bin/sh\nexit 0\n")
+    (directory / "scontrol").write_text("#!/bin/sh\nexit 0\n")  # no reservations
+    for tool in ("sinfo", "squeue", "scontrol"):
+        (directory / tool).chmod(0o755)
+    return directory
+
+
 class Daemon:
-    def __init__(self, code: Path, tmp: Path):
+    def __init__(self, code: Path, tmp: Path, slurm_bin: Path | None = None):
         self.code = code
         tmp.mkdir(parents=True)
         self.sock_path = tmp / "d.sock"
@@ -50,9 +69,12 @@ class Daemon:
             f'secret_file = "{tmp}/secret"\nquery_socket = ""\nstate_dir = "{tmp}/state"\n'
             '[policy]\nsharing_partitions = ["gpu"]\nfirst_run = "default-share"\n'
             '[gpu_types.v100]\nmemory_gib = 16\n[gpu_types.a100]\nmemory_gib = 80\n')
+        env = {**os.environ, "PYTHONPATH": str(code)}
+        if slurm_bin is not None:
+            env["PATH"] = f"{slurm_bin}:{env['PATH']}"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "slurm_gpushare", "serve", "--config", str(config)],
-            cwd=str(code), env={**os.environ, "PYTHONPATH": str(code)},
+            cwd=str(code), env=env,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 180
         while not self.sock_path.exists():
@@ -101,14 +123,18 @@ def main(argv=None) -> int:
     parser.add_argument("--code", action="append", required=True)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument("--nodes", type=int, default=0,
+                        help="GPU nodes the daemons see (Slurm stand-ins); 0: no Slurm")
     parser.add_argument("--out", default=str(REPO / "bench" / "results" / "daemon_cost.json"))
     args = parser.parse_args(argv)
 
     load_before = os.getloadavg()
     tmp = Path(tempfile.mkdtemp(prefix="daemon-cost-"))
-    daemons = {code: Daemon(Path(code).resolve(), tmp / f"d{i}")
+    slurm_bin = slurm_stand_ins(tmp / "bin", args.nodes) if args.nodes else None
+    daemons = {code: Daemon(Path(code).resolve(), tmp / f"d{i}", slurm_bin)
                for i, code in enumerate(args.code)}
     results: dict[str, dict[str, list]] = {code: {} for code in daemons}
+    actions: dict[str, set] = {}  # what the daemons decided (action:code), per checkout
     try:
         for daemon in daemons.values():  # warm up: imports, caches
             daemon.measure(job(script=SHORT), 200)
@@ -116,7 +142,10 @@ def main(argv=None) -> int:
             order = list(daemons.items())
             order = order[round_no % len(order):] + order[:round_no % len(order)]
             for code, daemon in order:
-                digest = daemon.ask(job(script=LONG)).get("script_digest")
+                reply = daemon.ask(job(script=LONG))
+                digest = reply.get("script_digest")
+                actions.setdefault(code, set()).add(
+                    f"{reply['decision']['action']}:{reply['decision']['code']}")
                 shapes = {"short_script": job(script=SHORT), "script_64k": job(script=LONG)}
                 if digest:
                     shapes["script_64k_as_digest"] = job(script_digest=digest)
@@ -148,7 +177,8 @@ def main(argv=None) -> int:
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                     "python": platform.python_version(), "loadavg_before": load_before,
                     "loadavg_after": os.getloadavg()},
-        "rounds": args.rounds, "requests_per_round": args.requests,
+        "rounds": args.rounds, "requests_per_round": args.requests, "nodes": args.nodes,
+        "actions": {code: sorted(seen) for code, seen in actions.items()},
         "commits": commits,
         "results": {code: {shape: summary(rounds) for shape, rounds in shapes.items()}
                     for code, shapes in results.items()},

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 SECRET_BYTES = 32
+KEYS_REMEMBERED = 4096  # Fingerprinter.keys_from_digests' memo
 # HMAC-SHA256's pads (RFC 2104): the key XOR 0x36 starts the inner hash, XOR 0x5c the outer.
 _INNER_PAD = bytes(x ^ 0x36 for x in range(256))
 _OUTER_PAD = bytes(x ^ 0x5C for x in range(256))
@@ -132,6 +133,9 @@ class Fingerprinter:
         key = (hashlib.sha256(secret).digest() if len(secret) > 64 else secret).ljust(64, b"\0")
         self._inner = hashlib.sha256(key.translate(_INNER_PAD))
         self._outer = hashlib.sha256(key.translate(_OUTER_PAD))
+        # keys_from_digests' answers: digests in, keyed digests out (nothing of a script's
+        # text); resubmissions of one script ask the same question, three HMACs each time.
+        self._keys: dict[tuple[str, str, str, str], JobKeys] = {}
 
     @classmethod
     def from_file(cls, path: str | os.PathLike) -> "Fingerprinter":
@@ -163,6 +167,17 @@ class Fingerprinter:
     def keys_from_digests(self, user: str, script_digest: str = "",
                           name_digest: str = "", args_digest: str = "") -> JobKeys:
         """Fingerprint keys from a user and the digests ``digest`` produced."""
+        question = (user, script_digest, name_digest, args_digest)
+        keys = self._keys.get(question)
+        if keys is None:
+            keys = self._keys_from_digests(*question)
+            if len(self._keys) >= KEYS_REMEMBERED:
+                self._keys.clear()  # bounded; rebuilt from the next requests
+            self._keys[question] = keys
+        return keys
+
+    def _keys_from_digests(self, user: str, script_digest: str, name_digest: str,
+                           args_digest: str) -> JobKeys:
         # Without arguments the key is the one jobs without arguments always had.
         script_parts = (script_digest, args_digest) if args_digest else (script_digest,)
         return JobKeys(

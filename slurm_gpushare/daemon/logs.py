@@ -22,7 +22,12 @@ MAX_FIELD_CHARS = 512
 MAX_LINE_CHARS = 8192
 
 
+_PLAIN = (int, float, bool, type(None))
+
+
 def _bounded(value):
+    if type(value) in _PLAIN or (type(value) is str and len(value) <= MAX_FIELD_CHARS):
+        return value  # most fields: nothing to bound
     if isinstance(value, str) and len(value) > MAX_FIELD_CHARS:
         return value[:MAX_FIELD_CHARS] + "...(truncated)"
     if isinstance(value, (list, tuple)) and len(value) > 32:
@@ -34,20 +39,29 @@ def _bounded(value):
     return value
 
 
+_ENCODER = json.JSONEncoder(default=str)  # one for all lines (json.dumps builds one per call)
+
+
+def json_line(ts: float, level: str, name: str, fields: dict, error: str | None = None) -> str:
+    """One log line: ts, level, event, the structured fields (each bounded), an error."""
+    entry = {"ts": round(ts, 3), "level": level, "event": name[:MAX_FIELD_CHARS]}
+    entry.update({k: _bounded(v) for k, v in fields.items()})
+    if error:
+        entry["error"] = error[-4000:]
+    line = _ENCODER.encode(entry)
+    if len(line) > MAX_LINE_CHARS:
+        line = json.dumps({"ts": entry["ts"], "level": entry["level"],
+                           "event": entry["event"], "truncated": len(line)})
+    return line
+
+
 class JsonLogFormatter(logging.Formatter):
     """One JSON object per line: ts, level, event, and the record's structured fields."""
 
     def format(self, record: logging.LogRecord) -> str:
-        entry = {"ts": round(record.created, 3), "level": record.levelname.lower(),
-                 "event": record.getMessage()[:MAX_FIELD_CHARS]}
-        entry.update({k: _bounded(v) for k, v in getattr(record, "fields", {}).items()})
-        if record.exc_info:
-            entry["error"] = self.formatException(record.exc_info)[-4000:]
-        line = json.dumps(entry, sort_keys=False, default=str)
-        if len(line) > MAX_LINE_CHARS:
-            line = json.dumps({"ts": entry["ts"], "level": entry["level"],
-                               "event": entry["event"], "truncated": len(line)})
-        return line
+        return json_line(record.created, record.levelname.lower(), record.getMessage(),
+                         getattr(record, "fields", {}),
+                         self.formatException(record.exc_info) if record.exc_info else None)
 
 
 class BatchedHandler(logging.Handler):
@@ -83,12 +97,21 @@ class BatchedHandler(logging.Handler):
 
     def drain(self) -> None:
         lines = []
-        while self.pending:
-            record = self.pending.popleft()
+        while True:
+            try:  # the writer thread and a flush (at exit) may drain at once
+                record = self.pending.popleft()
+            except IndexError:
+                break
             try:
-                lines.append(self.target.format(record) + "\n")
+                if isinstance(record, tuple):  # queued by event(): (ts, level, name, fields)
+                    ts, level, name, fields = record
+                    lines.append(json_line(ts, logging.getLevelName(level).lower(), name,
+                                           fields) + "\n")
+                else:
+                    lines.append(self.target.format(record) + "\n")
             except Exception:  # noqa: BLE001 -- one bad record must not stop the log
-                self.target.handleError(record)
+                if not isinstance(record, tuple):
+                    self.target.handleError(record)
         if self.dropped:
             lines.append(json.dumps({"ts": round(time.time(), 3), "level": "warning",
                                      "event": "log-dropped", "count": self.dropped}) + "\n")
@@ -122,15 +145,30 @@ def setup_logging(config: Config) -> None:
     else:
         target = logging.StreamHandler()
     target.setFormatter(JsonLogFormatter())
+    global _batched
     root = logging.getLogger("slurm_gpushare")
-    old, root.handlers[:] = list(root.handlers), [BatchedHandler(target)]
+    _batched = BatchedHandler(target)
+    old, root.handlers[:] = list(root.handlers), [_batched]
     for handler in old:  # a reload: write out what the old handler still holds
         handler.close()
     root.setLevel(config.daemon.log_level.upper())
     root.propagate = False
 
 
+# The daemon's handler once setup_logging installed it: event() queues to it directly.
+_batched: BatchedHandler | None = None
+
+
 def event(level: int, event: str, **fields) -> None:
+    """Log one structured event. With the daemon's batched handler in place, a request only
+    appends a tuple to its queue: the LogRecord and the formatting cost nothing on the
+    request path (the writer thread formats)."""
+    if not log.isEnabledFor(level):
+        return
+    handler = _batched
+    if handler is not None and log.handlers == [] and log.parent.handlers == [handler]:
+        handler.handle((time.time(), level, event, fields))
+        return
     log.log(level, event, extra={"fields": fields})
 
 

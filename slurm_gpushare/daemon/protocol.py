@@ -6,6 +6,8 @@ comment travel only to be digested or scanned for tokens: ``JobRequest`` keeps k
 flags, never the text.
 
 Reply ``{"v": 1, "ok": true, "decision": {...}}`` or ``{"v": 1, "ok": false, "error": "..."}``.
+A decide request with ``"brief": true`` (the hook's) gets the decision without its reason and
+details (``reply_ok``).
 A decision's ``writes`` maps job_desc field names to the strings the hook must write; the hook
 accepts only the fields in ``WRITABLE_FIELDS``.
 """
@@ -106,6 +108,8 @@ def nesting_depth_exceeds(line: bytes, limit: int = MAX_DEPTH) -> bool:
     """True if the JSON text nests objects/arrays deeper than ``limit`` (strings ignored).
     Runs at C speed: innermost bracket pairs are removed ``limit`` times; what is left is too
     deep (or unbalanced, which the decoder refuses anyway)."""
+    if line.count(b"{") + line.count(b"[") <= limit:
+        return False  # fewer opening brackets (strings included) than levels: the usual case
     brackets = _STRING.sub(b"", line).translate(None, _NOT_BRACKET)
     for _ in range(limit):
         if not brackets:
@@ -159,14 +163,19 @@ def _short_int(text: str) -> int:
     return int(text)
 
 
+# One decoder for every request (json.loads with options would build one per call).
+_DECODER = json.JSONDecoder(parse_constant=_refuse_constant, parse_float=_finite_float,
+                            parse_int=_short_int)
+
+
 def decode_line(line: bytes, max_depth: int = MAX_DEPTH) -> Any:
     """Decode one request line: nesting checked first, numbers finite and short. Raises
     ProtocolError for anything else, never RecursionError or OverflowError."""
     if nesting_depth_exceeds(line, max_depth):
         raise ProtocolError(f"request nests deeper than {max_depth} levels")
     try:
-        return json.loads(line, parse_constant=_refuse_constant, parse_float=_finite_float,
-                          parse_int=_short_int)
+        text = line.decode(json.detect_encoding(line), "surrogatepass")
+        return _DECODER.decode(text)
     except ProtocolError:
         raise
     except (ValueError, UnicodeDecodeError, RecursionError):
@@ -183,6 +192,8 @@ def parse_comment(comment: str, opt_out_token: str, mem_hint_token: str) -> tupl
     Tokens are whitespace- or comma-separated; ``gpushare:mem=12G`` (units K/M/G/T, default M).
     """
     opt_out, hint = False, None
+    if not comment:
+        return opt_out, hint
     for word in re.split(r"[\s,;]+", comment or ""):
         if word == opt_out_token:
             opt_out = True
@@ -217,8 +228,23 @@ def parse_request(message: Any, *, opt_out_token: str = "gpushare=off",
     job = message.get("job")
     if not isinstance(job, dict):
         raise ProtocolError("job must be an object")
-    strings = {name: _get(job, name, str) or "" for name in STRING_FIELDS}
-    numbers = {name: _get(job, name, float) for name in NUMBER_FIELDS}
+    # _get's checks, inlined: this runs for every submission.
+    strings = {}
+    for name in STRING_FIELDS:
+        value = job.get(name)
+        if value is None:
+            value = ""
+        elif not isinstance(value, str):
+            raise ProtocolError(f"job.{name} must be a string")
+        strings[name] = value
+    numbers = {}
+    for name in NUMBER_FIELDS:
+        value = job.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not math.isfinite(value)
+                                  or not 0 <= value <= MAX_FIELD_NUMBER):
+            _get(job, name, float)  # raises, with the reason
+        numbers[name] = value
     if numbers["uid"] is None:
         raise ProtocolError("job.uid is required")
     opt_out, hint = parse_comment(strings["comment"], opt_out_token, mem_hint_token)
@@ -273,10 +299,17 @@ def _script_digest(text: str) -> str:
     return text
 
 
-def reply_ok(decision: Decision | None = None, **extra) -> dict[str, Any]:
+def reply_ok(decision: Decision | None = None, *, brief: bool = False,
+             **extra) -> dict[str, Any]:
+    """A reply; ``brief``: the decision as far as the hook reads it (``"brief": true`` in a
+    decide request): action, code, id and writes, without the reason and details that
+    ``explain`` and the log carry -- less for slurmctld to decode under its locks."""
     out: dict[str, Any] = {"v": PROTOCOL_VERSION, "ok": True}
     if decision is not None:
-        out["decision"] = decision.to_dict()
+        out["decision"] = ({"action": decision.action, "code": decision.code,
+                            "decision_id": decision.decision_id,
+                            "writes": dict(decision.writes)}
+                           if brief else decision.to_dict())
     out.update(extra)
     return out
 

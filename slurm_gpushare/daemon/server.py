@@ -86,8 +86,8 @@ class _Handler(socketserver.BaseRequestHandler):
 
     def _reply(self, line: bytes, peer: Peer) -> dict[str, Any]:
         server = self.server
-        op = peek_op(line)
         if server.public:
+            op = peek_op(line)
             # The query socket serves users' read-only ops to everyone who can connect, each
             # uid at a bounded rate; checked on the raw line, before any decoding.
             if op not in Service.USER_OPS:
@@ -100,7 +100,7 @@ class _Handler(socketserver.BaseRequestHandler):
         try:
             message = decode_line(line)
         except ProtocolError as exc:
-            return server.service.refusal(op, str(exc), peer) | {"rid": peek_rid(line)}
+            return server.service.refusal(peek_op(line), str(exc), peer) | {"rid": peek_rid(line)}
         return server.service.handle(message, peer)
 
     def _read_line(self, limit: int, idle_s: float, request_s: float) -> bytes | None:

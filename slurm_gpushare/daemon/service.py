@@ -173,6 +173,55 @@ class ScriptMemory:
         return replace(request, steps_ask_gpus=steps)
 
 
+class DecisionMemo:
+    """Decisions already made on the current basis -- the view's snapshot and reservations,
+    the configuration and the class knowledge base, all compared by identity -- keyed by the
+    request (every field of it, the submitting user's included) and the estimate object it
+    was decided with. A resubmission of the same job while nothing it depends on changed
+    (arrays, sweeps, a burst of one script) gets the same decision under its own id without
+    deciding again. Forgotten whenever the basis changes (a refresh, a claimed share, a
+    reload, a learned pair); bounded."""
+
+    SIZE = 4096
+
+    def __init__(self) -> None:
+        self._basis: tuple = ()
+        self._entries: dict = {}
+        self._lock = threading.Lock()
+
+    def get(self, basis: tuple, request: JobRequest, estimate) -> tuple | None:
+        with self._lock:
+            if not _same(basis, self._basis):
+                return None
+            found = self._entries.get(request)
+        if found is None or found[0] is not estimate:
+            return None
+        return found[1], found[2]
+
+    def put(self, basis: tuple, request: JobRequest, estimate, decision: Decision,
+            problem: str | None) -> None:
+        # Kept only where the id can be swapped safely: it appears once, where the tag has it.
+        comment = decision.writes.get("admin_comment", "")
+        if comment.count(f":id={decision.decision_id}:") != 1 or not decision.decision_id:
+            return
+        with self._lock:
+            if not _same(basis, self._basis) or len(self._entries) >= self.SIZE:
+                self._basis, self._entries = basis, {}
+            self._entries[request] = (estimate, decision, problem)
+
+
+def _same(basis: tuple, other: tuple) -> bool:
+    return len(basis) == len(other) and all(a is b for a, b in zip(basis, other))
+
+
+def with_decision_id(decision: Decision, decision_id: str) -> Decision:
+    """A memoised decision under a new id (its tag carries the id once: DecisionMemo.put)."""
+    writes = dict(decision.writes)
+    writes["admin_comment"] = writes["admin_comment"].replace(
+        f":id={decision.decision_id}:", f":id={decision_id}:", 1)
+    return replace(decision, decision_id=decision_id, writes=writes)
+
+
 @dataclass(frozen=True)
 class Peer:
     uid: int
@@ -208,6 +257,7 @@ class Service:
         self._lock = threading.Lock()
         self._error_log = LogBudget(per_second=5)
         self._scripts = ScriptMemory()
+        self._decisions = DecisionMemo()
         if store is not None:
             from slurm_gpushare.daemon.pairing import Pairing
 
@@ -301,13 +351,14 @@ class Service:
             return reply_ok(version=__version__, counters=counters,
                             **({"view": health()} if health else {}))
         deadline = message.get("deadline")
+        brief = op == "decide" and message.get("brief") is True
         if op == "decide" and isinstance(deadline, (int, float)) and time.time() > deadline:
             # The hook gave up on this request long ago (it sat in the socket's backlog while
             # the daemon was stopped) and let the job through as submitted: decide nothing and
             # record nothing, or a decision row would describe a job that ran unchanged.
             self._count("expired")
             return reply_ok(refused_keep("request arrived after the hook's deadline",
-                                         code="expired"))
+                                         code="expired"), brief=brief)
         if not peer.admin:
             # A user may ask what would happen to a job of theirs, never of someone else's.
             request = replace(request, uid=peer.uid, user=_user_name(peer.uid))
@@ -320,15 +371,26 @@ class Service:
         if self.estimator is not None:
             estimate, history = self.estimator.estimate(keys.sizing_keys(), config,
                                                         request.mem_hint_mib)
-        knowledge = self.learner.knowledge if self.learner else None
+        class_knowledge = knowledge = self.learner.knowledge if self.learner else None
         if self.pairing is not None and self.view is not None and estimate is not None:
             # Jobs with a telemetry profile are placed by the pair predictor; the class
             # knowledge base stays for tags, reports and explain.
             knowledge = self.pairing.compatibility(keys.sizing_keys()) or knowledge
-        decision = decide(request, config, estimate=estimate, view=self.view,
-                          knowledge=knowledge, decision_id=decision_id)
-        problem = decision_problem(decision, request, config,
-                                   self.view.nodes() if self.view is not None else ())
+        nodes = self.view.nodes() if self.view is not None else ()
+        # Everything a decision reads besides the request and its estimate (a pair predictor
+        # is made per request: those decisions are not memoised).
+        basis = ((nodes, getattr(self.view, "reservations", lambda: None)(), config,
+                  knowledge) if op == "decide" and knowledge is class_knowledge else None)
+        memoised = self._decisions.get(basis, request, estimate) if basis else None
+        if memoised is not None:
+            decision, problem = memoised
+            decision = with_decision_id(decision, decision_id)
+        else:
+            decision = decide(request, config, estimate=estimate, view=self.view,
+                              knowledge=knowledge, decision_id=decision_id)
+            problem = decision_problem(decision, request, config, nodes)
+            if basis:
+                self._decisions.put(basis, request, estimate, decision, problem)
         if problem is not None:
             # The configuration does not match the cluster: Slurm would reject this share.
             self._count("invalid-decisions")
@@ -364,8 +426,8 @@ class Service:
                 "keys": keys.as_list(),
                 "job_class": estimate.job_class if estimate else None})
             if request.script_digest:  # the hook sends it instead of the script next time
-                return reply_ok(decision, script_digest=request.script_digest)
-        return reply_ok(decision)
+                return reply_ok(decision, brief=brief, script_digest=request.script_digest)
+        return reply_ok(decision, brief=brief)
 
     def _self_test(self, config: Config) -> str | None:
         """Decide a plain one-GPU job end to end (history lookup, policy, validity) without

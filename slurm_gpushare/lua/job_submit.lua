@@ -194,8 +194,10 @@ local function read_argv(job_desc)
   return out
 end
 
-local function read_request(job_desc, part_list, submit_uid)
+local function read_request(job_desc, part_list, submit_uid, gpu_fields)
   local script = job_desc.script
+  -- job_desc.script is set for sbatch only; srun and salloc allocations carry none.
+  local batch = type(script) == "string" and #script > 0
   if type(script) == "string" and #script > settings.max_script_bytes then
     script = string.sub(script, 1, settings.max_script_bytes)
   end
@@ -209,10 +211,10 @@ local function read_request(job_desc, part_list, submit_uid)
     account = job_desc.account,
     partition = job_desc.partition or default_partition(part_list),
     qos = job_desc.qos,
-    tres_per_job = job_desc.tres_per_job,
-    tres_per_node = job_desc.tres_per_node,
-    tres_per_socket = job_desc.tres_per_socket,
-    tres_per_task = job_desc.tres_per_task,
+    tres_per_job = gpu_fields.tres_per_job,
+    tres_per_node = gpu_fields.tres_per_node,
+    tres_per_socket = gpu_fields.tres_per_socket,
+    tres_per_task = gpu_fields.tres_per_task,
     cpus_per_tres = job_desc.cpus_per_tres,
     mem_per_tres = job_desc.mem_per_tres,
     ntasks_per_tres = job_desc.ntasks_per_tres,
@@ -222,8 +224,7 @@ local function read_request(job_desc, part_list, submit_uid)
     reservation = job_desc.reservation,
     array_inx = job_desc.array_inx,
     het_job_offset = het_offset,
-    -- job_desc.script is set for sbatch only; srun and salloc allocations carry none.
-    batch = type(job_desc.script) == "string" and #job_desc.script > 0,
+    batch = batch,
     time_limit = job_desc.time_limit,
     min_nodes = job_desc.min_nodes,
     max_nodes = job_desc.max_nodes,
@@ -247,6 +248,8 @@ local WRITABLE = {
   { "admin_comment", "^gpushare:v%d+:[%w_:=+.,%-]*$" },
   { "nice", "^%-?%d+$" },
 }
+local WRITABLE_PATTERN = {}
+for _, entry in ipairs(WRITABLE) do WRITABLE_PATTERN[entry[1]] = entry[2] end
 -- A kept job may be tagged and reordered (nice), never changed otherwise.
 local KEEP_WRITABLE = { admin_comment = true, nice = true }
 
@@ -274,10 +277,7 @@ local function validate(reply, request)
   if writes == nil or writes == cjson.null then writes = {} end
   if type(writes) ~= "table" then return nil, "bad writes" end
   for name, value in pairs(writes) do
-    local pattern
-    for _, entry in ipairs(WRITABLE) do
-      if entry[1] == name then pattern = entry[2] end
-    end
+    local pattern = WRITABLE_PATTERN[name]
     if not pattern then return nil, "unwritable field " .. tostring(name) end
     if type(value) ~= "string" or not string.match(value, pattern) then
       return nil, "bad value for " .. name
@@ -378,8 +378,13 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
       slurm.log_info("gpushare: job left as submitted: lua-socket or lua-cjson missing")
       return
     end
-    if not tres.mentions(GPU, job_desc.tres_per_node, job_desc.tres_per_job,
-                         job_desc.tres_per_socket, job_desc.tres_per_task) then
+    -- Every read of a job_desc field is a lookup in slurmctld's C accessor: each is read once.
+    local gpu_fields = { tres_per_node = job_desc.tres_per_node,
+                         tres_per_job = job_desc.tres_per_job,
+                         tres_per_socket = job_desc.tres_per_socket,
+                         tres_per_task = job_desc.tres_per_task }
+    if not tres.mentions(GPU, gpu_fields.tres_per_node, gpu_fields.tres_per_job,
+                         gpu_fields.tres_per_socket, gpu_fields.tres_per_task) then
       return
     end
     if open_until > 0 then
@@ -393,13 +398,14 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
     end
 
     request_id = request_id + 1
-    local request = { v = PROTOCOL_VERSION, op = "decide", rid = request_id,
-                      job = read_request(job_desc, part_list, submit_uid) }
+    -- brief: the decision without its reason and details (what is read below, no more).
+    local request = { v = PROTOCOL_VERSION, op = "decide", rid = request_id, brief = true,
+                      job = read_request(job_desc, part_list, submit_uid, gpu_fields) }
     counters.asked = counters.asked + 1
     local started = socket.gettime()
     local line, why = ask_daemon(request)
     local latency = socket.gettime() - started
-    local uid = job_desc.user_id
+    local uid = request.job.uid
     if not line then return record_failure(uid, why, latency) end
     local parsed_ok, reply = pcall(cjson.decode, line)
     if not parsed_ok or type(reply) ~= "table" or reply.v ~= PROTOCOL_VERSION
@@ -429,7 +435,7 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
       counters.kept = counters.kept + 1
     else
       counters.shared = counters.shared + 1
-      slurm.log_info("gpushare: uid %s: %s", tostring(job_desc.user_id),
+      slurm.log_info("gpushare: uid %s: %s", tostring(uid),
                      tostring(decision.writes.admin_comment))
     end
   end)

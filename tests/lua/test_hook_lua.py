@@ -338,3 +338,42 @@ def test_a_resubmitted_script_travels_once_then_as_its_digest(daemon, tmp_path, 
     assert hook.state()["digests_held"] == 1
     other = hook.submit(job_fields(script="#!/bin/sh\nother\n"))
     assert "script" in json.loads(sent[-1])["job"] and other[0] == 0
+
+
+def test_the_hook_asks_for_the_brief_reply_and_applies_it(tmp_path):
+    """The hook asks for the decision without reason and details (less to decode inside
+    slurmctld) and writes a brief decision like a full one."""
+    import json
+    import socket
+    import threading
+
+    path = str(tmp_path / "brief.sock")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(1)
+    asked = []
+
+    def answer():
+        conn, _ = server.accept()
+        with conn:
+            request = json.loads(conn.makefile("rb").readline())
+            asked.append(request)
+            tag = "gpushare:v1:share:id=abc:shard=4:types=v100:why=default-share"
+            conn.sendall(json.dumps({"v": 1, "ok": True, "rid": request["rid"], "decision": {
+                "action": "share", "code": "default-share", "decision_id": "abc",
+                "writes": {"tres_per_node": "gres:shard:4", "features": "v100",
+                           "admin_comment": tag}}}).encode() + b"\n")
+
+    thread = threading.Thread(target=answer, daemon=True)
+    thread.start()
+    try:
+        hook = hook_for(path, tmp_path)
+        before = job_fields()
+        rc, after = hook.submit(before)
+    finally:
+        thread.join(5)
+        server.close()
+    assert rc == 0 and asked[0]["brief"] is True and asked[0]["op"] == "decide"
+    assert after == {**before, "tres_per_node": "gres:shard:4", "features": "v100",
+                     "admin_comment": "gpushare:v1:share:id=abc:shard=4:types=v100:"
+                                      "why=default-share"}

@@ -7,6 +7,7 @@ import stat
 
 import pytest
 
+from slurm_gpushare.daemon import fingerprint
 from slurm_gpushare.node import agent
 from slurm_gpushare.daemon.fingerprint import (Fingerprinter, SecretError, load_or_create_secret,
                                         normalise_script)
@@ -153,3 +154,17 @@ def test_digests_never_change_with_the_implementation():
         for args in (("key:exact", "alice", "ab" * 32), ("script", "#!/bin/sh\nü\n"),
                      ("key:user", ""), ("script", "x" * 70000)):
             assert fingerprinter._mac(*args) == streamed(secret, *args)
+
+
+def test_keys_from_digests_remembers_answers_and_they_are_the_computed_ones():
+    fp = Fingerprinter(b"k" * 32)
+    other = Fingerprinter(b"j" * 32)
+    question = ("alice", "a" * 64, "b" * 64, "c" * 64)
+    first = fp.keys_from_digests(*question)
+    assert fp.keys_from_digests(*question) is first  # the second time from the memo
+    assert first == fp._keys_from_digests(*question)
+    assert other.keys_from_digests(*question) != first  # per secret (a reload makes a new one)
+    assert fp.keys_from_digests("bob", *question[1:]) != first
+    for n in range(fingerprint.KEYS_REMEMBERED + 10):  # bounded
+        fp.keys_from_digests(f"user{n}", "a" * 64)
+    assert len(fp._keys) <= fingerprint.KEYS_REMEMBERED

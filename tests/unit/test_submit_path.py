@@ -3,6 +3,7 @@ batches by their own threads; a script sent once travels as its digest afterward
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 
@@ -123,3 +124,88 @@ def test_users_cannot_pass_a_digest_for_a_script_they_did_not_send(daemon):
         k: v for k, v in job.items() if k != "script_digest"}}, user)["decision"]
     assert (reply["decision"]["code"], reply["decision"]["reason"]) == (plain["code"],
                                                                         plain["reason"])
+
+
+def test_events_queue_without_a_log_record_and_are_written_bounded(tmp_path):
+    """event() on the daemon's handler appends a tuple (no LogRecord, no formatting on the
+    request path); the writer formats it like any other line, each field bounded."""
+    from slurm_gpushare.core.config import parse_config
+    from slurm_gpushare.daemon import logs
+
+    path = tmp_path / "daemon.log"
+    config = parse_config({"daemon": {"log_file": str(path), "log_level": "info"}})
+    logs.setup_logging(config)
+    handler = logs._batched
+    try:
+        logs.event(logging.INFO, "decision", id="d1", reason="x" * 5000, writes={"a": "b"})
+        logs.event(logging.DEBUG, "noise", id="d2")  # below the level: not even queued
+        assert [type(item) for item in handler.pending] == [tuple]
+        handler.drain()
+        entry = json.loads(path.read_text())
+        assert entry["event"] == "decision" and entry["level"] == "info"
+        assert entry["id"] == "d1" and entry["writes"] == {"a": "b"}
+        assert entry["reason"].endswith("...(truncated)") and len(entry["reason"]) < 600
+    finally:
+        root = logging.getLogger("slurm_gpushare")
+        root.handlers[:] = []
+        handler.close()
+        logs._batched = None
+
+
+def test_the_hooks_brief_reply_carries_what_it_reads_and_nothing_else(daemon):
+    full = request_once(daemon.socket, {"v": 1, "op": "decide", "rid": 1, "job": JOB})
+    brief = request_once(daemon.socket, {"v": 1, "op": "decide", "rid": 2, "brief": True,
+                                         "job": JOB})
+    assert brief["ok"] and brief["rid"] == 2 and brief["script_digest"] == full["script_digest"]
+    assert set(brief["decision"]) == {"action", "code", "decision_id", "writes"}
+    assert brief["decision"]["writes"]["tres_per_node"] == full["decision"]["writes"][
+        "tres_per_node"]
+    assert brief["decision"]["action"] == full["decision"]["action"] == "share"
+    assert {"reason", "details"} <= set(full["decision"])  # explain and old clients: all of it
+
+
+def test_a_resubmission_on_the_same_snapshot_reuses_the_decision_under_its_own_id(
+        tmp_path, monkeypatch):
+    """Same request, same estimate, same snapshot, configuration and knowledge: the decision
+    is reused (with the new id in its tag); anything else that changes decides again."""
+    from conftest import make_config
+    from slurm_gpushare.core.tag import Tag
+    from slurm_gpushare.daemon import service as service_module
+    from slurm_gpushare.daemon.clusterview import SlurmClusterView
+    from slurm_gpushare.daemon.service import Service
+    from slurm_gpushare.slurm import cmd
+
+    sinfo = "n1|v100|gpu*|gpu:v100:2|mix\nn2|a100|gpu*|gpu:a100:2|mix\n"
+    monkeypatch.setattr(cmd, "run", lambda argv, **_: cmd.Result(
+        tuple(argv), 0, sinfo if argv[0] == "sinfo" else "", ""))
+    config = make_config(tmp_path, keep_whole_when_idle=False)
+    view = SlurmClusterView(config)
+    assert view.refresh()
+    service = Service(config, view=view)
+    decided = []
+    real_decide = service_module.decide
+    monkeypatch.setattr(service_module, "decide",
+                        lambda *a, **k: decided.append(1) or real_decide(*a, **k))
+    view.claim_share = lambda *a, **k: None  # the ledger would change the snapshot each time
+
+    def ask(**job):
+        reply = service.handle({"v": 1, "op": "decide", "job": {**JOB, **job}})
+        return reply["decision"]
+
+    first, second = ask(), ask()
+    assert len(decided) == 1
+    assert first["action"] == second["action"] == "share"
+    assert first["decision_id"] != second["decision_id"]
+    for decision in (first, second):
+        assert Tag.decode(decision["writes"]["admin_comment"]).decision_id == \
+            decision["decision_id"]
+    assert {**second, "decision_id": "", "writes": {**second["writes"], "admin_comment": ""}} \
+        == {**first, "decision_id": "", "writes": {**first["writes"], "admin_comment": ""}}
+    ask(user="bob", uid=1001)  # another user's request: its own decision
+    assert len(decided) == 2
+    assert view.refresh()  # a new snapshot
+    ask()
+    assert len(decided) == 3
+    service.config = make_config(tmp_path, keep_whole_when_idle=False, default_share_gib=4)
+    assert ask()["writes"]["tres_per_node"] == "gres:shard:4"  # a reload: decided again
+    assert len(decided) == 4

@@ -354,3 +354,15 @@ def test_gpushare_places_openb_pods_on_every_type_they_fit():
     assert r.codes == {"whole-share": 3, "history-share": 2}
     assert list(r.jobs["state"]) == ["cutoff"] * 4 + ["dropped"]
     assert list(r.jobs["gpu_type"]) == ["t4", "t4", "t4", "v100m32", ""]
+
+
+def test_shares_round_up_to_the_sites_shard_size():
+    # Three jobs of 4.7 GiB (safe estimate 5.17 GiB) on one 16 GiB GPU: in 1 GiB shards each
+    # takes 6 (18 > 16: the third waits); in 256 MiB shards 21 (63 of 64: all three start).
+    jobs = [{"submit": i, "solo": 100, "mem": 4.7} for i in range(3)]
+    for unit, starts in ((1024, [0, 1, 100]), (256, [0, 1, 2])):
+        always = policies.GpuShare(table(), keep_whole_when_idle=False)
+        _, r = run(cluster(((1, 1, "v100"),), cap=4), jobs, always, Constant(1.0),
+                   share_unit_mib=unit)
+        assert list(r.jobs["start"]) == starts, unit
+        assert r.counters["oom_kills"] == 0

@@ -37,6 +37,9 @@ from slurm_gpushare.sim.workload import WorkloadOptions, build_workload
               help="What sharing policies know about class pairs.")
 @click.option("--max-jobs-per-gpu", type=click.IntRange(min=1), default=None,
               help="Co-location cap (default: the cluster spec's).")
+@click.option("--shard-mib", type=click.IntRange(min=64, max=16384), default=1024,
+              show_default=True, help="The site's shard size ([shares] shard_mib): every "
+              "sharing policy rounds its shares up to whole shards.")
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Public data sets (default: $GPUSHARE_DATA or ../shared/data).")
 @click.option("--gpu-time-budget", "gpu_time_budget", type=click.FloatRange(min=0), default=0.0,
@@ -45,7 +48,8 @@ from slurm_gpushare.sim.workload import WorkloadOptions, build_workload
 @click.option("--no-plots", is_flag=True, help="Skip the PNG plots.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def simulate(trace, cluster_spec, store_path, policies, seed, out_dir, limit, load, interference,
-             knowledge, max_jobs_per_gpu, data_dir, gpu_time_budget, no_plots, as_json):
+             knowledge, max_jobs_per_gpu, shard_mib, data_dir, gpu_time_budget, no_plots,
+             as_json):
     """Replay a trace on a simulated cluster under each policy; figures vs slurm-default."""
     from slurm_gpushare.sim import report  # noqa: PLC0415 -- keeps ``slurm-gpushare --help`` fast
 
@@ -67,7 +71,7 @@ def simulate(trace, cluster_spec, store_path, policies, seed, out_dir, limit, lo
         raise click.ClickException(str(exc)) from None
     if not len(work):
         raise click.ClickException("the trace holds no GPU jobs")
-    options = EngineOptions(max_jobs_per_gpu=max_jobs_per_gpu)
+    options = EngineOptions(max_jobs_per_gpu=max_jobs_per_gpu, share_unit_mib=shard_mib)
     quiet = as_json
     from rich.progress import Progress  # noqa: PLC0415
 
@@ -82,7 +86,8 @@ def simulate(trace, cluster_spec, store_path, policies, seed, out_dir, limit, lo
                                gpu_time_budget_pct=gpu_time_budget)
     meta = {"trace": trace, "cluster": cluster.summary(), "policies": names, "seed": seed,
             "load": load, "limit": limit, "jobs": len(work), "interference": interference,
-            "knowledge": knowledge, "gpu_time_budget_pct": gpu_time_budget}
+            "knowledge": knowledge, "gpu_time_budget_pct": gpu_time_budget,
+            "shard_mib": shard_mib}
     site_doc = {}
     if frame is not None:
         partitions = sorted({p for p in frame.partition if p})

@@ -86,6 +86,10 @@ class PairCompatibility(Protocol):
 # Run times within this fraction of each other count as equal when types are chosen: a run time
 # on a type the job never ran on is a catalogue ratio, no finer than that.
 RUNTIME_TIE = 0.25
+# One count of a shared gres is offered on several types only where it over-allocates none of
+# them by more than this fraction of its need there (or one unit): a job predicted to need
+# 8 GiB on one type and 16 GiB on another is not given 16 GiB on both.
+OVERSIZE_TIE = 0.25
 
 
 def landing_gpu(node: NodeView, units: int) -> int | None:
@@ -340,14 +344,13 @@ def room_types(fits: Sequence[GpuType], units: int, partitions: Sequence[str],
 
 
 def choose_offer(fits: Sequence[GpuType], needs: Mapping[str, int], estimate: JobEstimate,
-                 budget: float, partitions: Sequence[str], view: ClusterView | None,
+                 partitions: Sequence[str], view: ClusterView | None,
                  knowledge: Compatibility | PairCompatibility | None = None
                  ) -> tuple[int, list[GpuType], list[GpuType], bool | None]:
     """The request (one sharing gres, one count) and the types it is offered on.
 
-    A request suits a set of types: every shard type with one count of GiB (memory only), or
-    the types where the anchor type's count means the same (MPS percent, GPU-time sized
-    shards). Each is judged by expected completion: whether a type has room now (no wait; a
+    A request suits a set of types: those where the anchor type's count covers the job's need
+    and fits the GPU (GiB shards, MPS percent, GPU-time sized shards). Each is judged by expected completion: whether a type has room now (no wait; a
     node the job would be kept away from for its partners is no room) first, then its run
     time, run times within ``RUNTIME_TIE`` counting as equal; then the request usable on more
     types. It is offered on every type of its set not slower than the fastest one with room
@@ -361,15 +364,15 @@ def choose_offer(fits: Sequence[GpuType], needs: Mapping[str, int], estimate: Jo
 
     ordered = sorted(fits, key=lambda g: (runtime(g) is None, runtime(g) or 0.0))
     offers = []
+    # One candidate count per anchor type: its own need, on every type that count covers, holds
+    # and does not oversize (``OVERSIZE_TIE``). (The largest need alone would drop every type
+    # too small for it, even where a smaller count suits most types: a job that fills a 16 GiB
+    # GPU is predicted to fill a 32 GiB one too, and was offered on the 32 GiB type alone.)
     for position, anchor in enumerate(ordered):
-        if anchor.sharing == "shard" and budget <= 0:
-            same = [g for g in ordered if g.sharing == "shard"]
-            units = max(max(needs[g.name] for g in same), 1)
-            group = [g for g in same if units <= capacity(g)]
-        else:
-            units = max(needs[anchor.name], 1)
-            group = [g for g in ordered if g.sharing == anchor.sharing
-                     and needs[g.name] <= units <= capacity(g)]
+        units = max(needs[anchor.name], 1)
+        group = [g for g in ordered if g.sharing == anchor.sharing
+                 and needs[g.name] <= units <= capacity(g)
+                 and units - needs[g.name] <= max(1.0, OVERSIZE_TIE * needs[g.name])]
         if anchor not in group or any(group == other for _, other, _, _ in offers):
             continue
         room = None if view is None else room_types(group, units, partitions, view)
@@ -504,9 +507,15 @@ def share_or_keep(request: JobRequest, config: Config, *, estimate: JobEstimate 
                            source=estimate.source)
     fits = [g for g in fits if g.name in placement.types]
     # Which request to make, and on which types: by expected completion.
-    units, fits, slower, room = choose_offer(fits, needs, estimate, budget, partitions, view,
+    units, fits, slower, room = choose_offer(fits, needs, estimate, partitions, view,
                                              knowledge)
     best = fits[0]
+    if all(units >= capacity(g) for g in fits):
+        # A share of the whole GPU leaves room for no one and would narrow the job to these
+        # types: as submitted, it may run on any type.
+        return keep_tagged("whole-share", f"{estimate.detail or 'the estimate'} takes the whole "
+                                          f"GPU on {', '.join(g.name for g in fits)}: runs on "
+                                          "a whole GPU", source=estimate.source)
     if config.policy.keep_whole_when_idle:
         idle = idle_types(fits, partitions, view)
         if idle:

@@ -8,7 +8,9 @@ share's placement looks only at the GPUs of the few nodes whose room reaches it 
 numpy costs more than it saves on such small sets); the heads of the queue's buckets are kept
 sorted; reservations per GPU type are kept until a planned end of that type changes
 (bench/results/sim_speed.json: the full Philly trace per policy). Policies (``policies.py``) decide admission (whole GPUs or a share of so
-many GiB on which types), queue order and placement; the engine does the rest:
+many GiB on which types), queue order and placement; the engine does the rest. (Shared memory
+is counted in units of ``EngineOptions.share_unit_mib``, the site's shard size: 1 GiB by
+default, which the comments below call GiB.)
 
 - Scheduling passes at each event time: the queue in policy order, up to ``depth`` start
   attempts (Slurm's ``bf_max_job_test``). Jobs of one shape (GPU count, types, memory, and
@@ -57,7 +59,7 @@ class Request:
 
     whole: bool  # whole GPUs (also every multi-GPU job)
     types: np.ndarray  # (T,) bool: GPU types it may run on
-    shards: np.ndarray | None = None  # (T,) int: GiB to reserve per GPU type (shares)
+    shards: np.ndarray | None = None  # (T,) int: units (share_unit_mib) per GPU type (shares)
     exclude: frozenset[int] = frozenset()  # node indices it must avoid
     est_runtime: float = 0.0  # for backfill and ordering
     code: str = ""  # why (for gpushare: the decision's code)
@@ -86,6 +88,9 @@ class EngineOptions:
     max_kills: int = 3  # kills after which a job is given up
     drop_unplaced: bool = False  # openb inflation: a pod not placed on arrival is dropped
     max_jobs_per_gpu: int | None = None  # None: the cluster spec's cap
+    # MiB in one unit of shared GPU memory: the site's shard size ([shares] shard_mib); every
+    # sharing policy rounds its shares up to whole units.
+    share_unit_mib: int = 1024
 
 
 @dataclass
@@ -117,8 +122,9 @@ class Engine:
         self.g_type = cluster.gpu_type
         self.g_node = cluster.gpu_node
         self.g_node_list = self.g_node.tolist()
-        self.g_cap = cluster.gpu_mem_gib.astype(np.int64)
-        self.g_used = np.zeros(G, np.int64)  # GiB reserved (a whole GPU reserves all)
+        self.unit_mib = self.opt.share_unit_mib
+        self.g_cap = (cluster.gpu_mem_gib * 1024 // self.unit_mib).astype(np.int64)  # units
+        self.g_used = np.zeros(G, np.int64)  # units reserved (a whole GPU reserves all)
         self.g_njobs = np.zeros(G, np.int64)
         self.g_whole = np.zeros(G, bool)
         self.g_free_at = np.zeros(G + 1)  # planned time the GPU empties; [G] = padding (inf)
@@ -508,7 +514,7 @@ class Engine:
                 self.g_classmask[g] |= 1 << self.jclass[j]
             mem_true = self._mem_true(t)
             real = sum(mem_true[i] for i in self.g_jobs[g])
-            if real > self.g_cap[g] * 1024:
+            if real > self.g_cap[g] * self.unit_mib:
                 overflow = True
             if len(self.g_jobs[g]) > 1:
                 self.j_shared[j] = True
@@ -1001,8 +1007,9 @@ class Engine:
         }
         gpus = {"type": np.array([self.cluster.types[x].name for x in self.g_type], dtype=object),
                 "busy_s": np.array(self.g_busy), "work_s": np.array(self.g_work),
-                "shared_s": np.array(self.g_shared), "used_gib": self.g_used.copy(),
-                "cap_gib": self.g_cap.copy(), "njobs": self.g_njobs.copy(),
+                "shared_s": np.array(self.g_shared),
+                "used_gib": self.g_used * (self.unit_mib / 1024),
+                "cap_gib": self.g_cap * (self.unit_mib / 1024), "njobs": self.g_njobs.copy(),
                 "whole": self.g_whole.copy(), "node": self.g_node.copy()}
         timeline = {"time": np.array(self.t_time), "queued": np.array(self.t_queued),
                     "running": np.array(self.t_running), "busy_gpus": np.array(self.t_busy),

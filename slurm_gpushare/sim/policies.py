@@ -85,12 +85,12 @@ class Policy:
         return Request(False, types[j], shards[j], frozenset(), float(self.est[j]), code)
 
     def _shares(self, engine, estimate: str) -> tuple:
-        """For every job at once: the types its share fits, whether any, GiB per type."""
+        """For every job at once: the types its share fits, whether any, units per type."""
         rows = self._share_rows.get(estimate)
         if rows is None:
             memory = getattr(engine.work, estimate)
             types = engine.work.allowed & (memory <= self.cap_mib)
-            shards = np.maximum(np.ceil(memory / 1024), 1).astype(np.int64)
+            shards = np.maximum(np.ceil(memory / engine.unit_mib), 1).astype(np.int64)
             rows = self._share_rows[estimate] = (types, types.any(axis=1).tolist(), shards)
         return rows
 
@@ -421,7 +421,7 @@ class GpuShare(Policy):
                                 keep_whole_when_idle=self.keep_whole_when_idle,
                                 **self.settings),
             gpu_types=tuple(GpuType(t.name, t.memory_gib, feature=t.name, model=t.model or t.name,
-                                    sharing="shard")
+                                    sharing="shard", shard_mib=engine.unit_mib)
                             for t in cluster.types))
         self.view = SimView(engine, cluster.partition)
         self.compat = SimCompatibility(self.knowledge, {
@@ -488,7 +488,8 @@ class GpuShare(Policy):
         types = self._type_mask(decision.gpu_types) & allowed
         if not types.any():  # the user's own constraint and the decision's types do not meet
             return self.whole(j, engine, "no-common-type", nice)
-        shards = np.full(len(self.type_names), int(decision.share_gib), np.int64)
+        units = math.ceil(decision.share_gib * 1024 / engine.unit_mib - 1e-9)  # shards
+        shards = np.full(len(self.type_names), units, np.int64)
         exclude = self._node_set(decision.writes.get("exc_nodes", ""))
         est = float(np.where(types, engine.work.runtime_pred[j], 0.0).max())
         return Request(False, types, shards, exclude, est, decision.code, nice)

@@ -318,3 +318,38 @@ def test_a_job_known_only_by_its_name_has_no_sizing_history():
         store.ingest_summary({"v": 1, "job_id": "1", "gpu_index": 0, "mgup_max": 50.0,
                               "mgmap_max_pct": 20.0, "mgtsamp_max": 10.0, "keys": [keys.name]})
         assert store.history(keys.sizing_keys()) == []
+
+
+def test_a_type_that_needs_more_memory_does_not_narrow_the_offer_to_itself():
+    # openb's reading of gpu_milli: a job that fills a 16 GiB GPU is predicted to fill a
+    # 32 GiB one too. One count of GiB cannot mean "all of it" on both, but a 16 GiB share
+    # suits both 16 GiB types: the offer must not shrink to the 32 GiB type alone (which made
+    # most such jobs wait for the few 32 GiB GPUs).
+    config = parse_config({
+        "policy": {"sharing_partitions": ["gpu"], "keep_whole_when_idle": False},
+        "gpu_types": {"t4": {"memory_gib": 16}, "g2": {"memory_gib": 16},
+                      "v100m32": {"memory_gib": 32}}})
+    estimate = JobEstimate(source="history",
+                           memory_mib={"t4": 16384, "g2": 16384, "v100m32": 32768})
+    decision = decide(request(), config, estimate=estimate)
+    # A share that fills the GPU wherever it is offered is a whole GPU: kept as submitted
+    # (it may then run on any type, the 32 GiB one included).
+    assert (decision.action, decision.code) == ("keep", "whole-share")
+    assert "takes the whole GPU on t4, g2" in decision.reason
+    estimate = JobEstimate(source="history",
+                           memory_mib={"t4": 15000, "g2": 15000, "v100m32": 30000})
+    decision = decide(request(), config, estimate=estimate)
+    assert decision.writes["tres_per_node"] == "gres:shard:15"
+    assert set(decision.gpu_types) == {"t4", "g2"}
+    # Where one count suits every type, it is still offered on all of them.
+    estimate = JobEstimate(source="history",
+                           memory_mib={"t4": 9000, "g2": 9000, "v100m32": 9500})
+    decision = decide(request(), config, estimate=estimate)
+    assert decision.writes["tres_per_node"] == "gres:shard:10"
+    assert set(decision.gpu_types) == {"t4", "g2", "v100m32"}
+    # A count twice the need on a type is not offered there: 8 GiB on the 16 GiB types.
+    estimate = JobEstimate(source="history",
+                           memory_mib={"t4": 8192, "g2": 8192, "v100m32": 16384})
+    decision = decide(request(), config, estimate=estimate)
+    assert decision.writes["tres_per_node"] == "gres:shard:8"
+    assert set(decision.gpu_types) == {"t4", "g2"}

@@ -43,6 +43,18 @@ def test_simulate_json_and_limit(tmp_path, capsys):
     doc = json.loads(capsys.readouterr().out)
     assert [r["policy"] for r in doc["summary"]] == ["slurm-default", "gpushare"]
     assert doc["summary"][0]["jobs"] == 5
+    assert doc["meta"]["shard_mib"] == 1024
+
+
+def test_simulate_at_the_sites_shard_size(tmp_path, capsys):
+    trace = tmp_path / "sacct.txt"
+    trace.write_text(EXPORT)
+    argv = ["simulate", "--trace", f"sacct:{trace}", "--cluster", "local", "--policy",
+            "gpushare", "--limit", "5", "--json"]
+    assert main(argv + ["--shard-mib", "256"]) == 0
+    assert json.loads(capsys.readouterr().out)["meta"]["shard_mib"] == 256
+    assert main(argv + ["--shard-mib", "10"]) != 0
+    assert "--shard-mib" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("args, message", [

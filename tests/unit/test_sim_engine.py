@@ -328,3 +328,41 @@ def test_invariants_on_a_random_small_trace(policy):
     assert e.free_whole == e.G and not e.g_used.any()
     if policy == "slurm-default":
         assert not r.jobs["shared"].any()
+
+
+def test_gpushare_places_openb_pods_on_every_type_they_fit():
+    # openb reads gpu_milli as the fraction of whichever GPU a pod lands on: a pod that fills a
+    # GPU needs 16 GiB on a T4 and 32 GiB on a V100M32. Such a pod used to be offered a 32 GiB
+    # share on the V100M32 alone (and was dropped once it was taken), and a half pod 16 GiB on
+    # both types.
+    spec = {"name": "t", "partition": "gpu", "reference_gpu": "t4", "max_jobs_per_gpu": 8,
+            "gpu_types": {"t4": {"memory_gib": 16, "speed_profile": "p100", "memory_profile": "V100"},
+                          "v100m32": {"memory_gib": 32, "speed_profile": "v100",
+                                      "memory_profile": "V100"}},
+            "nodes": [{"prefix": "t4-", "count": 1, "gpus": 2, "type": "t4"},
+                      {"prefix": "v32-", "count": 1, "gpus": 1, "type": "v100m32"}]}
+    cl = parse_cluster(spec)
+    fraction = np.array([1.0, 0.5, 0.5, 1.0, 1.0])
+    w = work(cl, [{"submit": i, "solo": 1e9} for i in range(len(fraction))])
+    w.mem_true = w.mem_pred = w.mem_safe = fraction[:, None] * np.array([16, 32]) * 1024.0
+    w.allowed = np.ones_like(w.allowed)
+    w.gpu_request, w.until = fraction, 10.0
+    p = policies.GpuShare(table(), keep_whole_when_idle=False)
+    r = Engine(cl, w, p, Constant(1.0), options=EngineOptions(drop_unplaced=True)).run()
+    # The whole pods run whole, the halves share the second T4 (8 GiB each), the third whole
+    # pod takes the V100M32; only the last pod finds no GPU.
+    assert r.codes == {"whole-share": 3, "history-share": 2}
+    assert list(r.jobs["state"]) == ["cutoff"] * 4 + ["dropped"]
+    assert list(r.jobs["gpu_type"]) == ["t4", "t4", "t4", "v100m32", ""]
+
+
+def test_shares_round_up_to_the_sites_shard_size():
+    # Three jobs of 4.7 GiB (safe estimate 5.17 GiB) on one 16 GiB GPU: in 1 GiB shards each
+    # takes 6 (18 > 16: the third waits); in 256 MiB shards 21 (63 of 64: all three start).
+    jobs = [{"submit": i, "solo": 100, "mem": 4.7} for i in range(3)]
+    for unit, starts in ((1024, [0, 1, 100]), (256, [0, 1, 2])):
+        always = policies.GpuShare(table(), keep_whole_when_idle=False)
+        _, r = run(cluster(((1, 1, "v100"),), cap=4), jobs, always, Constant(1.0),
+                   share_unit_mib=unit)
+        assert list(r.jobs["start"]) == starts, unit
+        assert r.counters["oom_kills"] == 0

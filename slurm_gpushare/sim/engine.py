@@ -39,6 +39,8 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
+from itertools import compress
+from operator import ge
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -159,6 +161,7 @@ class Engine:
         # placements test, per GPU of the few nodes whose room reaches a share.
         self.g_free = self.g_cap.tolist()
         self._n_gpu_range = [range(int(f), int(f) + int(c)) for f, c in zip(self.n_first, self.n_gpus)]
+        self._node_range = range(N)
         self.n_version = np.zeros(N, np.int64)
         # Class-aware policies: the same room per class, on GPUs the policy lets it join
         # (``class_node_room[c][node]``, ``class_type_room[c][t]``; set up after prepare).
@@ -253,9 +256,12 @@ class Engine:
         tight = cap is not None and cap < self.cap  # the job cap of free GiB is not enough
         g_free, g_njobs, ranges = self.g_free, self.g_njobs, self._n_gpu_range
         out = []
-        for node, (room, gib) in enumerate(zip(self._n_room if rooms is None else rooms, need)):
-            if room < gib or node in skip:
+        # The nodes whose room reaches the share, filtered at C speed (most have none).
+        for node in compress(self._node_range, map(ge, self._n_room if rooms is None else rooms,
+                                                   need)):
+            if node in skip:
                 continue
+            gib = need[node]
             for g in ranges[node]:
                 if g_free[g] >= gib and not (tight and g_njobs[g] >= cap):
                     out.append(g)
@@ -314,7 +320,7 @@ class Engine:
                     if room >= type_room[t]:
                         type_room[t] = room
                     elif old == type_room[t]:  # it may have held the type's most room
-                        type_room[t] = max(node_room[n] for n in self.type_nodes_list[t])
+                        type_room[t] = max(map(node_room.__getitem__, self.type_nodes_list[t]))
             if bump:
                 self.n_version[node] += 1
 
@@ -342,8 +348,8 @@ class Engine:
         for t, gib in req.need:
             if gib <= self.type_room[t] and self.type_room_node[t] not in skip:
                 return True
-        for node, (room, gib) in enumerate(zip(self._n_room, self._node_need(req))):
-            if room >= gib and node not in skip:
+        for node in compress(self._node_range, map(ge, self._n_room, self._node_need(req))):
+            if node not in skip:
                 return True
         return False
 

@@ -345,14 +345,17 @@ class SimView:
             # never change here; idle types read idle GPUs, node exclusions resident classes,
             # each only on nodes of the types in their key. Room now is unknown here (these
             # views carry no free units per GPU), whatever changed.
-            previous = self._nodes
+            # The answers that hold move to the new snapshot (no copy: the previous one is not
+            # read again), the others are dropped.
+            checks, memo = self._nodes.checks, self._nodes.memo
+            for key in [k for k in checks if not (
+                    k[0] in ("feasibility", "room")
+                    or (k[0] == "idle" and idle_changed.isdisjoint(k[1])))]:
+                del checks[key]
+            for key in [k for k in memo if not classes_changed.isdisjoint(k[1])]:
+                del memo[key]
             self._nodes = _Snapshot(self._views)
-            self._nodes.checks.update(
-                (k, v) for k, v in previous.checks.items()
-                if k[0] in ("feasibility", "room")
-                or (k[0] == "idle" and idle_changed.isdisjoint(k[1])))
-            self._nodes.memo.update((k, v) for k, v in previous.memo.items()
-                                    if classes_changed.isdisjoint(k[1]))
+            self._nodes.checks, self._nodes.memo = checks, memo
         return self._nodes
 
 
@@ -439,6 +442,7 @@ class GpuShare(Policy):
         self.class_rows, self.kind_rows = work.job_class.tolist(), work.kind.tolist()
         self._requests: dict = {}
         self._type_masks: dict = {}
+        self._shards: dict = {}
         self._node_sets: dict = {}
         # Peak utilisations matter only to a GPU-time budget (and cost a slow import).
         self.util = (job_kind_utilisation(engine.work.kinds, self.type_names)
@@ -488,7 +492,10 @@ class GpuShare(Policy):
         types = self._type_mask(decision.gpu_types) & allowed
         if not types.any():  # the user's own constraint and the decision's types do not meet
             return self.whole(j, engine, "no-common-type", nice)
-        shards = np.full(len(self.type_names), int(decision.share_gib), np.int64)
+        shards = self._shards.get(decision.share_gib)
+        if shards is None:  # one array per share size (requests only read it)
+            shards = self._shards[decision.share_gib] = np.full(
+                len(self.type_names), int(decision.share_gib), np.int64)
         exclude = self._node_set(decision.writes.get("exc_nodes", ""))
         est = float(np.where(types, engine.work.runtime_pred[j], 0.0).max())
         return Request(False, types, shards, exclude, est, decision.code, nice)

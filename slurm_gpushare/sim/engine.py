@@ -121,6 +121,7 @@ class Engine:
         self.g_node_list = self.g_node.tolist()
         self.g_cap = cluster.gpu_mem_gib.astype(np.int64)
         self.g_used = np.zeros(G, np.int64)  # GiB reserved (a whole GPU reserves all)
+        self._cap_mib = (self.g_cap * 1024).tolist()
         self.g_njobs = np.zeros(G, np.int64)
         self.g_whole = np.zeros(G, bool)
         self.g_free_at = np.zeros(G + 1)  # planned time the GPU empties; [G] = padding (inf)
@@ -173,7 +174,9 @@ class Engine:
         self.type_room_node = [-1] * len(cluster.types)
         for t in range(len(cluster.types)):
             self._type_room(t)
-        self._whole_nodes: dict = {}  # (version, types, GPUs per node) -> nodes with them empty
+        # (version, types, GPUs per node) -> [how many nodes have them empty, which]
+        self._whole_nodes: dict = {}
+        self._type_node_masks: dict = {}  # types (bytes) -> nodes of those types (bool)
         self._need: dict = {}  # request key -> GiB needed per node
         self._ever_fits: dict = {}  # (request key, GPUs of a whole request) -> can_ever_fit
         self._mem_true_by_type: dict = {}
@@ -184,6 +187,7 @@ class Engine:
         # Each node's GPUs' planned ends, soonest first (rows re-sorted only for nodes whose
         # planned ends changed since the last look: ``_ends_stale``).
         self.n_ends = np.sort(self.g_free_at[self.n_matrix], axis=1)
+        self._ends_pad = [[math.inf] * (gmax - c) for c in range(gmax + 1)]  # by GPUs per node
         self._ends_stale: set = set()
         self._type_ready: dict = {}
         self._reserved: tuple = (None, None)
@@ -362,13 +366,23 @@ class Engine:
         if not req.whole:
             return self._share_room_outside(req, skip)
         n = min(self.ngpus[j], self.max_pernode)
-        key = (self.version, req.types.tobytes(), n)
-        nodes = self._whole_nodes.get(key)
-        if nodes is None:
+        key = (self.version, req.key[0], n)
+        hit = self._whole_nodes.get(key)
+        if hit is None:
             if len(self._whole_nodes) > 1024:
                 self._whole_nodes.clear()
-            ok = req.types[self.n_type] & (self.n_free >= n)
-            nodes = self._whole_nodes[key] = frozenset(np.flatnonzero(ok).tolist())
+            type_nodes = self._type_node_masks.get(req.key[0])
+            if type_nodes is None:
+                type_nodes = self._type_node_masks[req.key[0]] = req.types[self.n_type]
+            ok = type_nodes & (self.n_free >= n)
+            hit = self._whole_nodes[key] = [int(np.count_nonzero(ok)), ok]
+        count, nodes = hit
+        if count > len(skip):  # more such nodes than skipped ones: one is outside
+            return True
+        if not count:
+            return False
+        if not isinstance(nodes, frozenset):  # the nodes themselves only when it matters
+            nodes = hit[1] = frozenset(np.flatnonzero(nodes).tolist())
         return not nodes <= skip
 
     def whole_candidates(self, j: int, req: Request, exclude=None, *,
@@ -432,10 +446,11 @@ class Engine:
     def _account(self, g: int):
         now = self.now
         dt = now - self.g_last[g]
-        if dt > 0 and self.g_njobs[g]:
+        njobs = len(self.g_jobs[g])  # (g_njobs[g], read faster)
+        if dt > 0 and njobs:
             self.g_busy[g] += dt
             self.g_work[g] += dt * self.g_speedsum[g]
-            if self.g_njobs[g] > 1:
+            if njobs > 1:
                 self.g_shared[g] += dt
         self.g_last[g] = now
 
@@ -498,28 +513,27 @@ class Engine:
         self.counters["started"] += 1
         shards = 0 if req.whole else int(req.shards[t])
         overflow, failed = False, False
+        mem_true = self._mem_true(t)
         for g in gpus:
             self._account(g)
-            if self.g_njobs[g] == 0:
-                self.n_free[self.g_node[g]] -= 1
+            jobs = self.g_jobs[g]
+            if not jobs:  # (g_njobs counts g_jobs)
+                self.n_free[self.g_node_list[g]] -= 1
                 self.free_whole -= 1
-            self.g_jobs[g].append(j)
+            jobs.append(j)
             self.g_njobs[g] += 1
             if req.whole:
                 self.g_whole[g] = True
                 self.g_used[g] = self.g_cap[g]
             else:
                 self.g_used[g] += shards
-            if not req.whole:
                 self.g_classmask[g] |= 1 << self.jclass[j]
-            mem_true = self._mem_true(t)
-            real = sum(mem_true[i] for i in self.g_jobs[g])
-            if real > self.g_cap[g] * 1024:
+            if sum(map(mem_true.__getitem__, jobs)) > self._cap_mib[g]:
                 overflow = True
-            if len(self.g_jobs[g]) > 1:
+            if len(jobs) > 1:
                 self.j_shared[j] = True
-                if self.model.speeds(self.g_profile[g], [self.kind[i] for i in self.g_jobs[g]],
-                                     [self.jclass[i] for i in self.g_jobs[g]]) is None:
+                if self.model.speeds(self.g_profile[g], [self.kind[i] for i in jobs],
+                                     [self.jclass[i] for i in jobs]) is None:
                     failed = True
         if self.sharing:  # rooms are read only by sharing policies
             self._allocations_changed(gpus)
@@ -545,19 +559,20 @@ class Engine:
         shards = 0 if req.whole else int(req.shards[t])
         for g in gpus:
             self._account(g)
-            self.g_jobs[g].remove(j)
+            jobs = self.g_jobs[g]
+            jobs.remove(j)
             self.g_njobs[g] -= 1
             if req.whole:
                 self.g_whole[g] = False
                 self.g_used[g] = 0
             else:
                 self.g_used[g] -= shards
-            if self.g_njobs[g] == 0:
-                self.n_free[self.g_node[g]] += 1
+            if not jobs:  # (g_njobs counts g_jobs)
+                self.n_free[self.g_node_list[g]] += 1
                 self.free_whole += 1
             if not req.whole:
                 mask = 0
-                for i in self.g_jobs[g]:
+                for i in jobs:
                     mask |= 1 << self.jclass[i]
                 self.g_classmask[g] = mask
         if self.sharing:
@@ -777,17 +792,22 @@ class Engine:
             if not len(gpus):
                 return math.inf, frozenset()
             ends = self.g_free_at[gpus]
-            g = int(gpus[int(ends.argmin())])
-            when, chosen = ends.min(), frozenset([int(self.g_node[g])])
+            first = int(ends.argmin())
+            g = int(gpus[first])
+            when, chosen = ends[first], frozenset([self.g_node_list[g]])
             self._type_ready[key] = (version, when, chosen)
             return when, chosen
         nodes = self.type_nodes[t]
         # When each node has ``per`` GPUs empty: its GPUs' planned ends, soonest first (empty
         # GPUs read 0, padding inf), the per-th.
         if self._ends_stale:
-            stale = list(self._ends_stale)
+            # Row by row in plain Python: few nodes change between looks, and numpy's fancy
+            # indexing costs more than it saves on so few.
+            g_free_at, n_ends, pad = self.g_free_at, self.n_ends, self._ends_pad
+            for node in self._ends_stale:
+                gpus = self._n_gpu_range[node]
+                n_ends[node] = sorted(g_free_at[gpus.start:gpus.stop].tolist()) + pad[len(gpus)]
             self._ends_stale.clear()
-            self.n_ends[stale] = np.sort(self.g_free_at[self.n_matrix[stale]], axis=1)
         ready = self.n_ends[nodes, per - 1]
         order = np.argsort(ready, kind="stable")[:k]
         when = ready[order[-1]] if len(order) == k else math.inf
@@ -830,7 +850,8 @@ class Engine:
         backfill = policy.backfill
         quick_fits, j_req = self._quick_fits, self.j_req
         room_shrank = True  # since the last look at the least need of all buckets
-        while heads and tried < self.opt.depth:
+        depth = self.opt.depth
+        while heads and tried < depth:
             if self.free_whole == 0 and not (sharing and max(room[0]) > 0):
                 break
             if room_shrank:
@@ -871,12 +892,13 @@ class Engine:
                     # Outside the reservation the bucket fails; its jobs short enough to end
                     # before the reserved start may still go anywhere.
                     limit = shadow - self.now
-                    while pos < len(bucket) and self.j_req[bucket[pos][1]].est_runtime > limit:
+                    size = len(bucket)
+                    while pos < size and j_req[bucket[pos][1]].est_runtime > limit:
                         pos += 1
-                    if pos == len(bucket):
+                    if pos == size:
                         continue
                     j = bucket[pos][1]
-                    req = self.j_req[j]
+                    req = j_req[j]
                     placed = policy.place(j, req, self, None)
                     if placed is None:
                         continue

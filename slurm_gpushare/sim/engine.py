@@ -134,7 +134,7 @@ class Engine:
         self.g_shared = [0.0] * G
         self.g_speedsum = [0.0] * G
         self.g_profile_arr = np.array(self.g_profile)
-        self.g_classmask = np.zeros(G, np.int64)  # bit c set: a class-c job shares the GPU
+        self.g_classmask = [0] * G  # bit c set: a class-c job shares the GPU
         self.version = 0  # bumped whenever allocations change (for cached views)
         # Nodes
         self.n_type = np.array([n.gpu_type for n in cluster.nodes])
@@ -142,6 +142,7 @@ class Engine:
         self.n_gpus = np.array([n.gpus for n in cluster.nodes])
         self.n_first = cluster.node_first_gpu
         self.n_free = self.n_gpus.copy()  # empty GPUs per node
+        self.n_free_list = self.n_free.tolist()  # the same, read per node
         gmax = int(self.n_gpus.max())
         self.n_matrix = np.full((N, gmax), G)  # GPU ids per node, padded with G
         for i in range(N):
@@ -150,6 +151,9 @@ class Engine:
         self.max_pernode = int(self.n_gpus.max())
         self.type_gpus = [np.flatnonzero(self.g_type == t) for t in range(len(cluster.types))]
         self.type_nodes = [np.flatnonzero(self.n_type == t) for t in range(len(cluster.types))]
+        self._type_gpu_span = [(int(g[0]), int(g[-1]) + 1) if len(g) and g[-1] - g[0] + 1 == len(g)
+                               else None for g in self.type_gpus]
+        self._type_lists: dict = {}  # types (bytes) -> their indices
         self.n_classes = int(work.job_class.max(initial=0)) + 1
         self._masks: dict = {}
         # Kept current by every start and end (only the nodes touched are recomputed):
@@ -170,13 +174,15 @@ class Engine:
         self.class_type_room = [[0] * len(cluster.types) for _ in range(self.n_classes)]
         self.type_nodes_list = [[int(n) for n in np.flatnonzero(self.n_type == t)]
                                 for t in range(len(cluster.types))]
+        # Per type, per n: how many of its nodes have at least n empty GPUs (kept by
+        # _free_changed; whole requests ask whether any node outside a reservation has room).
+        self.free_counts = [[sum(1 for node in nodes if self.n_free_list[node] >= n)
+                             for n in range(gmax + 1)] for nodes in self.type_nodes_list]
         self.type_room = [0] * len(cluster.types)
         self.type_room_node = [-1] * len(cluster.types)
         for t in range(len(cluster.types)):
             self._type_room(t)
-        # (version, types, GPUs per node) -> [how many nodes have them empty, which]
-        self._whole_nodes: dict = {}
-        self._type_node_masks: dict = {}  # types (bytes) -> nodes of those types (bool)
+        self._whole_nodes: dict = {}  # (version, types, GPUs per node) -> nodes with them empty
         self._need: dict = {}  # request key -> GiB needed per node
         self._ever_fits: dict = {}  # (request key, GPUs of a whole request) -> can_ever_fit
         self._mem_true_by_type: dict = {}
@@ -218,6 +224,7 @@ class Engine:
         self.jclass = work.job_class.tolist()
         self.submit = work.submit.tolist()
         self.ngpus = work.n_gpus.tolist()
+        self.nnodes = work.n_nodes.tolist()
         self.heap: list = []
         self.seq = 0
         self.buckets: dict[tuple, list] = {}
@@ -275,7 +282,7 @@ class Engine:
 
     def _node_mask(self, req: Request, exclude) -> np.ndarray:
         """Nodes of the request's types outside its and the pass's exclusions (cached)."""
-        key = (req.types.tobytes(), req.exclude, exclude)
+        key = (req.key[0], req.exclude, exclude)
         mask = self._masks.get(key)
         if mask is None:
             mask = req.types[self.n_type].copy()
@@ -294,11 +301,11 @@ class Engine:
     def _allocations_changed(self, gpus, *, bump: bool = True):
         """Update the room of the nodes these GPUs belong to, and of their types: a type's
         room is recomputed over its nodes only when the node that held it lost room."""
-        cap, g_whole, g_njobs, g_cap, g_used = self.cap, self.g_whole, self.g_njobs, self.g_cap, self.g_used
+        cap, g_whole, g_cap, g_used = self.cap, self.g_whole, self.g_cap, self.g_used
         joinable = self.policy.joinable if self.class_aware else None
-        g_free, g_node = self.g_free, self.g_node_list
-        for g in gpus:  # only these GPUs changed
-            g_free[g] = int(g_cap[g] - g_used[g]) if not g_whole[g] and g_njobs[g] < cap else 0
+        g_free, g_node, g_jobs = self.g_free, self.g_node_list, self.g_jobs
+        for g in gpus:  # only these GPUs changed (g_njobs counts g_jobs)
+            g_free[g] = int(g_cap[g] - g_used[g]) if not g_whole[g] and len(g_jobs[g]) < cap else 0
         for node in {g_node[g] for g in gpus}:
             gpus_of = self._n_gpu_range[node]
             first, count = gpus_of.start, len(gpus_of)
@@ -366,30 +373,44 @@ class Engine:
         if not req.whole:
             return self._share_room_outside(req, skip)
         n = min(self.ngpus[j], self.max_pernode)
-        key = (self.version, req.key[0], n)
-        hit = self._whole_nodes.get(key)
-        if hit is None:
-            if len(self._whole_nodes) > 1024:
-                self._whole_nodes.clear()
-            type_nodes = self._type_node_masks.get(req.key[0])
-            if type_nodes is None:
-                type_nodes = self._type_node_masks[req.key[0]] = req.types[self.n_type]
-            ok = type_nodes & (self.n_free >= n)
-            hit = self._whole_nodes[key] = [int(np.count_nonzero(ok)), ok]
-        count, nodes = hit
+        count = 0  # nodes of its types with n GPUs empty
+        for t in self._types_of(req):
+            count += self.free_counts[t][n]
         if count > len(skip):  # more such nodes than skipped ones: one is outside
             return True
         if not count:
             return False
-        if not isinstance(nodes, frozenset):  # the nodes themselves only when it matters
-            nodes = hit[1] = frozenset(np.flatnonzero(nodes).tolist())
+        key = (self.version, req.key[0], n)
+        nodes = self._whole_nodes.get(key)
+        if nodes is None:
+            if len(self._whole_nodes) > 1024:
+                self._whole_nodes.clear()
+            ok = req.types[self.n_type] & (self.n_free >= n)
+            nodes = self._whole_nodes[key] = frozenset(np.flatnonzero(ok).tolist())
         return not nodes <= skip
+
+    def _types_of(self, req: Request) -> list[int]:
+        """The request's GPU types (indices)."""
+        types = self._type_lists.get(req.key[0])
+        if types is None:
+            types = self._type_lists[req.key[0]] = np.flatnonzero(req.types).tolist()
+        return types
+
+    def _free_changed(self, node: int, step: int):
+        """Node ``node`` has ``step`` (+1 or -1) more empty GPUs: n_free and free_counts."""
+        old = self.n_free_list[node]
+        self.n_free_list[node] = self.n_free[node] = old + step
+        counts = self.free_counts[self.n_type_list[node]]
+        if step > 0:
+            counts[old + 1] += 1
+        else:
+            counts[old] -= 1
 
     def whole_candidates(self, j: int, req: Request, exclude=None, *,
                          first: bool = False) -> list[tuple[int, ...]]:
         """Node groups that can take the job's whole GPUs now: [(node, ...), ...] in node order."""
         n = self.ngpus[j]
-        nodes_asked = int(self.work.n_nodes[j])
+        nodes_asked = self.nnodes[j]
         type_ok = self._node_mask(req, exclude)
         if nodes_asked <= 1 and n <= self.max_pernode:
             fit = type_ok & (self.n_free >= n)
@@ -420,7 +441,7 @@ class Engine:
             for g in range(first, first + int(self.n_gpus[node])):
                 if want == 0:
                     break
-                if self.g_njobs[g] == 0:
+                if not self.g_jobs[g]:
                     gpus.append(g)
                     want -= 1
         return gpus
@@ -518,7 +539,7 @@ class Engine:
             self._account(g)
             jobs = self.g_jobs[g]
             if not jobs:  # (g_njobs counts g_jobs)
-                self.n_free[self.g_node_list[g]] -= 1
+                self._free_changed(self.g_node_list[g], -1)
                 self.free_whole -= 1
             jobs.append(j)
             self.g_njobs[g] += 1
@@ -568,7 +589,7 @@ class Engine:
             else:
                 self.g_used[g] -= shards
             if not jobs:  # (g_njobs counts g_jobs)
-                self.n_free[self.g_node_list[g]] += 1
+                self._free_changed(self.g_node_list[g], +1)
                 self.free_whole += 1
             if not req.whole:
                 mask = 0
@@ -748,15 +769,15 @@ class Engine:
     def _reservation(self, j: int, req: Request) -> tuple[float, frozenset[int]]:
         """EASY: when and where the blocked job j will start, from planned ends."""
         n = 1 if not req.whole else self.ngpus[j]
-        key = (self.version, req.whole, n, int(self.work.n_nodes[j]), req.types.tobytes())
+        key = (self.version, req.whole, n, self.nnodes[j], req.key[0])
         if self._reserved[0] == key:  # the same blocked shape, nothing started or ended since
             return self._reserved[1]
         self._reserved = (key, self._reserve(j, req, n))
         return self._reserved[1]
 
     def _reserve(self, j: int, req: Request, n: int) -> tuple[float, frozenset[int]]:
-        types = np.flatnonzero(req.types).tolist()
-        nodes_asked = int(self.work.n_nodes[j])
+        types = self._types_of(req)
+        nodes_asked = self.nnodes[j]
         if req.whole and (nodes_asked > 1 or n > self.max_pernode):
             best = (math.inf, frozenset())
             for t in types:
@@ -791,7 +812,8 @@ class Engine:
             gpus = self.type_gpus[t]
             if not len(gpus):
                 return math.inf, frozenset()
-            ends = self.g_free_at[gpus]
+            span = self._type_gpu_span[t]  # a view where the type's GPUs are contiguous
+            ends = self.g_free_at[gpus] if span is None else self.g_free_at[span[0]:span[1]]
             first = int(ends.argmin())
             g = int(gpus[first])
             when, chosen = ends[first], frozenset([self.g_node_list[g]])

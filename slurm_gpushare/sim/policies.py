@@ -109,7 +109,7 @@ class Policy:
 
     def memo_key(self, j: int, req: Request):
         cls = self.engine.jclass[j] if (self.class_aware and not req.whole) else -1
-        return (req.whole, self.engine.ngpus[j], req.types.tobytes(), req.exclude, cls)
+        return (req.whole, self.engine.ngpus[j], req.key[0], req.exclude, cls)
 
     # placement helpers
     def first_whole(self, j, req, engine, exclude):
@@ -234,7 +234,7 @@ class ClassPair(KnowledgePolicy):
         profile, classmask = engine.g_profile, engine.g_classmask
         best, best_gain, empty = None, -math.inf, None
         for g in engine.share_candidates(req, exclude, rooms=engine.class_node_room[c]):
-            p, mask = profile[g], int(classmask[g])
+            p, mask = profile[g], classmask[g]
             if not self.compat_rows[p][mask][c]:
                 continue
             if mask == 0:
@@ -254,7 +254,7 @@ class SjfBsbf(KnowledgePolicy):
     class_aware = True
 
     def joinable(self, engine, g):
-        if engine.g_njobs[g] == 0:  # an empty GPU takes any class
+        if not engine.g_jobs[g]:  # an empty GPU takes any class
             return (True,) * engine.n_classes
         return self.gain_rows[engine.g_profile[g]][engine.g_classmask[g]]
 
@@ -264,12 +264,12 @@ class SjfBsbf(KnowledgePolicy):
         if req.whole:
             return self.first_whole(j, req, engine, exclude)
         c = engine.jclass[j]
-        profile, classmask, njobs = engine.g_profile, engine.g_classmask, engine.g_njobs
+        profile, classmask, jobs = engine.g_profile, engine.g_classmask, engine.g_jobs
         best, best_gain = None, -math.inf
         for g in engine.share_candidates(req, exclude, rooms=engine.class_node_room[c]):
-            if njobs[g] == 0:
+            if not jobs[g]:
                 return [g]
-            gain = self.gain_list[profile[g]][int(classmask[g])][c]
+            gain = self.gain_list[profile[g]][classmask[g]][c]
             if gain > best_gain:
                 best, best_gain = g, gain
         return [best] if best is not None and best_gain > 0 else None
@@ -315,7 +315,7 @@ class SimView:
             # Only nodes whose allocations changed since the last look can have other views.
             for i in np.flatnonzero(engine.n_version != self._seen).tolist():
                 first, count = int(engine.n_first[i]), int(engine.n_gpus[i])
-                gpu_masks = engine.g_classmask[first:first + count].tolist()
+                gpu_masks = engine.g_classmask[first:first + count]
                 mask = 0
                 for m in gpu_masks:
                     mask |= m

@@ -2,13 +2,14 @@
 
 State is kept in flat arrays indexed by GPU (``g_*``), node (``n_*``) and job (``j_*``) so that
 a whole-GPU placement is a few vectorised numpy operations and an event a few list updates.
-What every pass asks (the most free GiB per GPU, per node, per type, per class) is kept current
-by each start and end for the GPUs and nodes it touched, not recomputed over the cluster, so a
-share's placement looks only at the GPUs of the few nodes whose room reaches it (plain Python:
-numpy costs more than it saves on such small sets); the heads of the queue's buckets are kept
-sorted; reservations per GPU type are kept until a planned end of that type changes
-(bench/results/sim_speed.json: the full Philly trace per policy). Policies (``policies.py``) decide admission (whole GPUs or a share of so
-many GiB on which types), queue order and placement; the engine does the rest:
+What every pass asks (the most free GiB per GPU, per node, per type, per class; how many nodes
+of each type have n empty GPUs) is kept current by each start and end for the GPUs and nodes it
+touched, not recomputed over the cluster, so a share's placement looks only at the GPUs of the
+few nodes whose room reaches it (plain Python: numpy costs more than it saves on such small
+sets); the heads of the queue's buckets are kept sorted; reservations per GPU type are kept
+until a planned end of that type changes (bench/results/sim_speed.json: the full Philly trace
+per policy). Policies (``policies.py``) decide admission (whole GPUs or a share of so many GiB
+on which types), queue order and placement; the engine does the rest:
 
 - Scheduling passes at each event time: the queue in policy order, up to ``depth`` start
   attempts (Slurm's ``bf_max_job_test``). Jobs of one shape (GPU count, types, memory, and

@@ -2,15 +2,16 @@
 
 State is kept in flat arrays indexed by GPU (``g_*``), node (``n_*``) and job (``j_*``) so that
 a whole-GPU placement is a few vectorised numpy operations and an event a few list updates.
-What every pass asks (the most free GiB per GPU, per node, per type, per class) is kept current
-by each start and end for the GPUs and nodes it touched, not recomputed over the cluster, so a
-share's placement looks only at the GPUs of the few nodes whose room reaches it (plain Python:
-numpy costs more than it saves on such small sets); the heads of the queue's buckets are kept
-sorted; reservations per GPU type are kept until a planned end of that type changes
-(bench/results/sim_speed.json: the full Philly trace per policy). Policies (``policies.py``) decide admission (whole GPUs or a share of so
-many GiB on which types), queue order and placement; the engine does the rest. (Shared memory
-is counted in units of ``EngineOptions.share_unit_mib``, the site's shard size: 1 GiB by
-default, which the comments below call GiB.)
+What every pass asks (the most free GiB per GPU, per node, per type, per class; how many nodes
+of each type have n empty GPUs) is kept current by each start and end for the GPUs and nodes it
+touched, not recomputed over the cluster, so a share's placement looks only at the GPUs of the
+few nodes whose room reaches it (plain Python: numpy costs more than it saves on such small
+sets); the heads of the queue's buckets are kept sorted; reservations per GPU type are kept
+until a planned end of that type changes (bench/results/sim_speed.json: the full Philly trace
+per policy). Policies (``policies.py``) decide admission (whole GPUs or a share of so many GiB
+on which types), queue order and placement; the engine does the rest. (Shared memory is
+counted in units of ``EngineOptions.share_unit_mib``, the site's shard size: 1 GiB by default,
+which the comments below call GiB.)
 
 - Scheduling passes at each event time: the queue in policy order, up to ``depth`` start
   attempts (Slurm's ``bf_max_job_test``). Jobs of one shape (GPU count, types, memory, and
@@ -41,6 +42,8 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
+from itertools import compress
+from operator import ge
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -125,6 +128,7 @@ class Engine:
         self.unit_mib = self.opt.share_unit_mib
         self.g_cap = (cluster.gpu_mem_gib * 1024 // self.unit_mib).astype(np.int64)  # units
         self.g_used = np.zeros(G, np.int64)  # units reserved (a whole GPU reserves all)
+        self._cap_mib = (self.g_cap * self.unit_mib).tolist()
         self.g_njobs = np.zeros(G, np.int64)
         self.g_whole = np.zeros(G, bool)
         self.g_free_at = np.zeros(G + 1)  # planned time the GPU empties; [G] = padding (inf)
@@ -137,7 +141,7 @@ class Engine:
         self.g_shared = [0.0] * G
         self.g_speedsum = [0.0] * G
         self.g_profile_arr = np.array(self.g_profile)
-        self.g_classmask = np.zeros(G, np.int64)  # bit c set: a class-c job shares the GPU
+        self.g_classmask = [0] * G  # bit c set: a class-c job shares the GPU
         self.version = 0  # bumped whenever allocations change (for cached views)
         # Nodes
         self.n_type = np.array([n.gpu_type for n in cluster.nodes])
@@ -145,6 +149,7 @@ class Engine:
         self.n_gpus = np.array([n.gpus for n in cluster.nodes])
         self.n_first = cluster.node_first_gpu
         self.n_free = self.n_gpus.copy()  # empty GPUs per node
+        self.n_free_list = self.n_free.tolist()  # the same, read per node
         gmax = int(self.n_gpus.max())
         self.n_matrix = np.full((N, gmax), G)  # GPU ids per node, padded with G
         for i in range(N):
@@ -153,6 +158,9 @@ class Engine:
         self.max_pernode = int(self.n_gpus.max())
         self.type_gpus = [np.flatnonzero(self.g_type == t) for t in range(len(cluster.types))]
         self.type_nodes = [np.flatnonzero(self.n_type == t) for t in range(len(cluster.types))]
+        self._type_gpu_span = [(int(g[0]), int(g[-1]) + 1) if len(g) and g[-1] - g[0] + 1 == len(g)
+                               else None for g in self.type_gpus]
+        self._type_lists: dict = {}  # types (bytes) -> their indices
         self.n_classes = int(work.job_class.max(initial=0)) + 1
         self._masks: dict = {}
         # Kept current by every start and end (only the nodes touched are recomputed):
@@ -165,6 +173,7 @@ class Engine:
         # placements test, per GPU of the few nodes whose room reaches a share.
         self.g_free = self.g_cap.tolist()
         self._n_gpu_range = [range(int(f), int(f) + int(c)) for f, c in zip(self.n_first, self.n_gpus)]
+        self._node_range = range(N)
         self.n_version = np.zeros(N, np.int64)
         # Class-aware policies: the same room per class, on GPUs the policy lets it join
         # (``class_node_room[c][node]``, ``class_type_room[c][t]``; set up after prepare).
@@ -172,6 +181,10 @@ class Engine:
         self.class_type_room = [[0] * len(cluster.types) for _ in range(self.n_classes)]
         self.type_nodes_list = [[int(n) for n in np.flatnonzero(self.n_type == t)]
                                 for t in range(len(cluster.types))]
+        # Per type, per n: how many of its nodes have at least n empty GPUs (kept by
+        # _free_changed; whole requests ask whether any node outside a reservation has room).
+        self.free_counts = [[sum(1 for node in nodes if self.n_free_list[node] >= n)
+                             for n in range(gmax + 1)] for nodes in self.type_nodes_list]
         self.type_room = [0] * len(cluster.types)
         self.type_room_node = [-1] * len(cluster.types)
         for t in range(len(cluster.types)):
@@ -187,6 +200,7 @@ class Engine:
         # Each node's GPUs' planned ends, soonest first (rows re-sorted only for nodes whose
         # planned ends changed since the last look: ``_ends_stale``).
         self.n_ends = np.sort(self.g_free_at[self.n_matrix], axis=1)
+        self._ends_pad = [[math.inf] * (gmax - c) for c in range(gmax + 1)]  # by GPUs per node
         self._ends_stale: set = set()
         self._type_ready: dict = {}
         self._reserved: tuple = (None, None)
@@ -217,6 +231,7 @@ class Engine:
         self.jclass = work.job_class.tolist()
         self.submit = work.submit.tolist()
         self.ngpus = work.n_gpus.tolist()
+        self.nnodes = work.n_nodes.tolist()
         self.heap: list = []
         self.seq = 0
         self.buckets: dict[tuple, list] = {}
@@ -259,9 +274,12 @@ class Engine:
         tight = cap is not None and cap < self.cap  # the job cap of free GiB is not enough
         g_free, g_njobs, ranges = self.g_free, self.g_njobs, self._n_gpu_range
         out = []
-        for node, (room, gib) in enumerate(zip(self._n_room if rooms is None else rooms, need)):
-            if room < gib or node in skip:
+        # The nodes whose room reaches the share, filtered at C speed (most have none).
+        for node in compress(self._node_range, map(ge, self._n_room if rooms is None else rooms,
+                                                   need)):
+            if node in skip:
                 continue
+            gib = need[node]
             for g in ranges[node]:
                 if g_free[g] >= gib and not (tight and g_njobs[g] >= cap):
                     out.append(g)
@@ -271,7 +289,7 @@ class Engine:
 
     def _node_mask(self, req: Request, exclude) -> np.ndarray:
         """Nodes of the request's types outside its and the pass's exclusions (cached)."""
-        key = (req.types.tobytes(), req.exclude, exclude)
+        key = (req.key[0], req.exclude, exclude)
         mask = self._masks.get(key)
         if mask is None:
             mask = req.types[self.n_type].copy()
@@ -290,11 +308,11 @@ class Engine:
     def _allocations_changed(self, gpus, *, bump: bool = True):
         """Update the room of the nodes these GPUs belong to, and of their types: a type's
         room is recomputed over its nodes only when the node that held it lost room."""
-        cap, g_whole, g_njobs, g_cap, g_used = self.cap, self.g_whole, self.g_njobs, self.g_cap, self.g_used
+        cap, g_whole, g_cap, g_used = self.cap, self.g_whole, self.g_cap, self.g_used
         joinable = self.policy.joinable if self.class_aware else None
-        g_free, g_node = self.g_free, self.g_node_list
-        for g in gpus:  # only these GPUs changed
-            g_free[g] = int(g_cap[g] - g_used[g]) if not g_whole[g] and g_njobs[g] < cap else 0
+        g_free, g_node, g_jobs = self.g_free, self.g_node_list, self.g_jobs
+        for g in gpus:  # only these GPUs changed (g_njobs counts g_jobs)
+            g_free[g] = int(g_cap[g] - g_used[g]) if not g_whole[g] and len(g_jobs[g]) < cap else 0
         for node in {g_node[g] for g in gpus}:
             gpus_of = self._n_gpu_range[node]
             first, count = gpus_of.start, len(gpus_of)
@@ -320,7 +338,7 @@ class Engine:
                     if room >= type_room[t]:
                         type_room[t] = room
                     elif old == type_room[t]:  # it may have held the type's most room
-                        type_room[t] = max(node_room[n] for n in self.type_nodes_list[t])
+                        type_room[t] = max(map(node_room.__getitem__, self.type_nodes_list[t]))
             if bump:
                 self.n_version[node] += 1
 
@@ -348,8 +366,8 @@ class Engine:
         for t, gib in req.need:
             if gib <= self.type_room[t] and self.type_room_node[t] not in skip:
                 return True
-        for node, (room, gib) in enumerate(zip(self._n_room, self._node_need(req))):
-            if room >= gib and node not in skip:
+        for node in compress(self._node_range, map(ge, self._n_room, self._node_need(req))):
+            if node not in skip:
                 return True
         return False
 
@@ -362,7 +380,14 @@ class Engine:
         if not req.whole:
             return self._share_room_outside(req, skip)
         n = min(self.ngpus[j], self.max_pernode)
-        key = (self.version, req.types.tobytes(), n)
+        count = 0  # nodes of its types with n GPUs empty
+        for t in self._types_of(req):
+            count += self.free_counts[t][n]
+        if count > len(skip):  # more such nodes than skipped ones: one is outside
+            return True
+        if not count:
+            return False
+        key = (self.version, req.key[0], n)
         nodes = self._whole_nodes.get(key)
         if nodes is None:
             if len(self._whole_nodes) > 1024:
@@ -371,11 +396,28 @@ class Engine:
             nodes = self._whole_nodes[key] = frozenset(np.flatnonzero(ok).tolist())
         return not nodes <= skip
 
+    def _types_of(self, req: Request) -> list[int]:
+        """The request's GPU types (indices)."""
+        types = self._type_lists.get(req.key[0])
+        if types is None:
+            types = self._type_lists[req.key[0]] = np.flatnonzero(req.types).tolist()
+        return types
+
+    def _free_changed(self, node: int, step: int):
+        """Node ``node`` has ``step`` (+1 or -1) more empty GPUs: n_free and free_counts."""
+        old = self.n_free_list[node]
+        self.n_free_list[node] = self.n_free[node] = old + step
+        counts = self.free_counts[self.n_type_list[node]]
+        if step > 0:
+            counts[old + 1] += 1
+        else:
+            counts[old] -= 1
+
     def whole_candidates(self, j: int, req: Request, exclude=None, *,
                          first: bool = False) -> list[tuple[int, ...]]:
         """Node groups that can take the job's whole GPUs now: [(node, ...), ...] in node order."""
         n = self.ngpus[j]
-        nodes_asked = int(self.work.n_nodes[j])
+        nodes_asked = self.nnodes[j]
         type_ok = self._node_mask(req, exclude)
         if nodes_asked <= 1 and n <= self.max_pernode:
             fit = type_ok & (self.n_free >= n)
@@ -406,7 +448,7 @@ class Engine:
             for g in range(first, first + int(self.n_gpus[node])):
                 if want == 0:
                     break
-                if self.g_njobs[g] == 0:
+                if not self.g_jobs[g]:
                     gpus.append(g)
                     want -= 1
         return gpus
@@ -432,10 +474,11 @@ class Engine:
     def _account(self, g: int):
         now = self.now
         dt = now - self.g_last[g]
-        if dt > 0 and self.g_njobs[g]:
+        njobs = len(self.g_jobs[g])  # (g_njobs[g], read faster)
+        if dt > 0 and njobs:
             self.g_busy[g] += dt
             self.g_work[g] += dt * self.g_speedsum[g]
-            if self.g_njobs[g] > 1:
+            if njobs > 1:
                 self.g_shared[g] += dt
         self.g_last[g] = now
 
@@ -498,28 +541,27 @@ class Engine:
         self.counters["started"] += 1
         shards = 0 if req.whole else int(req.shards[t])
         overflow, failed = False, False
+        mem_true = self._mem_true(t)
         for g in gpus:
             self._account(g)
-            if self.g_njobs[g] == 0:
-                self.n_free[self.g_node[g]] -= 1
+            jobs = self.g_jobs[g]
+            if not jobs:  # (g_njobs counts g_jobs)
+                self._free_changed(self.g_node_list[g], -1)
                 self.free_whole -= 1
-            self.g_jobs[g].append(j)
+            jobs.append(j)
             self.g_njobs[g] += 1
             if req.whole:
                 self.g_whole[g] = True
                 self.g_used[g] = self.g_cap[g]
             else:
                 self.g_used[g] += shards
-            if not req.whole:
                 self.g_classmask[g] |= 1 << self.jclass[j]
-            mem_true = self._mem_true(t)
-            real = sum(mem_true[i] for i in self.g_jobs[g])
-            if real > self.g_cap[g] * self.unit_mib:
+            if sum(map(mem_true.__getitem__, jobs)) > self._cap_mib[g]:
                 overflow = True
-            if len(self.g_jobs[g]) > 1:
+            if len(jobs) > 1:
                 self.j_shared[j] = True
-                if self.model.speeds(self.g_profile[g], [self.kind[i] for i in self.g_jobs[g]],
-                                     [self.jclass[i] for i in self.g_jobs[g]]) is None:
+                if self.model.speeds(self.g_profile[g], [self.kind[i] for i in jobs],
+                                     [self.jclass[i] for i in jobs]) is None:
                     failed = True
         if self.sharing:  # rooms are read only by sharing policies
             self._allocations_changed(gpus)
@@ -545,19 +587,20 @@ class Engine:
         shards = 0 if req.whole else int(req.shards[t])
         for g in gpus:
             self._account(g)
-            self.g_jobs[g].remove(j)
+            jobs = self.g_jobs[g]
+            jobs.remove(j)
             self.g_njobs[g] -= 1
             if req.whole:
                 self.g_whole[g] = False
                 self.g_used[g] = 0
             else:
                 self.g_used[g] -= shards
-            if self.g_njobs[g] == 0:
-                self.n_free[self.g_node[g]] += 1
+            if not jobs:  # (g_njobs counts g_jobs)
+                self._free_changed(self.g_node_list[g], +1)
                 self.free_whole += 1
             if not req.whole:
                 mask = 0
-                for i in self.g_jobs[g]:
+                for i in jobs:
                     mask |= 1 << self.jclass[i]
                 self.g_classmask[g] = mask
         if self.sharing:
@@ -733,15 +776,15 @@ class Engine:
     def _reservation(self, j: int, req: Request) -> tuple[float, frozenset[int]]:
         """EASY: when and where the blocked job j will start, from planned ends."""
         n = 1 if not req.whole else self.ngpus[j]
-        key = (self.version, req.whole, n, int(self.work.n_nodes[j]), req.types.tobytes())
+        key = (self.version, req.whole, n, self.nnodes[j], req.key[0])
         if self._reserved[0] == key:  # the same blocked shape, nothing started or ended since
             return self._reserved[1]
         self._reserved = (key, self._reserve(j, req, n))
         return self._reserved[1]
 
     def _reserve(self, j: int, req: Request, n: int) -> tuple[float, frozenset[int]]:
-        types = np.flatnonzero(req.types).tolist()
-        nodes_asked = int(self.work.n_nodes[j])
+        types = self._types_of(req)
+        nodes_asked = self.nnodes[j]
         if req.whole and (nodes_asked > 1 or n > self.max_pernode):
             best = (math.inf, frozenset())
             for t in types:
@@ -776,18 +819,24 @@ class Engine:
             gpus = self.type_gpus[t]
             if not len(gpus):
                 return math.inf, frozenset()
-            ends = self.g_free_at[gpus]
-            g = int(gpus[int(ends.argmin())])
-            when, chosen = ends.min(), frozenset([int(self.g_node[g])])
+            span = self._type_gpu_span[t]  # a view where the type's GPUs are contiguous
+            ends = self.g_free_at[gpus] if span is None else self.g_free_at[span[0]:span[1]]
+            first = int(ends.argmin())
+            g = int(gpus[first])
+            when, chosen = ends[first], frozenset([self.g_node_list[g]])
             self._type_ready[key] = (version, when, chosen)
             return when, chosen
         nodes = self.type_nodes[t]
         # When each node has ``per`` GPUs empty: its GPUs' planned ends, soonest first (empty
         # GPUs read 0, padding inf), the per-th.
         if self._ends_stale:
-            stale = list(self._ends_stale)
+            # Row by row in plain Python: few nodes change between looks, and numpy's fancy
+            # indexing costs more than it saves on so few.
+            g_free_at, n_ends, pad = self.g_free_at, self.n_ends, self._ends_pad
+            for node in self._ends_stale:
+                gpus = self._n_gpu_range[node]
+                n_ends[node] = sorted(g_free_at[gpus.start:gpus.stop].tolist()) + pad[len(gpus)]
             self._ends_stale.clear()
-            self.n_ends[stale] = np.sort(self.g_free_at[self.n_matrix[stale]], axis=1)
         ready = self.n_ends[nodes, per - 1]
         order = np.argsort(ready, kind="stable")[:k]
         when = ready[order[-1]] if len(order) == k else math.inf
@@ -830,7 +879,8 @@ class Engine:
         backfill = policy.backfill
         quick_fits, j_req = self._quick_fits, self.j_req
         room_shrank = True  # since the last look at the least need of all buckets
-        while heads and tried < self.opt.depth:
+        depth = self.opt.depth
+        while heads and tried < depth:
             if self.free_whole == 0 and not (sharing and max(room[0]) > 0):
                 break
             if room_shrank:
@@ -871,12 +921,13 @@ class Engine:
                     # Outside the reservation the bucket fails; its jobs short enough to end
                     # before the reserved start may still go anywhere.
                     limit = shadow - self.now
-                    while pos < len(bucket) and self.j_req[bucket[pos][1]].est_runtime > limit:
+                    size = len(bucket)
+                    while pos < size and j_req[bucket[pos][1]].est_runtime > limit:
                         pos += 1
-                    if pos == len(bucket):
+                    if pos == size:
                         continue
                     j = bucket[pos][1]
-                    req = self.j_req[j]
+                    req = j_req[j]
                     placed = policy.place(j, req, self, None)
                     if placed is None:
                         continue

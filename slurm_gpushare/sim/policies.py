@@ -109,7 +109,7 @@ class Policy:
 
     def memo_key(self, j: int, req: Request):
         cls = self.engine.jclass[j] if (self.class_aware and not req.whole) else -1
-        return (req.whole, self.engine.ngpus[j], req.types.tobytes(), req.exclude, cls)
+        return (req.whole, self.engine.ngpus[j], req.key[0], req.exclude, cls)
 
     # placement helpers
     def first_whole(self, j, req, engine, exclude):
@@ -234,7 +234,7 @@ class ClassPair(KnowledgePolicy):
         profile, classmask = engine.g_profile, engine.g_classmask
         best, best_gain, empty = None, -math.inf, None
         for g in engine.share_candidates(req, exclude, rooms=engine.class_node_room[c]):
-            p, mask = profile[g], int(classmask[g])
+            p, mask = profile[g], classmask[g]
             if not self.compat_rows[p][mask][c]:
                 continue
             if mask == 0:
@@ -254,7 +254,7 @@ class SjfBsbf(KnowledgePolicy):
     class_aware = True
 
     def joinable(self, engine, g):
-        if engine.g_njobs[g] == 0:  # an empty GPU takes any class
+        if not engine.g_jobs[g]:  # an empty GPU takes any class
             return (True,) * engine.n_classes
         return self.gain_rows[engine.g_profile[g]][engine.g_classmask[g]]
 
@@ -264,12 +264,12 @@ class SjfBsbf(KnowledgePolicy):
         if req.whole:
             return self.first_whole(j, req, engine, exclude)
         c = engine.jclass[j]
-        profile, classmask, njobs = engine.g_profile, engine.g_classmask, engine.g_njobs
+        profile, classmask, jobs = engine.g_profile, engine.g_classmask, engine.g_jobs
         best, best_gain = None, -math.inf
         for g in engine.share_candidates(req, exclude, rooms=engine.class_node_room[c]):
-            if njobs[g] == 0:
+            if not jobs[g]:
                 return [g]
-            gain = self.gain_list[profile[g]][int(classmask[g])][c]
+            gain = self.gain_list[profile[g]][classmask[g]][c]
             if gain > best_gain:
                 best, best_gain = g, gain
         return [best] if best is not None and best_gain > 0 else None
@@ -315,7 +315,7 @@ class SimView:
             # Only nodes whose allocations changed since the last look can have other views.
             for i in np.flatnonzero(engine.n_version != self._seen).tolist():
                 first, count = int(engine.n_first[i]), int(engine.n_gpus[i])
-                gpu_masks = engine.g_classmask[first:first + count].tolist()
+                gpu_masks = engine.g_classmask[first:first + count]
                 mask = 0
                 for m in gpu_masks:
                     mask |= m
@@ -345,14 +345,17 @@ class SimView:
             # never change here; idle types read idle GPUs, node exclusions resident classes,
             # each only on nodes of the types in their key. Room now is unknown here (these
             # views carry no free units per GPU), whatever changed.
-            previous = self._nodes
+            # The answers that hold move to the new snapshot (no copy: the previous one is not
+            # read again), the others are dropped.
+            checks, memo = self._nodes.checks, self._nodes.memo
+            for key in [k for k in checks if not (
+                    k[0] in ("feasibility", "room")
+                    or (k[0] == "idle" and idle_changed.isdisjoint(k[1])))]:
+                del checks[key]
+            for key in [k for k in memo if not classes_changed.isdisjoint(k[1])]:
+                del memo[key]
             self._nodes = _Snapshot(self._views)
-            self._nodes.checks.update(
-                (k, v) for k, v in previous.checks.items()
-                if k[0] in ("feasibility", "room")
-                or (k[0] == "idle" and idle_changed.isdisjoint(k[1])))
-            self._nodes.memo.update((k, v) for k, v in previous.memo.items()
-                                    if classes_changed.isdisjoint(k[1]))
+            self._nodes.checks, self._nodes.memo = checks, memo
         return self._nodes
 
 
@@ -439,6 +442,7 @@ class GpuShare(Policy):
         self.class_rows, self.kind_rows = work.job_class.tolist(), work.kind.tolist()
         self._requests: dict = {}
         self._type_masks: dict = {}
+        self._shards: dict = {}
         self._node_sets: dict = {}
         # Peak utilisations matter only to a GPU-time budget (and cost a slow import).
         self.util = (job_kind_utilisation(engine.work.kinds, self.type_names)
@@ -489,7 +493,9 @@ class GpuShare(Policy):
         if not types.any():  # the user's own constraint and the decision's types do not meet
             return self.whole(j, engine, "no-common-type", nice)
         units = math.ceil(decision.share_gib * 1024 / engine.unit_mib - 1e-9)  # shards
-        shards = np.full(len(self.type_names), units, np.int64)
+        shards = self._shards.get(units)
+        if shards is None:  # one array per share size (requests only read it)
+            shards = self._shards[units] = np.full(len(self.type_names), units, np.int64)
         exclude = self._node_set(decision.writes.get("exc_nodes", ""))
         est = float(np.where(types, engine.work.runtime_pred[j], 0.0).max())
         return Request(False, types, shards, exclude, est, decision.code, nice)

@@ -271,6 +271,11 @@ class Checked(Engine):
     def start(self, j, gpus):
         super().start(j, gpus)
         assert (self.g_used <= self.g_cap).all()
+        # the empty-GPU counts kept per type match a recount
+        assert self.n_free_list == self.n_free.tolist()
+        assert self.free_counts == [[int(((self.n_type == t) & (self.n_free >= n)).sum())
+                                     for n in range(len(counts))]
+                                    for t, counts in enumerate(self.free_counts)]
         for g in gpus:
             real = sum(self.work.mem_true[i, self.g_type[g]] for i in self.g_jobs[g])
             if real > self.g_cap[g] * 1024:

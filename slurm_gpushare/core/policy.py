@@ -510,9 +510,10 @@ def share_or_keep(request: JobRequest, config: Config, *, estimate: JobEstimate 
     units, fits, slower, room = choose_offer(fits, needs, estimate, partitions, view,
                                              knowledge)
     best = fits[0]
-    if all(units >= capacity(g) for g in fits):
+    if not too_big and all(units >= capacity(g) for g in fits):
         # A share of the whole GPU leaves room for no one and would narrow the job to these
-        # types: as submitted, it may run on any type.
+        # types: as submitted, it may run on any type -- where it fits on every one (else the
+        # share keeps it off the types it does not fit: OOM avoidance).
         return keep_tagged("whole-share", f"{estimate.detail or 'the estimate'} takes the whole "
                                           f"GPU on {', '.join(g.name for g in fits)}: runs on "
                                           "a whole GPU", source=estimate.source)

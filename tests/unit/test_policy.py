@@ -320,6 +320,23 @@ def test_a_job_known_only_by_its_name_has_no_sizing_history():
         assert store.history(keys.sizing_keys()) == []
 
 
+def test_a_share_of_the_whole_gpu_still_keeps_the_job_off_types_it_does_not_fit():
+    # 15 GiB fills a 16 GiB GPU but not a 12 GiB one: kept as submitted, the job could land on
+    # the 12 GiB type and run out of memory; the share keeps it on the types it fits.
+    config = parse_config({
+        "policy": {"sharing_partitions": ["gpu"], "keep_whole_when_idle": False},
+        "gpu_types": {"v100": {"memory_gib": 16}, "p100": {"memory_gib": 16},
+                      "k80": {"memory_gib": 12}}})
+    estimate = JobEstimate(source="history",
+                           memory_mib={"v100": 15500, "p100": 15500, "k80": 15500})
+    decision = decide(request(), config, estimate=estimate)
+    assert decision.action == "share"
+    assert decision.writes["tres_per_node"] == "gres:shard:16"
+    assert set(decision.gpu_types) == {"v100", "p100"}
+    assert "k80" not in decision.writes["features"] and "v100" in decision.writes["features"]
+    assert "excluded k80 (does not fit)" in decision.reason
+
+
 def test_a_type_that_needs_more_memory_does_not_narrow_the_offer_to_itself():
     # openb's reading of gpu_milli: a job that fills a 16 GiB GPU is predicted to fill a
     # 32 GiB one too. One count of GiB cannot mean "all of it" on both, but a 16 GiB share

@@ -153,6 +153,8 @@ def main(argv=None) -> int:
         doc = {**docs[0], "command": "; ".join(d["command"] for d in docs),
                "seeds": sorted((s for d in docs for s in d["seeds"]), key=lambda s: s["seed"])}
         doc["checks"] = checks(doc["seeds"])
+        doc["results_digest_per_seed"] = {s["seed"]: s["results_digest"] for s in doc["seeds"]}
+        doc["load_average"] = [d.get("load_average") for d in docs]
         Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")
         print(json.dumps(doc["checks"], indent=2))
         return 0

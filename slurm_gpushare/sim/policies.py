@@ -35,7 +35,9 @@ Policies:
   a share goes where Slurm would put ``gres/shard``: the first node in weight order of an
   allowed type, not in ``exc_nodes``, with enough free shards. Queue in priority order with
   the decision's nice and Slurm's age factor; ``gpushare-sjf`` is the same with the SJF lever
-  on (``policy.priority = "sjf"``).
+  on (``policy.priority = "sjf"``). Partners are not chosen by gpushare: Slurm's packing picks
+  the GPU within the decision's types and exclusions (no best-first choice, and no matching,
+  which Slurm cannot be asked for).
 """
 
 from __future__ import annotations

@@ -130,12 +130,19 @@ def incompatible_nodes(job_class: int | None, fits: Sequence[GpuType], partition
     # decision of a class would otherwise loop over all of a large cluster's nodes.
     memo = getattr(nodes, "memo", None)
     # The share's size matters only to the per-GPU check (pairwise, where free units are known).
-    memo_key = (job_class, tuple(sorted(types)), tuple(partitions), units if pairwise else None,
-                all_of_them)
+    # Kept: every node the job should not join; both questions (``all_of_them`` or not) are
+    # answered from it.
+    memo_key = (job_class, tuple(sorted(types)), tuple(partitions), units if pairwise else None)
+
+    def answer(blocked_nodes, candidates: int) -> tuple[list[str], int]:
+        if len(blocked_nodes) == candidates and not all_of_them:
+            return [], candidates
+        return list(blocked_nodes), candidates
+
     if memo is not None:
         hit = memo.get(memo_key)
         if hit is not None and hit[0] is knowledge:
-            return list(hit[1]), hit[2]
+            return answer(hit[1], hit[2])
     answers: dict[tuple[int | str, str], bool] = {}
 
     def clashes(resident: int | str, gpu_type: str) -> bool:
@@ -167,12 +174,10 @@ def incompatible_nodes(job_class: int | None, fits: Sequence[GpuType], partition
     wanted = set(partitions)
     candidates = [n for n in nodes if n.gpu_type in types
                   and (not n.partitions or not wanted.isdisjoint(n.partitions))]
-    excluded = sorted(n.name for n in candidates if residents(n) and blocked(n))
-    if len(excluded) == len(candidates) and not all_of_them:
-        excluded = []
+    excluded = tuple(sorted(n.name for n in candidates if residents(n) and blocked(n)))
     if memo is not None:
-        memo[memo_key] = (knowledge, tuple(excluded), len(candidates))
-    return excluded, len(candidates)
+        memo[memo_key] = (knowledge, excluded, len(candidates))
+    return answer(excluded, len(candidates))
 
 
 def idle_types(fits: Sequence[GpuType], partitions: Sequence[str],

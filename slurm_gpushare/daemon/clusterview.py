@@ -572,10 +572,10 @@ class SlurmClusterView:
 def _answer(kind: str, key: tuple, knowledge, view: _Fixed, by_name: Mapping) -> None:
     """Ask ``view`` the question behind one memo or checks key, so that its answer is kept."""
     if kind == "memo":
-        job_class, types, partitions, units, all_of_them = key
+        job_class, types, partitions, units = key
         if knowledge is not None and all(name in by_name for name in types):
             incompatible_nodes(job_class, [by_name[n] for n in types], list(partitions), view,
-                               knowledge, units, all_of_them)
+                               knowledge, units)
     elif key[0] == "feasibility":
         _, partition, features, req_nodes, exc_nodes, reservation, types = key
         if all(name in by_name for name in types):

@@ -228,23 +228,8 @@ def parse_request(message: Any, *, opt_out_token: str = "gpushare=off",
     job = message.get("job")
     if not isinstance(job, dict):
         raise ProtocolError("job must be an object")
-    # _get's checks, inlined: this runs for every submission.
-    strings = {}
-    for name in STRING_FIELDS:
-        value = job.get(name)
-        if value is None:
-            value = ""
-        elif not isinstance(value, str):
-            raise ProtocolError(f"job.{name} must be a string")
-        strings[name] = value
-    numbers = {}
-    for name in NUMBER_FIELDS:
-        value = job.get(name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                  or not math.isfinite(value)
-                                  or not 0 <= value <= MAX_FIELD_NUMBER):
-            _get(job, name, float)  # raises, with the reason
-        numbers[name] = value
+    strings = {name: _get(job, name, str) or "" for name in STRING_FIELDS}
+    numbers = {name: _get(job, name, float) for name in NUMBER_FIELDS}
     if numbers["uid"] is None:
         raise ProtocolError("job.uid is required")
     opt_out, hint = parse_comment(strings["comment"], opt_out_token, mem_hint_token)

@@ -62,6 +62,16 @@ class Tag:
         return f"{TAG_PREFIX}{self.action}:" + ":".join(f"{k}={v}" for k, v in fields)
 
     @staticmethod
+    def with_id(text: str, old_id: str, new_id: str) -> str | None:
+        """``text``, an encoded tag of decision ``old_id``, naming decision ``new_id`` instead
+        (a decision reused for another job), without decoding it: this runs on the hook's
+        request path. None where ``text`` is not a tag that names ``old_id`` exactly once."""
+        field_ = f":id={old_id}:"
+        if not old_id or not text.startswith(TAG_PREFIX) or text.count(field_) != 1:
+            return None
+        return text.replace(field_, f":id={new_id}:", 1)
+
+    @staticmethod
     def action_of(text: str | None) -> str | None:
         """``decode(text).action`` ("share" or "keep"), or None for anything that is not a
         well-formed tag, without building the tag (reports ask it of a million jobs)."""

@@ -18,6 +18,7 @@ from typing import Any, Callable
 from slurm_gpushare import PROTOCOL_VERSION, __version__
 from slurm_gpushare.core.config import Config
 from slurm_gpushare.core.policy import decide
+from slurm_gpushare.core.tag import Tag
 from slurm_gpushare.core.types import Decision, JobRequest
 from slurm_gpushare.daemon.fingerprint import Fingerprinter
 from slurm_gpushare.daemon.learning import Learner
@@ -200,9 +201,9 @@ class DecisionMemo:
 
     def put(self, basis: tuple, request: JobRequest, estimate, decision: Decision,
             problem: str | None) -> None:
-        # Kept only where the id can be swapped safely: it appears once, where the tag has it.
-        comment = decision.writes.get("admin_comment", "")
-        if comment.count(f":id={decision.decision_id}:") != 1 or not decision.decision_id:
+        # Kept only where the id can be swapped: decisions their tag names by their id.
+        if Tag.with_id(decision.writes.get("admin_comment", ""), decision.decision_id,
+                       decision.decision_id) is None:
             return
         with self._lock:
             if not _same(basis, self._basis) or len(self._entries) >= self.SIZE:
@@ -215,11 +216,10 @@ def _same(basis: tuple, other: tuple) -> bool:
 
 
 def with_decision_id(decision: Decision, decision_id: str) -> Decision:
-    """A memoised decision under a new id (its tag carries the id once: DecisionMemo.put)."""
-    writes = dict(decision.writes)
-    writes["admin_comment"] = writes["admin_comment"].replace(
-        f":id={decision.decision_id}:", f":id={decision_id}:", 1)
-    return replace(decision, decision_id=decision_id, writes=writes)
+    """A memoised decision under a new id (DecisionMemo keeps only tagged decisions)."""
+    comment = Tag.with_id(decision.writes["admin_comment"], decision.decision_id, decision_id)
+    return replace(decision, decision_id=decision_id,
+                   writes=dict(decision.writes, admin_comment=comment))
 
 
 @dataclass(frozen=True)

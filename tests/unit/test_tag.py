@@ -61,3 +61,13 @@ def test_unknown_fields_of_a_newer_writer_are_kept():
     tag = Tag.decode("gpushare:v1:share:id=ab:shard=4:types=a100:prio=7:why=history-share")
     assert tag.shard == 4 and tag.extra == {"prio": "7"}
     assert Tag.decode(tag.encode()) == tag
+
+
+def test_a_tag_names_another_decision_without_being_decoded():
+    tag = Tag("share", "history-share", "d1", shard=8, types=("v100", "a100"), job_class=1)
+    renamed = Tag.with_id(tag.encode(), "d1", "d2")
+    assert Tag.decode(renamed) == Tag("share", "history-share", "d2", shard=8,
+                                      types=("v100", "a100"), job_class=1)
+    assert Tag.with_id(tag.encode(), "d9", "d2") is None  # not this decision's tag
+    assert Tag.with_id(tag.encode(), "", "d2") is None
+    assert Tag.with_id("something else :id=d1:", "d1", "d2") is None

@@ -1,7 +1,8 @@
 """Benchmark: the Philly trace (82,247 jobs) under each policy over several seeds; records JSON.
 
     .venv/bin/python bench/sim_philly.py [--seeds 0-4] [--policies a,b,...|all] [--limit N]
-                                         [--jobs N] [--out bench/sim_philly.json]
+                                         [--jobs N] [--policy KEY=VALUE ...]
+                                         [--out bench/sim_philly.json]
     .venv/bin/python bench/sim_philly.py --merge seed0.json seed1.json ... --out all.json
 
 Cluster: ``slurm_gpushare/data/clusters/philly.toml`` (heterogeneous V100/P100/K80); co-run
@@ -23,12 +24,14 @@ by (``checks``):
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import os
 import platform
 import sys
 import time
+import tomllib
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -37,6 +40,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from slurm_gpushare.core.config import PolicyConfig  # noqa: E402
 from slurm_gpushare.core.hostlist import expand_ranges  # noqa: E402
 from slurm_gpushare.sim.cluster import load_cluster  # noqa: E402
 from slurm_gpushare.sim.report import _records, print_tables  # noqa: E402
@@ -97,6 +101,21 @@ def results_digest(record: dict) -> str:
     return hashlib.sha256(json.dumps(same, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def policy_settings(parser, items: list[str]) -> dict:
+    """``--policy KEY=VALUE`` items as the gpushare policies' [policy] settings."""
+    known = {f.name for f in dataclasses.fields(PolicyConfig)} - {"sharing_partitions"}
+    settings = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or key not in known:
+            parser.error(f"--policy {item!r}: use KEY=VALUE with a [policy] setting")
+        try:
+            settings[key] = tomllib.loads(f"value = {value}")["value"]
+        except tomllib.TOMLDecodeError:
+            parser.error(f"--policy {item!r}: the value is not a TOML value")
+    return settings
+
+
 def run_seed(args, seed: int) -> dict:
     """Every policy on one seed's jobs: the per-seed record."""
     data_dir = args.data_dir or default_data_dir()
@@ -108,7 +127,8 @@ def run_seed(args, seed: int) -> dict:
                                          runtime_error=args.runtime_error))
     load_s = time.perf_counter() - started
     outcome = run_policies(cluster, work, policies, data_dir=data_dir, seed=seed,
-                           gpu_time_budget_pct=args.gpu_time_budget)
+                           gpu_time_budget_pct=args.gpu_time_budget,
+                           gpushare_settings=args.settings)
     print_tables(outcome.summary, outcome.relative,
                  title=f"Philly on {cluster.summary()} ({len(work)} jobs, seed {seed})")
     record = {
@@ -138,6 +158,9 @@ def main(argv=None) -> int:
     parser.add_argument("--data-dir", default=None)
     parser.add_argument("--gpu-time-budget", type=float, default=0.0,
                         help="the gpushare policies' gpu_time_budget_pct (0: the default, memory only)")
+    parser.add_argument("--policy", action="append", default=[], metavar="KEY=VALUE",
+                        help="a [policy] setting of the gpushare policies over the defaults "
+                             "(TOML value, e.g. sjf_nice_per_decade=1000); repeatable")
     parser.add_argument("--jobs", type=int, default=1,
                         help="seeds run in parallel processes (wall time is then per process; "
                              "CPU time per policy is still each run's own)")
@@ -148,6 +171,7 @@ def main(argv=None) -> int:
     parser.add_argument("--merge", nargs="+", metavar="JSON",
                         help="combine the seeds of earlier runs (same settings) into --out")
     args = parser.parse_args(argv)
+    args.settings = policy_settings(parser, args.policy)
     if args.merge:
         docs = [json.loads(Path(p).read_text()) for p in args.merge]
         doc = {**docs[0], "command": "; ".join(d["command"] for d in docs),
@@ -179,7 +203,8 @@ def main(argv=None) -> int:
         "what": "Philly trace, several seeds, Gavel measured co-run speeds",
         "command": "python bench/sim_philly.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "cluster": cluster.summary(), "load": args.load, "runtime_error": args.runtime_error,
-        "gpu_time_budget_pct": args.gpu_time_budget, "policies": policies,
+        "gpu_time_budget_pct": args.gpu_time_budget, "gpushare_settings": args.settings,
+        "policies": policies,
         "rounds": args.rounds, "load_average": os.getloadavg(),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                     "platform": platform.platform()},

@@ -208,6 +208,31 @@ class LiveSlurm:
 
 # ---- the checks ------------------------------------------------------------------------------
 
+# The factors of priority/multifactor that add to a job's priority (TRES weights left out).
+PRIORITY_WEIGHTS = ("Age", "Assoc", "Fairshare", "JobSize", "Partition", "QOS")
+
+
+def _int(value: str | None) -> int:
+    try:
+        return int(value or 0)
+    except ValueError:
+        return 0
+
+
+def _duration_s(text: str) -> float | None:
+    """Slurm's time format (``minutes``, ``m:s``, ``h:m:s``, ``d-h[:m[:s]]``) in seconds."""
+    days, dash, rest = text.strip().partition("-")
+    try:
+        if not dash:
+            parts = [int(p) for p in days.split(":")]
+            scale = {1: (60,), 2: (60, 1), 3: (3600, 60, 1)}[len(parts)]
+            return float(sum(p * s for p, s in zip(parts, scale)))
+        parts = [int(p) for p in rest.split(":")]
+        return float(int(days) * 86400 + sum(p * s for p, s in zip(parts, (3600, 60, 1))))
+    except (ValueError, KeyError):
+        return None
+
+
 def _tokens(value: str | None) -> list[str]:
     return [t.strip() for t in (value or "").split(",") if t.strip() and t.strip() != "(null)"]
 
@@ -243,6 +268,8 @@ class Checker:
             self.check_slurm_version()
             self.check_hook_files()
             self.check_nodes()
+        if self.conf and self.config:
+            self.check_priority()
         if self.config:
             self.check_hook_settings()
             self.check_partitions()
@@ -385,6 +412,53 @@ class Checker:
                      "reports and history miss that second telemetry source",
                      f"in {self.slurm_conf_path} set: AccountingStorageTRES="
                      f"{','.join(tres + missing)}", str(self.slurm_conf_path))
+
+    # -- the SJF lever against the site's priority weights
+    def check_priority(self) -> None:
+        """With ``priority = "sjf"``: nice is weighed by priority/multifactor against age and the
+        other factors (docs/admin-guide.md, "Shortest job first")."""
+        policy = self.config.policy
+        if policy.priority != "sjf":
+            return
+        for where, get in self._sources():
+            kind = get("PriorityType") or "priority/basic"
+            if kind != "priority/multifactor":
+                self.add("priority", "warning", f"PriorityType={kind}: the SJF lever's nice is "
+                         "meant to be weighed against age and fair-share (under priority/basic "
+                         "it moves a job by as many submissions)",
+                         self._where_fix(where, "PriorityType=priority/multifactor"), where)
+                continue
+            weights = {name: _int(get(f"PriorityWeight{name}")) for name in PRIORITY_WEIGHTS}
+            top = sum(weights.values())
+            if policy.sjf_nice_max >= top:
+                self.add("priority", "warning", f"a penalty of up to +{policy.sjf_nice_max} "
+                         f"(sjf_nice_max) exceeds any job's priority (the PriorityWeight* add up "
+                         f"to {top}): Slurm raises a priority below 1 to 1, so the jobs "
+                         "predicted longest tie instead of keeping their order",
+                         self._where_fix(where, "PriorityWeightPartition="
+                                         f"{policy.sjf_nice_max + max(1000, top)}   (a base "
+                                         "every job of the partition gets)")
+                         + f", or lower sjf_nice_max in {self.config_path}", where)
+                continue
+            age, max_age = weights["Age"], _duration_s(get("PriorityMaxAge") or "7-0")
+            if not age:
+                self.add("priority", "warning", "PriorityWeightAge=0: no waiting makes up for "
+                         "a penalty, so a job predicted longer waits behind shorter ones for "
+                         "as long as they keep coming", self._where_fix(
+                             where, "PriorityWeightAge=1000"), where)
+                continue
+            # Age grows by PriorityWeightAge over PriorityMaxAge, then stops: the waiting
+            # that makes up for one decade of predicted run time, if any does.
+            if policy.sjf_nice_per_decade <= age and max_age:
+                catch_up = (f"a job predicted ten times longer than another catches up with it "
+                            f"after {policy.sjf_nice_per_decade / age * max_age / 86400:.1f} "
+                            "days of waiting")
+            else:
+                catch_up = (f"age (at most {age}) never makes up one decade of predicted run "
+                            f"time (nice {policy.sjf_nice_per_decade}): shortest first, age "
+                            "orders only jobs of about the same predicted length")
+            self.add("priority", "ok", f"SJF lever under priority/multifactor: {catch_up}",
+                     where=where)
 
     # -- the hook's files beside slurm.conf
     def check_hook_files(self) -> None:

@@ -158,3 +158,58 @@ def test_gpu_usage_accounting_is_asked_for_where_nvml_can_give_it(tmp_path):
 
 def test_versions_older_than_shards_are_an_error(tmp_path):
     assert _version_findings(tmp_path, "21.08.8")[0][0] == "error"
+
+
+# ---- the SJF lever against the site's priority weights ----------------------------------------
+
+def _priority_findings(tmp_path, conf_lines: str, **policy):
+    (tmp_path / "slurm.conf").write_text(conf_lines)
+    checker = Checker(tmp_path / "slurm.conf", None, live=None)
+    checker.conf = SlurmConf.read(tmp_path / "slurm.conf")
+    checker.config = parse_config({"gpu_types": {"v100": {"memory_gib": 16}},
+                                   "policy": {"sharing_partitions": ["gpu"], **policy}})
+    checker.check_priority()
+    return [f for f in checker.findings if f.check == "priority"]
+
+
+def test_priority_is_not_checked_without_the_sjf_lever(tmp_path):
+    assert _priority_findings(tmp_path, "PriorityType=priority/basic\n") == []
+
+
+def test_sjf_lever_wants_multifactor(tmp_path):
+    [finding] = _priority_findings(tmp_path, "ClusterName=x\n", priority="sjf")
+    assert finding.level == "warning" and "PriorityType=priority/basic" in finding.message
+    assert finding.fix.endswith("set: PriorityType=priority/multifactor")
+
+
+def test_sjf_penalties_that_would_clamp_at_one_are_named_with_a_base_to_add(tmp_path):
+    conf = ("PriorityType=priority/multifactor\nPriorityWeightAge=1000\n"
+            "PriorityWeightFairshare=10000\n")
+    [finding] = _priority_findings(tmp_path, conf, priority="sjf", sjf_nice_max=20000)
+    assert finding.level == "warning" and "add up to 11000" in finding.message
+    assert "PriorityWeightPartition=31000" in finding.fix and "sjf_nice_max" in finding.fix
+    # The printed fix, applied, clears it.
+    fixed = _priority_findings(tmp_path, conf + "PriorityWeightPartition=31000\n",
+                               priority="sjf", sjf_nice_max=20000)
+    assert [f.level for f in fixed] == ["ok"]
+
+
+def test_sjf_exchange_rate_against_age_is_stated(tmp_path):
+    base = "PriorityType=priority/multifactor\nPriorityWeightPartition=100000\n"
+    [mild] = _priority_findings(tmp_path, base + "PriorityWeightAge=1000\nPriorityMaxAge=7-0\n",
+                                priority="sjf", sjf_nice_per_decade=500, sjf_nice_max=2000)
+    assert mild.level == "ok" and "catches up with it after 3.5 days" in mild.message
+    [strong] = _priority_findings(tmp_path, base + "PriorityWeightAge=1000\n", priority="sjf",
+                                  sjf_nice_per_decade=5000, sjf_nice_max=20000)
+    assert strong.level == "ok" and "never makes up one decade" in strong.message
+    [none] = _priority_findings(tmp_path, base, priority="sjf", sjf_nice_max=2000)
+    assert none.level == "warning" and "PriorityWeightAge=0" in none.message
+
+
+def test_slurm_durations():
+    from slurm_gpushare.admin.configcheck import _duration_s
+    assert _duration_s("7-0") == 7 * 86400
+    assert _duration_s("7-00:00:00") == 7 * 86400
+    assert _duration_s("1-2:30") == 86400 + 2 * 3600 + 1800
+    assert _duration_s("90") == 5400 and _duration_s("1:30") == 90
+    assert _duration_s("2:00:00") == 7200 and _duration_s("soon") is None

@@ -393,10 +393,11 @@ class GpuShare(Policy):
 
     The queue is ordered as Slurm's priority/multifactor orders it with the decision's nice
     (``priority = "sjf"``; 0 otherwise) and the age factor of a site with
-    ``PriorityWeightAge=1000``, ``PriorityMaxAge=7-0`` (other factors equal for all jobs):
-    priority = 1000 x age / 7 days - nice. Age grows alike for every waiting job, so the order
-    is fixed at submission: by nice + 1000 x submit time / 7 days. (The age cap at 7 days is
-    not modelled.) FCFS with EASY backfill, as Slurm's backfill scheduler. A share is placed
+    ``PriorityWeightAge=1000``, ``PriorityMaxAge=7-0`` (other factors equal for all jobs, and a
+    base above ``sjf_nice_max``, so no priority reaches Slurm's floor of 1):
+    priority = base + 1000 x age / 7 days - nice. Age grows alike for every waiting job, so
+    the order is fixed at submission: by nice + 1000 x submit time / 7 days. (The age cap at 7
+    days is not modelled.) FCFS with EASY backfill, as Slurm's backfill scheduler. A share is placed
     as Slurm places gres/shard (``Policy.place``): the first node in weight order with room,
     then its first GPU with enough free shards.
     """

@@ -13,6 +13,7 @@ import uuid
 import pytest
 
 from devcluster.cluster import _wait_until
+from slurm_gpushare.core.config import PolicyConfig
 from slurm_gpushare.slurm.jobs import gres_placements
 from test_cluster_history import decision_of, profile, unique_script
 
@@ -29,8 +30,10 @@ def test_sjf_lever_sets_nice_from_the_jobs_own_run_time(cluster):
     cluster.slurm("scancel", job["JobId"])
     decision = decision_of(cluster, job)
     nice = int(decision["writes"]["nice"])
-    # A few seconds against the one-hour reference: a boost, bounded by sjf_nice_max.
-    assert -2000 <= nice < -1000, decision
+    # A few seconds against the one-hour reference (over two decades shorter): a boost,
+    # bounded by sjf_nice_max.
+    lever = PolicyConfig()
+    assert -lever.sjf_nice_max <= nice < -2 * lever.sjf_nice_per_decade, decision
     assert int(job["Nice"]) == nice
     assert "shortest job first" in decision["reason"]
     # The user's own --nice is kept and the adjustment added to it.

@@ -345,6 +345,12 @@ class TestCluster:
             "GresTypes=gpu,shard,mps",
             "SchedulerType=sched/backfill",
             "SchedulerParameters=sched_interval=2,bf_interval=2",
+            # As the admin guide asks for the SJF lever: nice weighed against age, and a base
+            # above sjf_nice_max so that no penalty reaches Slurm's floor of 1.
+            "PriorityType=priority/multifactor",
+            "PriorityWeightAge=1000",
+            "PriorityMaxAge=7-0",
+            "PriorityWeightPartition=30000",
             "ReturnToService=2",
             "InactiveLimit=0",
             "KillWait=5",

@@ -58,6 +58,8 @@ def test_the_running_test_cluster_is_clean(live_env, capsys):
     # Both halves ran: the file and the running slurmctld.
     assert ("gres-types", str(live_env.slurm_conf)) in checked
     assert ("gres-types", "slurmctld") in checked
+    # The SJF lever (on in the test cluster) against slurmctld's own priority weights.
+    assert ("priority", "slurmctld") in checked
     assert {f["check"] for f in report["findings"]} >= {
         "select-type", "accounting-tres", "job-submit", "hook-files", "hook-settings",
         "shard-count", "gres-conf", "daemon", "lua-modules", "telemetry"}

@@ -103,7 +103,7 @@ def results_digest(record: dict) -> str:
 
 def policy_settings(parser, items: list[str]) -> dict:
     """``--policy KEY=VALUE`` items as the gpushare policies' [policy] settings."""
-    known = {f.name for f in dataclasses.fields(PolicyConfig)} - {"sharing_partitions"}
+    known = {f.name for f in dataclasses.fields(PolicyConfig)}
     settings = {}
     for item in items:
         key, sep, value = item.partition("=")
@@ -111,6 +111,8 @@ def policy_settings(parser, items: list[str]) -> dict:
             parser.error(f"--policy {item!r}: use KEY=VALUE with a [policy] setting")
         try:
             settings[key] = tomllib.loads(f"value = {value}")["value"]
+            if isinstance(settings[key], list):  # partitions: tuples, as the config has them
+                settings[key] = tuple(settings[key])
         except tomllib.TOMLDecodeError:
             parser.error(f"--policy {item!r}: the value is not a TOML value")
     return settings
@@ -160,7 +162,9 @@ def main(argv=None) -> int:
                         help="the gpushare policies' gpu_time_budget_pct (0: the default, memory only)")
     parser.add_argument("--policy", action="append", default=[], metavar="KEY=VALUE",
                         help="a [policy] setting of the gpushare policies over the defaults "
-                             "(TOML value, e.g. sjf_nice_per_decade=1000); repeatable")
+                             "(TOML value, e.g. sjf_nice_per_decade=1000; sharing_partitions=[] "
+                             "with priority_partitions=[\"gpu\"]: the SJF lever without "
+                             "sharing); repeatable")
     parser.add_argument("--jobs", type=int, default=1,
                         help="seeds run in parallel processes (wall time is then per process; "
                              "CPU time per policy is still each run's own)")

@@ -420,12 +420,14 @@ class GpuShare(Policy):
     def prepare(self, engine):
         super().prepare(engine)
         cluster = engine.cluster
+        # Sharing in the trace's partition unless the settings say otherwise (an empty
+        # sharing_partitions with priority_partitions set: the SJF lever without sharing).
+        settings = {"sharing_partitions": (cluster.partition,), **self.settings}
         self.config = Config(
-            policy=PolicyConfig(sharing_partitions=(cluster.partition,),
-                                gpu_time_budget_pct=self.gpu_time_budget_pct,
+            policy=PolicyConfig(gpu_time_budget_pct=self.gpu_time_budget_pct,
                                 priority=self.priority,
                                 keep_whole_when_idle=self.keep_whole_when_idle,
-                                **self.settings),
+                                **settings),
             gpu_types=tuple(GpuType(t.name, t.memory_gib, feature=t.name, model=t.model or t.name,
                                     sharing="shard", shard_mib=engine.unit_mib)
                             for t in cluster.types))

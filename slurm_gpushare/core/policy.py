@@ -363,11 +363,15 @@ def choose_offer(fits: Sequence[GpuType], needs: Mapping[str, int], estimate: Jo
     to have room, on every type of its set. Returns ``(units, types offered fastest first,
     types left out, whether an offered type has room now: None where the view does not say)``.
     """
-    def runtime(g: GpuType) -> float | None:
+    # Each type's run time (None: unknown) and capacity, read once: every candidate count and
+    # its score read them again (this runs for every eligible submission).
+    run: dict[str, float | None] = {}
+    for g in fits:
         value = estimate.runtime_s.get(g.name)
-        return value if value and value > 0 else None
+        run[g.name] = value if value and value > 0 else None
+    caps = {g.name: capacity(g) for g in fits}
 
-    ordered = sorted(fits, key=lambda g: (runtime(g) is None, runtime(g) or 0.0))
+    ordered = sorted(fits, key=lambda g: (run[g.name] is None, run[g.name] or 0.0))
     offers = []
     # One candidate count per anchor type: its own need, on every type that count covers, holds
     # and does not oversize (``OVERSIZE_TIE``). (The largest need alone would drop every type
@@ -375,8 +379,9 @@ def choose_offer(fits: Sequence[GpuType], needs: Mapping[str, int], estimate: Jo
     # GPU is predicted to fill a 32 GiB one too, and was offered on the 32 GiB type alone.)
     for position, anchor in enumerate(ordered):
         units = max(needs[anchor.name], 1)
-        group = [g for g in ordered if g.sharing == anchor.sharing
-                 and needs[g.name] <= units <= capacity(g)
+        sharing = anchor.sharing
+        group = [g for g in ordered if g.sharing == sharing
+                 and needs[g.name] <= units <= caps[g.name]
                  and units - needs[g.name] <= max(1.0, OVERSIZE_TIE * needs[g.name])]
         if anchor not in group or any(group == other for _, other, _, _ in offers):
             continue
@@ -388,26 +393,29 @@ def choose_offer(fits: Sequence[GpuType], needs: Mapping[str, int], estimate: Jo
                 room = room_types(group, units, partitions, view, away)
         offers.append((units, group, position, room))
 
-    fastest = min((r for r in map(runtime, fits) if r is not None), default=None)
+    known_runs = [r for r in run.values() if r is not None]
+    fastest = min(known_runs) if known_runs else None
+    tie = None if fastest is None else fastest * (1 + RUNTIME_TIE)
 
     def completion(g: GpuType, room: set[str] | None) -> tuple[bool, float]:
         waits = room is not None and g.name not in room
-        own = runtime(g)
+        own = run[g.name]
         if own is None or fastest is None:
             return waits, 0.0
-        return waits, (fastest if own <= fastest * (1 + RUNTIME_TIE) else own)
+        return waits, (fastest if own <= tie else own)
 
     def score(offer) -> tuple:
         units, group, position, room = offer
-        return (min(completion(g, room) for g in group), -len(group), position)
+        return (min([completion(g, room) for g in group]), -len(group), position)
 
     units, group, _, room = offers[0] if len(offers) == 1 else min(offers, key=score)
     # Without a view of free room, or with room on none of them, every type of the request is
     # offered: whichever frees first takes the job.
-    with_room = [g for g in group if room is not None and g.name in room]
-    known = [runtime(g) for g in with_room if runtime(g) is not None]
+    known = ([run[g.name] for g in group if g.name in room and run[g.name] is not None]
+             if room is not None else [])
     limit = min(known) * (1 + RUNTIME_TIE) if known else None
-    offered = [g for g in group if limit is None or runtime(g) is None or runtime(g) <= limit]
+    offered = (list(group) if limit is None else
+               [g for g in group if run[g.name] is None or run[g.name] <= limit])
     left_out = [g for g in ordered if g not in offered]
     has_room = None if room is None else any(g.name in room for g in offered)
     return units, offered, left_out, has_room

@@ -158,8 +158,6 @@ class Engine:
         self.max_pernode = int(self.n_gpus.max())
         self.type_gpus = [np.flatnonzero(self.g_type == t) for t in range(len(cluster.types))]
         self.type_nodes = [np.flatnonzero(self.n_type == t) for t in range(len(cluster.types))]
-        self._type_gpu_span = [(int(g[0]), int(g[-1]) + 1) if len(g) and g[-1] - g[0] + 1 == len(g)
-                               else None for g in self.type_gpus]
         self._type_lists: dict = {}  # types (bytes) -> their indices
         self.n_classes = int(work.job_class.max(initial=0)) + 1
         self._masks: dict = {}
@@ -202,6 +200,12 @@ class Engine:
         self.n_ends = np.sort(self.g_free_at[self.n_matrix], axis=1)
         self._ends_pad = [[math.inf] * (gmax - c) for c in range(gmax + 1)]  # by GPUs per node
         self._ends_stale: set = set()
+        # Per type, a heap of (planned end, GPU) over its GPUs: the GPU that empties soonest (the
+        # first in node order on a tie) without a scan of the type. An entry holds while the
+        # GPU's planned end is still its time; others are dropped when they reach the top.
+        self.g_type_list = self.g_type.tolist()
+        self._g_end = [0.0] * G  # g_free_at as a list (read per heap entry)
+        self._end_heaps = [[(0.0, g) for g in gpus.tolist()] for gpus in self.type_gpus]
         self._type_ready: dict = {}
         self._reserved: tuple = (None, None)
         T = len(cluster.types)
@@ -519,7 +523,14 @@ class Engine:
     def _planned_end(self, g: int, when: float):
         """GPU g empties at ``when``: the soonest starts on its type's nodes are stale."""
         self.g_free_at[g] = when
-        self.type_ready_version[self.g_type[g]] += 1
+        t = self.g_type_list[g]
+        self.type_ready_version[t] += 1
+        self._g_end[g] = when
+        heap = self._end_heaps[t]
+        heapq.heappush(heap, (when, g))
+        if len(heap) > 4 * len(self.type_gpus[t]) + 64:  # mostly stale entries: rebuilt
+            heap[:] = [(self._g_end[x], x) for x in self.type_gpus[t].tolist()]
+            heapq.heapify(heap)
         self._ends_stale.add(self.g_node_list[g])
 
     def start(self, j: int, gpus: list[int]):
@@ -816,14 +827,13 @@ class Engine:
             return hit[1], hit[2]
         if per == 1 and k == 1:
             # The node of the type's GPU that empties soonest (the first such GPU: node order).
-            gpus = self.type_gpus[t]
-            if not len(gpus):
+            heap, ends = self._end_heaps[t], self._g_end
+            if not heap:
                 return math.inf, frozenset()
-            span = self._type_gpu_span[t]  # a view where the type's GPUs are contiguous
-            ends = self.g_free_at[gpus] if span is None else self.g_free_at[span[0]:span[1]]
-            first = int(ends.argmin())
-            g = int(gpus[first])
-            when, chosen = ends[first], frozenset([self.g_node_list[g]])
+            while heap[0][0] != ends[heap[0][1]]:  # a stale entry (every GPU has a current one)
+                heapq.heappop(heap)
+            when, g = heap[0]
+            chosen = frozenset([self.g_node_list[g]])
             self._type_ready[key] = (version, when, chosen)
             return when, chosen
         nodes = self.type_nodes[t]

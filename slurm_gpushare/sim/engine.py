@@ -206,6 +206,11 @@ class Engine:
         self.g_type_list = self.g_type.tolist()
         self._g_end = [0.0] * G  # g_free_at as a list (read per heap entry)
         self._end_heaps = [[(0.0, g) for g in gpus.tolist()] for gpus in self.type_gpus]
+        # The same per (type, GPUs per node) for one-node requests of several GPUs, over
+        # ``n_ends`` (made on first use; an entry holds while the node's row still has it).
+        self._ready_heaps: dict = {}
+        self._ready_of_type: list = [[] for _ in cluster.types]  # per type, its (per, heap)s
+        self._n_ends_rows = self.n_ends.tolist()  # n_ends as lists (read per heap entry)
         self._type_ready: dict = {}
         self._reserved: tuple = (None, None)
         T = len(cluster.types)
@@ -842,11 +847,32 @@ class Engine:
         if self._ends_stale:
             # Row by row in plain Python: few nodes change between looks, and numpy's fancy
             # indexing costs more than it saves on so few.
-            g_free_at, n_ends, pad = self.g_free_at, self.n_ends, self._ends_pad
+            g_end, n_ends, rows, pad = self._g_end, self.n_ends, self._n_ends_rows, self._ends_pad
             for node in self._ends_stale:
                 gpus = self._n_gpu_range[node]
-                n_ends[node] = sorted(g_free_at[gpus.start:gpus.stop].tolist()) + pad[len(gpus)]
+                row = rows[node] = sorted(g_end[gpus.start:gpus.stop]) + pad[len(gpus)]
+                n_ends[node] = row
+                for p, heap in self._ready_of_type[self.n_type_list[node]]:
+                    heapq.heappush(heap, (row[p - 1], node))
             self._ends_stale.clear()
+        if k == 1:
+            # The node where ``per`` GPUs empty soonest (the first in node order on a tie).
+            heap = self._ready_heaps.get((t, per))
+            rows = self._n_ends_rows
+            if heap is None or len(heap) > 4 * len(nodes) + 64:  # new, or mostly stale
+                if heap is None:
+                    heap = self._ready_heaps[(t, per)] = []
+                    self._ready_of_type[t].append((per, heap))
+                heap[:] = [(rows[node][per - 1], node) for node in nodes.tolist()]
+                heapq.heapify(heap)
+            if not heap:
+                return math.inf, frozenset()
+            while heap[0][0] != rows[heap[0][1]][per - 1]:  # a stale entry
+                heapq.heappop(heap)
+            when, node = heap[0]
+            chosen = frozenset([node])
+            self._type_ready[key] = (version, when, chosen)
+            return when, chosen
         ready = self.n_ends[nodes, per - 1]
         order = np.argsort(ready, kind="stable")[:k]
         when = ready[order[-1]] if len(order) == k else math.inf

@@ -144,6 +144,7 @@ def incompatible_nodes(job_class: int | None, fits: Sequence[GpuType], partition
         if hit is not None and hit[0] is knowledge:
             return answer(hit[1], hit[2])
     answers: dict[tuple[int | str, str], bool] = {}
+    per_gpu_verdicts: dict[tuple, bool] = {}
 
     def clashes(resident: int | str, gpu_type: str) -> bool:
         key = (resident, gpu_type)
@@ -167,7 +168,13 @@ def incompatible_nodes(job_class: int | None, fits: Sequence[GpuType], partition
                 return bool(joined) and not knowledge.compatible_with_group(joined, node.gpu_type)
             return any(clashes(r, node.gpu_type) for r in joined)
         if node.gpu_classes and not pairwise:
-            return all(any(clashes(r, node.gpu_type) for r in gpu) for gpu in node.gpu_classes)
+            # Nodes of one type with the same classes per GPU share the answer.
+            key = (node.gpu_type, node.gpu_classes)
+            verdict = per_gpu_verdicts.get(key)
+            if verdict is None:
+                verdict = per_gpu_verdicts[key] = all(
+                    any(clashes(r, node.gpu_type) for r in gpu) for gpu in node.gpu_classes)
+            return verdict
         bad = sum(clashes(r, node.gpu_type) for r in residents(node))
         return bad > 0 and bad >= max(node.gpus, 1)
 

@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Mapping, Protocol, Sequence
 
 from slurm_gpushare.core import feasibility
@@ -292,10 +292,15 @@ def decide(request: JobRequest, config: Config, *, estimate: JobEstimate | None 
     if not nice:
         return decision
     runtime = min(s for s in estimate.runtime_s.values() if s and s > 0)
-    return replace(decision, writes={**decision.writes, "nice": str(nice)},
-                   reason=f"{decision.reason}; nice {nice:+d} (predicted run time "
-                          f"{_duration(runtime)}, shortest job first)",
-                   details={**decision.details, "nice": nice})
+    # Every field of the decision, made directly rather than by dataclasses.replace (which
+    # looks the fields up each time): this runs for every submission with the SJF lever on.
+    return Decision(action=decision.action, code=decision.code,
+                    reason=f"{decision.reason}; nice {nice:+d} (predicted run time "
+                           f"{_duration(runtime)}, shortest job first)",
+                    decision_id=decision.decision_id,
+                    writes={**decision.writes, "nice": str(nice)},
+                    share_gib=decision.share_gib, gpu_types=decision.gpu_types,
+                    details={**decision.details, "nice": nice})
 
 
 def sjf_nice(request: JobRequest, config: Config, estimate: JobEstimate | None) -> int | None:
@@ -380,6 +385,7 @@ def choose_offer(fits: Sequence[GpuType], needs: Mapping[str, int], estimate: Jo
 
     ordered = sorted(fits, key=lambda g: (run[g.name] is None, run[g.name] or 0.0))
     offers = []
+    seen: list[list[str]] = []  # the offers' types by name
     # One candidate count per anchor type: its own need, on every type that count covers, holds
     # and does not oversize (``OVERSIZE_TIE``). (The largest need alone would drop every type
     # too small for it, even where a smaller count suits most types: a job that fills a 16 GiB
@@ -390,8 +396,11 @@ def choose_offer(fits: Sequence[GpuType], needs: Mapping[str, int], estimate: Jo
         group = [g for g in ordered if g.sharing == sharing
                  and needs[g.name] <= units <= caps[g.name]
                  and units - needs[g.name] <= max(1.0, OVERSIZE_TIE * needs[g.name])]
-        if anchor not in group or any(group == other for _, other, _, _ in offers):
+        # (Types compared by name: a type's fields need not be compared, names are unique.)
+        names = [g.name for g in group]
+        if anchor.name not in names or names in seen:
             continue
+        seen.append(names)
         room = None if view is None else room_types(group, units, partitions, view)
         if room is not None:  # the view knows free units: a node to keep away from is no room
             away, _ = incompatible_nodes(estimate.job_class, group, partitions, view, knowledge,
@@ -423,7 +432,8 @@ def choose_offer(fits: Sequence[GpuType], needs: Mapping[str, int], estimate: Jo
     limit = min(known) * (1 + RUNTIME_TIE) if known else None
     offered = (list(group) if limit is None else
                [g for g in group if run[g.name] is None or run[g.name] <= limit])
-    left_out = [g for g in ordered if g not in offered]
+    offered_names = {g.name for g in offered}
+    left_out = [g for g in ordered if g.name not in offered_names]
     has_room = None if room is None else any(g.name in room for g in offered)
     return units, offered, left_out, has_room
 

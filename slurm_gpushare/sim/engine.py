@@ -131,8 +131,7 @@ class Engine:
         self._cap_mib = (self.g_cap * self.unit_mib).tolist()
         self.g_njobs = np.zeros(G, np.int64)
         self.g_whole = np.zeros(G, bool)
-        self.g_free_at = np.zeros(G + 1)  # planned time the GPU empties; [G] = padding (inf)
-        self.g_free_at[G] = math.inf
+        self.g_free_at = [0.0] * G  # planned time the GPU empties (0: empty)
         self.g_jobs: list[list[int]] = [[] for _ in range(G)]
         self.g_profile = [SPEED_PROFILES.index(cluster.types[t].speed_profile) for t in self.g_type]
         self.g_last = [0.0] * G
@@ -151,13 +150,10 @@ class Engine:
         self.n_free = self.n_gpus.copy()  # empty GPUs per node
         self.n_free_list = self.n_free.tolist()  # the same, read per node
         gmax = int(self.n_gpus.max())
-        self.n_matrix = np.full((N, gmax), G)  # GPU ids per node, padded with G
-        for i in range(N):
-            self.n_matrix[i, : self.n_gpus[i]] = np.arange(self.n_first[i], self.n_first[i] + self.n_gpus[i])
         self.free_whole = G
         self.max_pernode = int(self.n_gpus.max())
-        self.type_gpus = [np.flatnonzero(self.g_type == t) for t in range(len(cluster.types))]
-        self.type_nodes = [np.flatnonzero(self.n_type == t) for t in range(len(cluster.types))]
+        self.type_gpus = [np.flatnonzero(self.g_type == t).tolist()
+                          for t in range(len(cluster.types))]
         self._type_lists: dict = {}  # types (bytes) -> their indices
         self.n_classes = int(work.job_class.max(initial=0)) + 1
         self._masks: dict = {}
@@ -197,20 +193,18 @@ class Engine:
         self.type_ready_version = [0] * len(cluster.types)
         # Each node's GPUs' planned ends, soonest first (rows re-sorted only for nodes whose
         # planned ends changed since the last look: ``_ends_stale``).
-        self.n_ends = np.sort(self.g_free_at[self.n_matrix], axis=1)
         self._ends_pad = [[math.inf] * (gmax - c) for c in range(gmax + 1)]  # by GPUs per node
+        self.n_ends = [[0.0] * c + self._ends_pad[c] for c in self.n_gpus.tolist()]
         self._ends_stale: set = set()
         # Per type, a heap of (planned end, GPU) over its GPUs: the GPU that empties soonest (the
         # first in node order on a tie) without a scan of the type. An entry holds while the
         # GPU's planned end is still its time; others are dropped when they reach the top.
         self.g_type_list = self.g_type.tolist()
-        self._g_end = [0.0] * G  # g_free_at as a list (read per heap entry)
-        self._end_heaps = [[(0.0, g) for g in gpus.tolist()] for gpus in self.type_gpus]
+        self._end_heaps = [[(0.0, g) for g in gpus] for gpus in self.type_gpus]
         # The same per (type, GPUs per node) for one-node requests of several GPUs, over
         # ``n_ends`` (made on first use; an entry holds while the node's row still has it).
         self._ready_heaps: dict = {}
         self._ready_of_type: list = [[] for _ in cluster.types]  # per type, its (per, heap)s
-        self._n_ends_rows = self.n_ends.tolist()  # n_ends as lists (read per heap entry)
         self._type_ready: dict = {}
         self._reserved: tuple = (None, None)
         T = len(cluster.types)
@@ -530,11 +524,10 @@ class Engine:
         self.g_free_at[g] = when
         t = self.g_type_list[g]
         self.type_ready_version[t] += 1
-        self._g_end[g] = when
         heap = self._end_heaps[t]
         heapq.heappush(heap, (when, g))
         if len(heap) > 4 * len(self.type_gpus[t]) + 64:  # mostly stale entries: rebuilt
-            heap[:] = [(self._g_end[x], x) for x in self.type_gpus[t].tolist()]
+            heap[:] = [(self.g_free_at[x], x) for x in self.type_gpus[t]]
             heapq.heapify(heap)
         self._ends_stale.add(self.g_node_list[g])
 
@@ -832,7 +825,7 @@ class Engine:
             return hit[1], hit[2]
         if per == 1 and k == 1:
             # The node of the type's GPU that empties soonest (the first such GPU: node order).
-            heap, ends = self._end_heaps[t], self._g_end
+            heap, ends = self._end_heaps[t], self.g_free_at
             if not heap:
                 return math.inf, frozenset()
             while heap[0][0] != ends[heap[0][1]]:  # a stale entry (every GPU has a current one)
@@ -841,29 +834,27 @@ class Engine:
             chosen = frozenset([self.g_node_list[g]])
             self._type_ready[key] = (version, when, chosen)
             return when, chosen
-        nodes = self.type_nodes[t]
+        nodes = self.type_nodes_list[t]
+        rows = self.n_ends
         # When each node has ``per`` GPUs empty: its GPUs' planned ends, soonest first (empty
         # GPUs read 0, padding inf), the per-th.
         if self._ends_stale:
-            # Row by row in plain Python: few nodes change between looks, and numpy's fancy
-            # indexing costs more than it saves on so few.
-            g_end, n_ends, rows, pad = self._g_end, self.n_ends, self._n_ends_rows, self._ends_pad
+            # Row by row in plain Python: few nodes change between looks.
+            g_free_at, pad = self.g_free_at, self._ends_pad
             for node in self._ends_stale:
                 gpus = self._n_gpu_range[node]
-                row = rows[node] = sorted(g_end[gpus.start:gpus.stop]) + pad[len(gpus)]
-                n_ends[node] = row
+                row = rows[node] = sorted(g_free_at[gpus.start:gpus.stop]) + pad[len(gpus)]
                 for p, heap in self._ready_of_type[self.n_type_list[node]]:
                     heapq.heappush(heap, (row[p - 1], node))
             self._ends_stale.clear()
         if k == 1:
             # The node where ``per`` GPUs empty soonest (the first in node order on a tie).
             heap = self._ready_heaps.get((t, per))
-            rows = self._n_ends_rows
             if heap is None or len(heap) > 4 * len(nodes) + 64:  # new, or mostly stale
                 if heap is None:
                     heap = self._ready_heaps[(t, per)] = []
                     self._ready_of_type[t].append((per, heap))
-                heap[:] = [(rows[node][per - 1], node) for node in nodes.tolist()]
+                heap[:] = [(rows[node][per - 1], node) for node in nodes]
                 heapq.heapify(heap)
             if not heap:
                 return math.inf, frozenset()
@@ -873,10 +864,10 @@ class Engine:
             chosen = frozenset([node])
             self._type_ready[key] = (version, when, chosen)
             return when, chosen
-        ready = self.n_ends[nodes, per - 1]
-        order = np.argsort(ready, kind="stable")[:k]
+        ready = [rows[node][per - 1] for node in nodes]
+        order = sorted(range(len(nodes)), key=ready.__getitem__)[:k]  # stable: node order on ties
         when = ready[order[-1]] if len(order) == k else math.inf
-        chosen = frozenset(nodes[order].tolist())
+        chosen = frozenset(nodes[i] for i in order)
         self._type_ready[key] = (version, when, chosen)
         return when, chosen
 

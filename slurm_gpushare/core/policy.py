@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Mapping, Protocol, Sequence
@@ -214,9 +215,17 @@ def _keep(code: str, reason: str, decision_id: str = "", **details) -> Decision:
 
 def gpu_request(request: JobRequest) -> tuple[str, tresmod.TresToken] | None | str:
     """Where the job asks for GPUs: ``(field, token)``, ``None`` for no GPU, or a keep code."""
+    return _gpu_request(request.tres_per_node, request.tres_per_job, request.tres_per_socket,
+                        request.tres_per_task)
+
+
+_TRES_FIELDS = ("tres_per_node", "tres_per_job", "tres_per_socket", "tres_per_task")
+
+
+@functools.lru_cache(maxsize=4096)  # every decision reads one of a few requests again
+def _gpu_request(*values: str | None) -> tuple[str, tresmod.TresToken] | None | str:
     found = []
-    for name in ("tres_per_node", "tres_per_job", "tres_per_socket", "tres_per_task"):
-        value = getattr(request, name)
+    for name, value in zip(_TRES_FIELDS, values):
         if not value:  # most are empty: nothing to parse
             continue
         try:

@@ -201,10 +201,6 @@ class Engine:
         # GPU's planned end is still its time; others are dropped when they reach the top.
         self.g_type_list = self.g_type.tolist()
         self._end_heaps = [[(0.0, g) for g in gpus] for gpus in self.type_gpus]
-        # The same per (type, GPUs per node) for one-node requests of several GPUs, over
-        # ``n_ends`` (made on first use; an entry holds while the node's row still has it).
-        self._ready_heaps: dict = {}
-        self._ready_of_type: list = [[] for _ in cluster.types]  # per type, its (per, heap)s
         self._type_ready: dict = {}
         self._reserved: tuple = (None, None)
         T = len(cluster.types)
@@ -843,28 +839,16 @@ class Engine:
             g_free_at, pad = self.g_free_at, self._ends_pad
             for node in self._ends_stale:
                 gpus = self._n_gpu_range[node]
-                row = rows[node] = sorted(g_free_at[gpus.start:gpus.stop]) + pad[len(gpus)]
-                for p, heap in self._ready_of_type[self.n_type_list[node]]:
-                    heapq.heappush(heap, (row[p - 1], node))
+                rows[node] = sorted(g_free_at[gpus.start:gpus.stop]) + pad[len(gpus)]
             self._ends_stale.clear()
-        if k == 1:
-            # The node where ``per`` GPUs empty soonest (the first in node order on a tie).
-            heap = self._ready_heaps.get((t, per))
-            if heap is None or len(heap) > 4 * len(nodes) + 64:  # new, or mostly stale
-                if heap is None:
-                    heap = self._ready_heaps[(t, per)] = []
-                    self._ready_of_type[t].append((per, heap))
-                heap[:] = [(rows[node][per - 1], node) for node in nodes]
-                heapq.heapify(heap)
-            if not heap:
+        ready = [rows[node][per - 1] for node in nodes]
+        if k == 1:  # the first node in node order on a tie
+            if not ready:
                 return math.inf, frozenset()
-            while heap[0][0] != rows[heap[0][1]][per - 1]:  # a stale entry
-                heapq.heappop(heap)
-            when, node = heap[0]
-            chosen = frozenset([node])
+            when = min(ready)
+            chosen = frozenset([nodes[ready.index(when)]])
             self._type_ready[key] = (version, when, chosen)
             return when, chosen
-        ready = [rows[node][per - 1] for node in nodes]
         order = sorted(range(len(nodes)), key=ready.__getitem__)[:k]  # stable: node order on ties
         when = ready[order[-1]] if len(order) == k else math.inf
         chosen = frozenset(nodes[i] for i in order)

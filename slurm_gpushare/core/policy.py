@@ -169,6 +169,8 @@ def incompatible_nodes(job_class: int | None, fits: Sequence[GpuType], partition
                 return bool(joined) and not knowledge.compatible_with_group(joined, node.gpu_type)
             return any(clashes(r, node.gpu_type) for r in joined)
         if node.gpu_classes and not pairwise:
+            if () in node.gpu_classes:  # a GPU without shares: the job can land there
+                return False
             # Nodes of one type with the same classes per GPU share the answer.
             key = (node.gpu_type, node.gpu_classes)
             verdict = per_gpu_verdicts.get(key)

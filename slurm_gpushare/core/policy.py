@@ -7,8 +7,9 @@
 
 from __future__ import annotations
 
+import functools
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Mapping, Protocol, Sequence
 
 from slurm_gpushare.core import feasibility
@@ -144,6 +145,7 @@ def incompatible_nodes(job_class: int | None, fits: Sequence[GpuType], partition
         if hit is not None and hit[0] is knowledge:
             return answer(hit[1], hit[2])
     answers: dict[tuple[int | str, str], bool] = {}
+    per_gpu_verdicts: dict[tuple, bool] = {}
 
     def clashes(resident: int | str, gpu_type: str) -> bool:
         key = (resident, gpu_type)
@@ -167,7 +169,15 @@ def incompatible_nodes(job_class: int | None, fits: Sequence[GpuType], partition
                 return bool(joined) and not knowledge.compatible_with_group(joined, node.gpu_type)
             return any(clashes(r, node.gpu_type) for r in joined)
         if node.gpu_classes and not pairwise:
-            return all(any(clashes(r, node.gpu_type) for r in gpu) for gpu in node.gpu_classes)
+            if () in node.gpu_classes:  # a GPU without shares: the job can land there
+                return False
+            # Nodes of one type with the same classes per GPU share the answer.
+            key = (node.gpu_type, node.gpu_classes)
+            verdict = per_gpu_verdicts.get(key)
+            if verdict is None:
+                verdict = per_gpu_verdicts[key] = all(
+                    any(clashes(r, node.gpu_type) for r in gpu) for gpu in node.gpu_classes)
+            return verdict
         bad = sum(clashes(r, node.gpu_type) for r in residents(node))
         return bad > 0 and bad >= max(node.gpus, 1)
 
@@ -207,9 +217,17 @@ def _keep(code: str, reason: str, decision_id: str = "", **details) -> Decision:
 
 def gpu_request(request: JobRequest) -> tuple[str, tresmod.TresToken] | None | str:
     """Where the job asks for GPUs: ``(field, token)``, ``None`` for no GPU, or a keep code."""
+    return _gpu_request(request.tres_per_node, request.tres_per_job, request.tres_per_socket,
+                        request.tres_per_task)
+
+
+_TRES_FIELDS = ("tres_per_node", "tres_per_job", "tres_per_socket", "tres_per_task")
+
+
+@functools.lru_cache(maxsize=4096)  # every decision reads one of a few requests again
+def _gpu_request(*values: str | None) -> tuple[str, tresmod.TresToken] | None | str:
     found = []
-    for name in ("tres_per_node", "tres_per_job", "tres_per_socket", "tres_per_task"):
-        value = getattr(request, name)
+    for name, value in zip(_TRES_FIELDS, values):
         if not value:  # most are empty: nothing to parse
             continue
         try:
@@ -285,10 +303,15 @@ def decide(request: JobRequest, config: Config, *, estimate: JobEstimate | None 
     if not nice:
         return decision
     runtime = min(s for s in estimate.runtime_s.values() if s and s > 0)
-    return replace(decision, writes={**decision.writes, "nice": str(nice)},
-                   reason=f"{decision.reason}; nice {nice:+d} (predicted run time "
-                          f"{_duration(runtime)}, shortest job first)",
-                   details={**decision.details, "nice": nice})
+    # Every field of the decision, made directly rather than by dataclasses.replace (which
+    # looks the fields up each time): this runs for every submission with the SJF lever on.
+    return Decision(action=decision.action, code=decision.code,
+                    reason=f"{decision.reason}; nice {nice:+d} (predicted run time "
+                           f"{_duration(runtime)}, shortest job first)",
+                    decision_id=decision.decision_id,
+                    writes={**decision.writes, "nice": str(nice)},
+                    share_gib=decision.share_gib, gpu_types=decision.gpu_types,
+                    details={**decision.details, "nice": nice})
 
 
 def sjf_nice(request: JobRequest, config: Config, estimate: JobEstimate | None) -> int | None:
@@ -363,23 +386,32 @@ def choose_offer(fits: Sequence[GpuType], needs: Mapping[str, int], estimate: Jo
     to have room, on every type of its set. Returns ``(units, types offered fastest first,
     types left out, whether an offered type has room now: None where the view does not say)``.
     """
-    def runtime(g: GpuType) -> float | None:
+    # Each type's run time (None: unknown) and capacity, read once: every candidate count and
+    # its score read them again (this runs for every eligible submission).
+    run: dict[str, float | None] = {}
+    for g in fits:
         value = estimate.runtime_s.get(g.name)
-        return value if value and value > 0 else None
+        run[g.name] = value if value and value > 0 else None
+    caps = {g.name: capacity(g) for g in fits}
 
-    ordered = sorted(fits, key=lambda g: (runtime(g) is None, runtime(g) or 0.0))
+    ordered = sorted(fits, key=lambda g: (run[g.name] is None, run[g.name] or 0.0))
     offers = []
+    seen: list[list[str]] = []  # the offers' types by name
     # One candidate count per anchor type: its own need, on every type that count covers, holds
     # and does not oversize (``OVERSIZE_TIE``). (The largest need alone would drop every type
     # too small for it, even where a smaller count suits most types: a job that fills a 16 GiB
     # GPU is predicted to fill a 32 GiB one too, and was offered on the 32 GiB type alone.)
     for position, anchor in enumerate(ordered):
         units = max(needs[anchor.name], 1)
-        group = [g for g in ordered if g.sharing == anchor.sharing
-                 and needs[g.name] <= units <= capacity(g)
+        sharing = anchor.sharing
+        group = [g for g in ordered if g.sharing == sharing
+                 and needs[g.name] <= units <= caps[g.name]
                  and units - needs[g.name] <= max(1.0, OVERSIZE_TIE * needs[g.name])]
-        if anchor not in group or any(group == other for _, other, _, _ in offers):
+        # (Types compared by name: a type's fields need not be compared, names are unique.)
+        names = [g.name for g in group]
+        if anchor.name not in names or names in seen:
             continue
+        seen.append(names)
         room = None if view is None else room_types(group, units, partitions, view)
         if room is not None:  # the view knows free units: a node to keep away from is no room
             away, _ = incompatible_nodes(estimate.job_class, group, partitions, view, knowledge,
@@ -388,27 +420,31 @@ def choose_offer(fits: Sequence[GpuType], needs: Mapping[str, int], estimate: Jo
                 room = room_types(group, units, partitions, view, away)
         offers.append((units, group, position, room))
 
-    fastest = min((r for r in map(runtime, fits) if r is not None), default=None)
+    known_runs = [r for r in run.values() if r is not None]
+    fastest = min(known_runs) if known_runs else None
+    tie = None if fastest is None else fastest * (1 + RUNTIME_TIE)
 
     def completion(g: GpuType, room: set[str] | None) -> tuple[bool, float]:
         waits = room is not None and g.name not in room
-        own = runtime(g)
+        own = run[g.name]
         if own is None or fastest is None:
             return waits, 0.0
-        return waits, (fastest if own <= fastest * (1 + RUNTIME_TIE) else own)
+        return waits, (fastest if own <= tie else own)
 
     def score(offer) -> tuple:
         units, group, position, room = offer
-        return (min(completion(g, room) for g in group), -len(group), position)
+        return (min([completion(g, room) for g in group]), -len(group), position)
 
     units, group, _, room = offers[0] if len(offers) == 1 else min(offers, key=score)
     # Without a view of free room, or with room on none of them, every type of the request is
     # offered: whichever frees first takes the job.
-    with_room = [g for g in group if room is not None and g.name in room]
-    known = [runtime(g) for g in with_room if runtime(g) is not None]
+    known = ([run[g.name] for g in group if g.name in room and run[g.name] is not None]
+             if room is not None else [])
     limit = min(known) * (1 + RUNTIME_TIE) if known else None
-    offered = [g for g in group if limit is None or runtime(g) is None or runtime(g) <= limit]
-    left_out = [g for g in ordered if g not in offered]
+    offered = (list(group) if limit is None else
+               [g for g in group if run[g.name] is None or run[g.name] <= limit])
+    offered_names = {g.name for g in offered}
+    left_out = [g for g in ordered if g.name not in offered_names]
     has_room = None if room is None else any(g.name in room for g in offered)
     return units, offered, left_out, has_room
 

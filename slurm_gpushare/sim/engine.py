@@ -131,8 +131,7 @@ class Engine:
         self._cap_mib = (self.g_cap * self.unit_mib).tolist()
         self.g_njobs = np.zeros(G, np.int64)
         self.g_whole = np.zeros(G, bool)
-        self.g_free_at = np.zeros(G + 1)  # planned time the GPU empties; [G] = padding (inf)
-        self.g_free_at[G] = math.inf
+        self.g_free_at = [0.0] * G  # planned time the GPU empties (0: empty)
         self.g_jobs: list[list[int]] = [[] for _ in range(G)]
         self.g_profile = [SPEED_PROFILES.index(cluster.types[t].speed_profile) for t in self.g_type]
         self.g_last = [0.0] * G
@@ -151,22 +150,17 @@ class Engine:
         self.n_free = self.n_gpus.copy()  # empty GPUs per node
         self.n_free_list = self.n_free.tolist()  # the same, read per node
         gmax = int(self.n_gpus.max())
-        self.n_matrix = np.full((N, gmax), G)  # GPU ids per node, padded with G
-        for i in range(N):
-            self.n_matrix[i, : self.n_gpus[i]] = np.arange(self.n_first[i], self.n_first[i] + self.n_gpus[i])
         self.free_whole = G
         self.max_pernode = int(self.n_gpus.max())
-        self.type_gpus = [np.flatnonzero(self.g_type == t) for t in range(len(cluster.types))]
-        self.type_nodes = [np.flatnonzero(self.n_type == t) for t in range(len(cluster.types))]
-        self._type_gpu_span = [(int(g[0]), int(g[-1]) + 1) if len(g) and g[-1] - g[0] + 1 == len(g)
-                               else None for g in self.type_gpus]
+        self.type_gpus = [np.flatnonzero(self.g_type == t).tolist()
+                          for t in range(len(cluster.types))]
         self._type_lists: dict = {}  # types (bytes) -> their indices
         self.n_classes = int(work.job_class.max(initial=0)) + 1
         self._masks: dict = {}
         # Kept current by every start and end (only the nodes touched are recomputed):
         # n_room, the most free GiB on one shareable GPU of each node; type_room, the same per
-        # type, and type_room_node a node that has it; n_version, bumped for each node whose
-        # allocations change (for views of nodes).
+        # type, and type_room_node a node that has it; n_changed, each node whose allocations
+        # change, appended (a view of the nodes reads what is new since its last look).
         self.n_room = np.maximum.reduceat(self.g_cap, self.n_first)
         self._n_room = self.n_room.tolist()  # the same as a list (read per node)
         # Free GiB on each GPU a share may join (0 when held whole or at the job cap): what
@@ -174,7 +168,7 @@ class Engine:
         self.g_free = self.g_cap.tolist()
         self._n_gpu_range = [range(int(f), int(f) + int(c)) for f, c in zip(self.n_first, self.n_gpus)]
         self._node_range = range(N)
-        self.n_version = np.zeros(N, np.int64)
+        self.n_changed: list[int] = []
         # Class-aware policies: the same room per class, on GPUs the policy lets it join
         # (``class_node_room[c][node]``, ``class_type_room[c][t]``; set up after prepare).
         self.class_node_room = [[0] * N for _ in range(self.n_classes)]
@@ -199,9 +193,14 @@ class Engine:
         self.type_ready_version = [0] * len(cluster.types)
         # Each node's GPUs' planned ends, soonest first (rows re-sorted only for nodes whose
         # planned ends changed since the last look: ``_ends_stale``).
-        self.n_ends = np.sort(self.g_free_at[self.n_matrix], axis=1)
         self._ends_pad = [[math.inf] * (gmax - c) for c in range(gmax + 1)]  # by GPUs per node
+        self.n_ends = [[0.0] * c + self._ends_pad[c] for c in self.n_gpus.tolist()]
         self._ends_stale: set = set()
+        # Per type, a heap of (planned end, GPU) over its GPUs: the GPU that empties soonest (the
+        # first in node order on a tie) without a scan of the type. An entry holds while the
+        # GPU's planned end is still its time; others are dropped when they reach the top.
+        self.g_type_list = self.g_type.tolist()
+        self._end_heaps = [[(0.0, g) for g in gpus] for gpus in self.type_gpus]
         self._type_ready: dict = {}
         self._reserved: tuple = (None, None)
         T = len(cluster.types)
@@ -340,7 +339,7 @@ class Engine:
                     elif old == type_room[t]:  # it may have held the type's most room
                         type_room[t] = max(map(node_room.__getitem__, self.type_nodes_list[t]))
             if bump:
-                self.n_version[node] += 1
+                self.n_changed.append(node)
 
     def _type_room(self, t: int):
         """The most room on a node of type t, and the first node that has it (from scratch)."""
@@ -519,7 +518,13 @@ class Engine:
     def _planned_end(self, g: int, when: float):
         """GPU g empties at ``when``: the soonest starts on its type's nodes are stale."""
         self.g_free_at[g] = when
-        self.type_ready_version[self.g_type[g]] += 1
+        t = self.g_type_list[g]
+        self.type_ready_version[t] += 1
+        heap = self._end_heaps[t]
+        heapq.heappush(heap, (when, g))
+        if len(heap) > 4 * len(self.type_gpus[t]) + 64:  # mostly stale entries: rebuilt
+            heap[:] = [(self.g_free_at[x], x) for x in self.type_gpus[t]]
+            heapq.heapify(heap)
         self._ends_stale.add(self.g_node_list[g])
 
     def start(self, j: int, gpus: list[int]):
@@ -816,31 +821,37 @@ class Engine:
             return hit[1], hit[2]
         if per == 1 and k == 1:
             # The node of the type's GPU that empties soonest (the first such GPU: node order).
-            gpus = self.type_gpus[t]
-            if not len(gpus):
+            heap, ends = self._end_heaps[t], self.g_free_at
+            if not heap:
                 return math.inf, frozenset()
-            span = self._type_gpu_span[t]  # a view where the type's GPUs are contiguous
-            ends = self.g_free_at[gpus] if span is None else self.g_free_at[span[0]:span[1]]
-            first = int(ends.argmin())
-            g = int(gpus[first])
-            when, chosen = ends[first], frozenset([self.g_node_list[g]])
+            while heap[0][0] != ends[heap[0][1]]:  # a stale entry (every GPU has a current one)
+                heapq.heappop(heap)
+            when, g = heap[0]
+            chosen = frozenset([self.g_node_list[g]])
             self._type_ready[key] = (version, when, chosen)
             return when, chosen
-        nodes = self.type_nodes[t]
+        nodes = self.type_nodes_list[t]
+        rows = self.n_ends
         # When each node has ``per`` GPUs empty: its GPUs' planned ends, soonest first (empty
         # GPUs read 0, padding inf), the per-th.
         if self._ends_stale:
-            # Row by row in plain Python: few nodes change between looks, and numpy's fancy
-            # indexing costs more than it saves on so few.
-            g_free_at, n_ends, pad = self.g_free_at, self.n_ends, self._ends_pad
+            # Row by row in plain Python: few nodes change between looks.
+            g_free_at, pad = self.g_free_at, self._ends_pad
             for node in self._ends_stale:
                 gpus = self._n_gpu_range[node]
-                n_ends[node] = sorted(g_free_at[gpus.start:gpus.stop].tolist()) + pad[len(gpus)]
+                rows[node] = sorted(g_free_at[gpus.start:gpus.stop]) + pad[len(gpus)]
             self._ends_stale.clear()
-        ready = self.n_ends[nodes, per - 1]
-        order = np.argsort(ready, kind="stable")[:k]
+        ready = [rows[node][per - 1] for node in nodes]
+        if k == 1:  # the first node in node order on a tie
+            if not ready:
+                return math.inf, frozenset()
+            when = min(ready)
+            chosen = frozenset([nodes[ready.index(when)]])
+            self._type_ready[key] = (version, when, chosen)
+            return when, chosen
+        order = sorted(range(len(nodes)), key=ready.__getitem__)[:k]  # stable: node order on ties
         when = ready[order[-1]] if len(order) == k else math.inf
-        chosen = frozenset(nodes[order].tolist())
+        chosen = frozenset(nodes[i] for i in order)
         self._type_ready[key] = (version, when, chosen)
         return when, chosen
 

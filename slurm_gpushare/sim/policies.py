@@ -304,7 +304,7 @@ class SimView:
                        for n in engine.cluster.nodes]
         self._masks = [0] * len(self._views)  # classes resident on each node (bits)
         self._idle = engine.n_gpus.tolist()
-        self._seen = engine.n_version.copy()  # the nodes' versions these views show
+        self._seen = len(engine.n_changed)  # the node changes these views show
         self._version, self._nodes = -1, _Snapshot(self._views)
         # The classes in each bit mask of classes, as the node views list them.
         self._classes_of = [tuple(c for c in range(engine.n_classes) if mask >> c & 1)
@@ -315,7 +315,7 @@ class SimView:
         if self._version != engine.version:
             changed = []
             # Only nodes whose allocations changed since the last look can have other views.
-            for i in np.flatnonzero(engine.n_version != self._seen).tolist():
+            for i in sorted(set(engine.n_changed[self._seen:])):
                 first, count = int(engine.n_first[i]), int(engine.n_gpus[i])
                 gpu_masks = engine.g_classmask[first:first + count]
                 mask = 0
@@ -324,7 +324,7 @@ class SimView:
                 idle = int(engine.n_free[i])
                 if mask != self._masks[i] or idle != self._idle[i]:
                     changed.append((i, mask, idle, gpu_masks))
-            self._seen = engine.n_version.copy()
+            self._seen = len(engine.n_changed)
             self._version = engine.version
             if not changed:  # no node view changed: the snapshot and its answers hold
                 return self._nodes
@@ -493,24 +493,27 @@ class GpuShare(Policy):
         nice = int(decision.writes.get("nice", 0))
         if decision.action == "keep":
             return self.whole(j, engine, decision.code, nice)
-        allowed = engine.work.allowed[j]
-        types = self._type_mask(decision.gpu_types) & allowed
-        if not types.any():  # the user's own constraint and the decision's types do not meet
+        types, flags = self._type_mask(decision.gpu_types, j)
+        if not any(flags):  # the user's own constraint and the decision's types do not meet
             return self.whole(j, engine, "no-common-type", nice)
         units = math.ceil(decision.share_gib * 1024 / engine.unit_mib - 1e-9)  # shards
         shards = self._shards.get(units)
         if shards is None:  # one array per share size (requests only read it)
             shards = self._shards[units] = np.full(len(self.type_names), units, np.int64)
         exclude = self._node_set(decision.writes.get("exc_nodes", ""))
-        est = float(np.where(types, engine.work.runtime_pred[j], 0.0).max())
+        # Its longest predicted run time on those types (0 where a type is not one of them).
+        est = max([r if ok else 0.0 for r, ok in zip(self.runtime_rows[j], flags)])
         return Request(False, types, shards, exclude, est, decision.code, nice)
 
-    def _type_mask(self, gpu_types: tuple[str, ...]) -> np.ndarray:
-        """The decision's GPU types as a mask over the cluster's (one per set of types)."""
-        mask = self._type_masks.get(gpu_types)
+    def _type_mask(self, gpu_types: tuple[str, ...], j: int) -> tuple[np.ndarray, list[bool]]:
+        """The decision's GPU types that job j allows, as a mask over the cluster's types and
+        as a list (one of each per set of types and allowed types; requests only read them)."""
+        key = (gpu_types, self.shape_of[j][2])
+        mask = self._type_masks.get(key)
         if mask is None:
-            mask = self._type_masks[gpu_types] = np.array(
-                [name in gpu_types for name in self.type_names])
+            types = np.array([name in gpu_types for name in self.type_names]) & \
+                self.engine.work.allowed[j]
+            mask = self._type_masks[key] = (types, types.tolist())
         return mask
 
     def _node_set(self, exc_nodes: str) -> frozenset[int]:

@@ -159,8 +159,9 @@ class Engine:
         self._masks: dict = {}
         # Kept current by every start and end (only the nodes touched are recomputed):
         # n_room, the most free GiB on one shareable GPU of each node; type_room, the same per
-        # type, and type_room_node a node that has it; n_changed, each node whose allocations
-        # change, appended (a view of the nodes reads what is new since its last look).
+        # type, and type_room_node a node that has it; n_changed, the nodes whose allocations
+        # changed since the policy's view of the nodes last looked (it empties the set: at most
+        # every node, however long the run).
         self.n_room = np.maximum.reduceat(self.g_cap, self.n_first)
         self._n_room = self.n_room.tolist()  # the same as a list (read per node)
         # Free GiB on each GPU a share may join (0 when held whole or at the job cap): what
@@ -168,7 +169,7 @@ class Engine:
         self.g_free = self.g_cap.tolist()
         self._n_gpu_range = [range(int(f), int(f) + int(c)) for f, c in zip(self.n_first, self.n_gpus)]
         self._node_range = range(N)
-        self.n_changed: list[int] = []
+        self.n_changed: set[int] = set()
         # Class-aware policies: the same room per class, on GPUs the policy lets it join
         # (``class_node_room[c][node]``, ``class_type_room[c][t]``; set up after prepare).
         self.class_node_room = [[0] * N for _ in range(self.n_classes)]
@@ -339,7 +340,7 @@ class Engine:
                     elif old == type_room[t]:  # it may have held the type's most room
                         type_room[t] = max(map(node_room.__getitem__, self.type_nodes_list[t]))
             if bump:
-                self.n_changed.append(node)
+                self.n_changed.add(node)
 
     def _type_room(self, t: int):
         """The most room on a node of type t, and the first node that has it (from scratch)."""

@@ -304,7 +304,6 @@ class SimView:
                        for n in engine.cluster.nodes]
         self._masks = [0] * len(self._views)  # classes resident on each node (bits)
         self._idle = engine.n_gpus.tolist()
-        self._seen = len(engine.n_changed)  # the node changes these views show
         self._version, self._nodes = -1, _Snapshot(self._views)
         # The classes in each bit mask of classes, as the node views list them.
         self._classes_of = [tuple(c for c in range(engine.n_classes) if mask >> c & 1)
@@ -315,7 +314,7 @@ class SimView:
         if self._version != engine.version:
             changed = []
             # Only nodes whose allocations changed since the last look can have other views.
-            for i in sorted(set(engine.n_changed[self._seen:])):
+            for i in sorted(engine.n_changed):
                 first, count = int(engine.n_first[i]), int(engine.n_gpus[i])
                 gpu_masks = engine.g_classmask[first:first + count]
                 mask = 0
@@ -324,7 +323,7 @@ class SimView:
                 idle = int(engine.n_free[i])
                 if mask != self._masks[i] or idle != self._idle[i]:
                     changed.append((i, mask, idle, gpu_masks))
-            self._seen = len(engine.n_changed)
+            engine.n_changed.clear()
             self._version = engine.version
             if not changed:  # no node view changed: the snapshot and its answers hold
                 return self._nodes

@@ -26,7 +26,7 @@ test: deps
 	GPUSHARE_SKIP_CLUSTER=1 $(PY) -m pytest -q -ra -n 2 tests/unit tests/lua
 	$(PY) -m devcluster cluster start
 	$(PY) -m pytest -q -ra tests/cluster
-	$(PY) -m devcluster cluster stop
+	$(PY) -m devcluster cluster stop --cancel-jobs
 	$(MAKE) --no-print-directory test-24.11-cluster
 
 ## The cluster integration tests on Slurm 24.11 (every cluster test but the multi-host ones,
@@ -38,7 +38,7 @@ test-24.11: deps
 test-24.11-cluster:  # stopped when the tests pass; left up to look into when they fail
 	GPUSHARE_SLURM=24.11 $(PY) -m devcluster cluster start
 	GPUSHARE_SLURM=24.11 $(PY) -m pytest -q -ra tests/cluster
-	GPUSHARE_SLURM=24.11 $(PY) -m devcluster cluster stop
+	GPUSHARE_SLURM=24.11 $(PY) -m devcluster cluster stop --cancel-jobs
 
 ## Unit tests only (no Slurm daemons).
 test-unit: deps

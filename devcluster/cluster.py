@@ -693,6 +693,19 @@ class TestCluster:
         self._terminate("munged")
         self._stop_strays()
 
+    def cancel_jobs(self, timeout: float = 60) -> int:
+        """Cancel every job and wait for them to leave the queue, while slurmd still runs to end
+        their steps (a step whose slurmd stopped under it lingers, deaf to SIGTERM): for the end of
+        a test run, which must leave no process behind. The number of jobs cancelled."""
+        if not self._pid("slurmctld"):
+            return 0
+        queued = lambda: self.slurm("squeue", "-h", "-o", "%i", check=False).stdout.split()  # noqa: E731
+        ids = queued()
+        if ids:
+            self.slurm("scancel", *ids, check=False)
+            _wait_until(lambda: not queued(), timeout, "the cancelled jobs to end")
+        return len(ids)
+
     def _stop_strays(self, timeout: float = 15) -> None:
         """Stop any Slurm daemon of this cluster that no pid file named (one a restart left
         behind), so the next start meets none."""
@@ -839,9 +852,20 @@ def cluster_prepare() -> None:
 
 
 @cluster_group.command("stop")
-def cluster_stop() -> None:
+@click.option("--cancel-jobs", is_flag=True,
+              help="cancel every job first and wait for them to end (the end of a test run); "
+                   "without it, jobs are kept in the state directory and running steps left alone")
+def cluster_stop(cancel_jobs: bool) -> None:
     """Stop every component of the local test cluster."""
-    make_cluster().stop()
+    cluster = make_cluster()
+    if cancel_jobs:
+        try:
+            count = cluster.cancel_jobs()
+        except ClusterError as exc:
+            click.echo(f"warning: {exc}; stopping anyway", err=True)
+        else:
+            click.echo(f"cancelled {count} job(s)" if count else "no jobs left")
+    cluster.stop()
     click.echo("test cluster stopped")
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Mapping, Protocol, Sequence
 
 from slurm_gpushare.core import feasibility
@@ -303,15 +303,10 @@ def decide(request: JobRequest, config: Config, *, estimate: JobEstimate | None 
     if not nice:
         return decision
     runtime = min(s for s in estimate.runtime_s.values() if s and s > 0)
-    # Every field of the decision, made directly rather than by dataclasses.replace (which
-    # looks the fields up each time): this runs for every submission with the SJF lever on.
-    return Decision(action=decision.action, code=decision.code,
-                    reason=f"{decision.reason}; nice {nice:+d} (predicted run time "
-                           f"{_duration(runtime)}, shortest job first)",
-                    decision_id=decision.decision_id,
-                    writes={**decision.writes, "nice": str(nice)},
-                    share_gib=decision.share_gib, gpu_types=decision.gpu_types,
-                    details={**decision.details, "nice": nice})
+    return replace(decision, writes={**decision.writes, "nice": str(nice)},
+                   reason=f"{decision.reason}; nice {nice:+d} (predicted run time "
+                          f"{_duration(runtime)}, shortest job first)",
+                   details={**decision.details, "nice": nice})
 
 
 def sjf_nice(request: JobRequest, config: Config, estimate: JobEstimate | None) -> int | None:

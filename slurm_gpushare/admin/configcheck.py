@@ -440,7 +440,13 @@ class Checker:
                                          "every job of the partition gets)")
                          + f", or lower sjf_nice_max in {self.config_path}", where)
                 continue
-            age, max_age = weights["Age"], _duration_s(get("PriorityMaxAge") or "7-0")
+            age, max_age_text = weights["Age"], get("PriorityMaxAge") or "7-0"
+            max_age = _duration_s(max_age_text)
+            if max_age is None:
+                self.add("priority", "warning", f"PriorityMaxAge={max_age_text} is not a Slurm "
+                         "time: how long age takes to make up a penalty cannot be told",
+                         self._where_fix(where, "PriorityMaxAge=7-0"), where)
+                continue
             if not age:
                 self.add("priority", "warning", "PriorityWeightAge=0: no waiting makes up for "
                          "a penalty, so a job predicted longer waits behind shorter ones for "
@@ -449,7 +455,7 @@ class Checker:
                 continue
             # Age grows by PriorityWeightAge over PriorityMaxAge, then stops: the waiting
             # that makes up for one decade of predicted run time, if any does.
-            if policy.sjf_nice_per_decade <= age and max_age:
+            if policy.sjf_nice_per_decade <= age:
                 catch_up = (f"a job predicted ten times longer than another catches up with it "
                             f"after {policy.sjf_nice_per_decade / age * max_age / 86400:.1f} "
                             "days of waiting")

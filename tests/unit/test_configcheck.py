@@ -213,3 +213,12 @@ def test_slurm_durations():
     assert _duration_s("1-2:30") == 86400 + 2 * 3600 + 1800
     assert _duration_s("90") == 5400 and _duration_s("1:30") == 90
     assert _duration_s("2:00:00") == 7200 and _duration_s("soon") is None
+
+
+def test_an_unreadable_max_age_is_named_not_read_as_never(tmp_path):
+    conf = ("PriorityType=priority/multifactor\nPriorityWeightPartition=100000\n"
+            "PriorityWeightAge=1000\nPriorityMaxAge=soon\n")
+    [finding] = _priority_findings(tmp_path, conf, priority="sjf", sjf_nice_per_decade=500,
+                                   sjf_nice_max=2000)
+    assert finding.level == "warning" and "PriorityMaxAge=soon" in finding.message
+    assert "never" not in finding.message

@@ -699,7 +699,9 @@ class TestCluster:
         a test run, which must leave no process behind. The number of jobs cancelled."""
         if not self._pid("slurmctld"):
             return 0
-        queued = lambda: self.slurm("squeue", "-h", "-o", "%i", check=False).stdout.split()  # noqa: E731
+        def queued() -> list[str]:
+            return self.slurm("squeue", "-h", "-o", "%i", check=False).stdout.split()
+
         ids = queued()
         if ids:
             self.slurm("scancel", *ids, check=False)

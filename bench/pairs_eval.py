@@ -3,7 +3,9 @@
     .venv/bin/python bench/pairs_eval.py [--seeds 0 1 2 3 4] [--out bench/pairs_eval.json]
 
 Data sets (each held out in turn, the prior fitted on the others): Gavel's measured pairs on
-K80, P100 and V100 (separate GPUs) and Ray et al.'s 34 pairs on a P100 (alnair). For the
+K80, P100 and V100 (separate GPUs) and Ray et al.'s 34 pairs on a P100 (alnair). The
+project's own H100 measurements (``data/measured/h100``, ``bench/gpu_measure.py``) are never
+fitted on: the prior fitted on all public sets is checked against them, same figures. For the
 held-out set it records, over its sides (job, co-runner): Spearman's rank correlation of
 predicted vs measured speed; over its unordered pairs: how many got a prediction (missing), the
 share recommended and the share of recommended pairs with a side measured below 0.7x.
@@ -28,7 +30,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from slurm_gpushare.predict.evaluate import leave_one_data_set_out  # noqa: E402
+from slurm_gpushare.predict.evaluate import held_out_measured, leave_one_data_set_out  # noqa: E402
 from slurm_gpushare.predict.pairs import DEFAULT_THRESHOLD, PARAMETERS, default_model  # noqa: E402
 from slurm_gpushare.predict.datasets import MissingDataSet, load_ryu_chun  # noqa: E402
 
@@ -96,6 +98,7 @@ def main(argv=None) -> int:
                            "margin_learned": model.margin_learned,
                            "sides": model.n_train},
         "leave_one_data_set_out": leave_one_data_set_out(args.seeds),
+        "held_out_measured": held_out_measured(args.seeds),
         "ryu_chun": ryu_chun(),
         "shape_robustness": shape_robustness(),
     }
@@ -104,7 +107,8 @@ def main(argv=None) -> int:
         result["before"] = json.loads(before.read_text())
     result["seconds"] = round(time.perf_counter() - started, 1)
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
-    for name, entry in result["leave_one_data_set_out"].items():
+    for name, entry in [*result["leave_one_data_set_out"].items(),
+                        *result["held_out_measured"].items()]:
         cold, base, hist = entry["cold"], entry["baseline_sum_of_utilisations"], entry["with_history"]
         print(f"{name:12} cold rho {cold['spearman']:.3f} rec {cold['recommended_share']:.2f} "
               f"bad {cold['recommended_bad_share']} | baseline rho {base['spearman']:.3f} rec "

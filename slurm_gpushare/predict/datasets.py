@@ -175,6 +175,26 @@ def load_ryu_chun(data_dir: str | os.PathLike | None = None) -> "pd.DataFrame":
                      "Ryu & Chun profiles").set_index("model")
 
 
+# -- measured here: the workload set of bench/gpu_measure.py on a real GPU -------------------
+MEASURED_GPUS = ("h100",)
+
+
+def load_measured(gpu: str = "h100") -> tuple[list[tuple[str, str, float, float]],
+                                              dict[str, dict]]:
+    """The project's own co-run measurements on ``gpu`` (``data/measured/<gpu>``, see its
+    README): ``(pairs, profiles)`` as ``kb predict-pairs`` reads them -- pairs as
+    ``(job_a, job_b, speed_a, speed_b)`` (time slicing, normalised to the job alone), profiles
+    by job (mean and max utilisations, peak memory, the GPU's memory)."""
+    folder = package_path("measured", gpu)
+    coruns = _read_csv(folder / "coruns.csv", f"measured co-runs on {gpu}")
+    profiles = _read_csv(folder / "profiles.csv", f"measured profiles on {gpu}")
+    pairs = [(r.job_a, r.job_b, float(r.speed_a), float(r.speed_b))
+             for r in coruns.itertuples(index=False)]
+    by_job = {r["job"]: {k: v for k, v in r.items() if k != "job"}
+              for r in profiles.to_dict("records")}
+    return pairs, by_job
+
+
 # -- traces: Microsoft Philly, Alibaba openb -------------------------------------------------
 PHILLY_CSV = "traces/philly/philly_jobs.csv"
 OPENB_PODS = "traces/alibaba_openb/openb_pod_list_default.csv"

@@ -511,30 +511,51 @@ def leave_one_data_set_out(seeds: Sequence[int] = (0, 1, 2, 3, 4)) -> dict:
         training = sides[sides["group"] != name]
         model = PairSpeedModel().fit(training)
         fitted_shape = PairSpeedModel(latency=None).fit(training)
-        entry = {
+        out[name] = {
             "fitted_on": sorted(set(training["group"])),
-            "parameters": dict(zip(PARAMETERS, np.round(model.coef_, 4).tolist())),
-            "shrinkage": model.shrinkage_,
-            "margin": model.margin_, "margin_learned": model.margin_learned_,
-            "cold": _evaluate(model, pairs, profiles),
-            "baseline_sum_of_utilisations": _figures(_baseline_rows(pairs, profiles)),
+            **_held_out_figures(model, pairs, profiles, seeds),
             "latency_fitted_on_the_others": {
                 "parameters": dict(zip(PARAMETERS, np.round(fitted_shape.coef_, 4).tolist())),
                 "margin": fitted_shape.margin_,
                 "cold": _evaluate(fitted_shape, pairs, profiles)},
         }
-        per_seed = []
-        for seed in seeds:
-            history, test = history_split(pairs, seed)
-            per_seed.append({"seed": seed, "history_pairs": len(history),
-                             "test_pairs": len(test), "cold": _evaluate(model, test, profiles),
-                             "history": _evaluate(model, test, profiles, history)})
-        entry["with_history"] = {
+    return out
+
+
+def held_out_measured(seeds: Sequence[int] = (0, 1, 2, 3, 4)) -> dict:
+    """The project's own measurements (``data/measured``), which the prior never sees: the
+    packaged prior (fitted on every public set) against them, with the same figures as
+    ``leave_one_data_set_out``."""
+    from slurm_gpushare.predict.datasets import MEASURED_GPUS, load_measured
+
+    sides = training_sides()
+    model = PairSpeedModel().fit(sides)
+    out = {}
+    for gpu in MEASURED_GPUS:
+        pairs, profiles = load_measured(gpu)
+        out[f"measured-{gpu}"] = {"fitted_on": sorted(set(sides["group"])),
+                                  **_held_out_figures(model, pairs, profiles, seeds)}
+    return out
+
+
+def _held_out_figures(model: PairSpeedModel, pairs, profiles, seeds: Sequence[int]) -> dict:
+    per_seed = []
+    for seed in seeds:
+        history, test = history_split(pairs, seed)
+        per_seed.append({"seed": seed, "history_pairs": len(history),
+                         "test_pairs": len(test), "cold": _evaluate(model, test, profiles),
+                         "history": _evaluate(model, test, profiles, history)})
+    return {
+        "parameters": dict(zip(PARAMETERS, np.round(model.coef_, 4).tolist())),
+        "shrinkage": model.shrinkage_,
+        "margin": model.margin_, "margin_learned": model.margin_learned_,
+        "cold": _evaluate(model, pairs, profiles),
+        "baseline_sum_of_utilisations": _figures(_baseline_rows(pairs, profiles)),
+        "with_history": {
             "co_runs_per_job": HISTORY_PER_JOB,
             "per_seed": per_seed,
             **{f"{kind}_{metric}": _spread([s[kind][metric] for s in per_seed])
                for kind in ("cold", "history")
                for metric in ("spearman", "recommended_share", "recommended_bad_share")},
-        }
-        out[name] = entry
-    return out
+        },
+    }

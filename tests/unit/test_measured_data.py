@@ -1,0 +1,85 @@
+"""The project's own H100 measurements (data/measured/h100): complete, derived as the harness
+derives them, read by ``kb predict-pairs``, and held-out figures as recorded."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import itertools
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from slurm_gpushare.cli import kb as kb_cli
+from slurm_gpushare.predict.datasets import load_measured, package_path
+
+ROOT = Path(__file__).resolve().parents[2]
+MEASURED = package_path("measured", "h100")
+
+
+def _bench(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_set_has_every_job_alone_and_nearly_every_pair_with_self_pairs():
+    pairs, profiles = load_measured("h100")
+    solo = list(csv.DictReader(open(MEASURED / "solo.csv")))
+    assert set(profiles) == {r["config"] for r in solo} and len(profiles) == 17
+    paired = sorted({job for pair in pairs for job in pair[:2]})
+    assert len(paired) == 13
+    unordered = {tuple(sorted(p[:2])) for p in pairs}
+    assert len(unordered) == len(pairs) == 90  # of 91: one did not fit the GPU time
+    assert sum(a == b for a, b, *_ in pairs) == 12
+    assert all(0.3 < s <= 1.2 for *_, sa, sb in pairs for s in (sa, sb))
+    for profile in profiles.values():
+        assert profile["mem_total_mib"] == 81559 and profile["gpu_type"] == "h100"
+        assert 0 <= profile["gpu_util_pct"] <= profile["gpu_util_max_pct"] <= 100
+        assert 0 < profile["mem_used_mib"] < profile["mem_total_mib"]
+    env = json.loads((MEASURED / "env.json").read_text())
+    assert env["gpu"].startswith("NVIDIA H100") and env["mps"]["available"] is True
+
+
+def test_shipped_speeds_are_what_the_harness_derives_from_the_raw_figures(tmp_path):
+    for name in ("solo.csv", "pairs.csv", "env.json"):
+        shutil.copy(MEASURED / name, tmp_path / name)
+    _bench("gpu_measure").derive(tmp_path)
+    for name in ("coruns.csv", "profiles.csv"):
+        assert (tmp_path / name).read_text() == (MEASURED / name).read_text(), name
+
+
+def test_timed_run_counts_iterations_between_completions_inside_the_window(monkeypatch):
+    bench = _bench("gpu_measure")
+    clock = itertools.count(0.0, 0.1)  # every iteration takes 0.1 s
+    monkeypatch.setattr(bench.time, "monotonic", lambda: next(clock))
+    figures = bench._timed_run(lambda: None, warm_s=1.0, measure_s=3.0)
+    assert figures["its_per_s"] == pytest.approx(10.0)
+    assert 29 <= figures["iterations"] <= 31
+
+
+def test_kb_predict_pairs_reads_the_measured_profiles_and_co_runs(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPUSHARE_STATE_DIR", str(tmp_path / "state"))
+    groups = {g.name: g for g in kb_cli.commands}
+    result = CliRunner().invoke(groups["kb"], [
+        "predict-pairs", str(MEASURED / "profiles.csv"), "--co-runs",
+        str(MEASURED / "coruns.csv"), "--json"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.output)
+    assert len(rows) == 17 * 18 // 2  # every unordered pair, self-pairs included
+    assert all(0 < r["pred_speed_a"] <= 1 and r["fits_memory"] for r in rows)
+
+
+def test_held_out_figures_are_the_recorded_ones():
+    from slurm_gpushare.predict.evaluate import held_out_measured
+
+    recorded = json.loads((ROOT / "bench" / "pairs_eval.json").read_text())
+    figures = held_out_measured(seeds=(0,))["measured-h100"]
+    entry = recorded["held_out_measured"]["measured-h100"]
+    assert figures["cold"] == entry["cold"]
+    assert figures["with_history"]["per_seed"][0] == entry["with_history"]["per_seed"][0]
+    assert figures["cold"]["missing"] == 0 and figures["cold"]["pairs"] == 90

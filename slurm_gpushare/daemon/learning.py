@@ -27,6 +27,7 @@ class Learner:
         self.count = count
         self.pairing = pairing  # daemon.pairing.Pairing: per-job corrections from co-runs
         self._compacted_at = 0.0  # monotonic; 0: not yet since start
+        self._memory_checked: set[tuple[str, int]] = set()  # (GPU model, MiB configured)
 
     COMPACT_EVERY_S = 86400.0
 
@@ -59,6 +60,7 @@ class Learner:
             self.pairing.invalidate()
         learned = self._learn_coruns(summary, job, config) if linked else 0
         self._check_share(summary, job)
+        self._check_memory(summary, config)
         event(logging.INFO, "ingested", job_id=job_id, gpu_index=summary.get("gpu_index"),
                gpu_model=summary.get("gpu_model"), peak_mib=summary.get("mgmap_max_mib"),
                linked=linked, coruns=len(summary.get("coruns") or []), learned=learned)
@@ -85,6 +87,29 @@ class Learner:
         self.count("share-exceeded")
         event(logging.WARNING, "share-exceeded", job_id=job.job_id, share_gib=round(limit / 1024, 1),
                peak_mib=peak, gpu_model=summary.get("gpu_model"), uid=job.uid)
+
+    def _check_memory(self, summary: dict[str, Any], config: Config) -> None:
+        """Warn once per GPU model and setting when a type's ``memory_gib`` promises more memory
+        than its GPUs report: the shards above what NVML reports do not exist (an H100 80GB
+        reports 81,559 MiB, under the 81,920 of memory_gib = 80; data/measured/h100)."""
+        from slurm_gpushare.predict.history import config_type_of
+
+        model, reported = summary.get("gpu_model"), summary.get("mem_total_mib")
+        if (not isinstance(model, str) or isinstance(reported, bool)
+                or not isinstance(reported, (int, float)) or not reported > 0):
+            return
+        name = config_type_of(model, config)
+        if name is None:
+            return
+        configured = config.gpu_type(name).memory_gib * 1024
+        if (model, configured) in self._memory_checked:
+            return
+        self._memory_checked.add((model, configured))
+        if reported < configured:
+            self.count("memory-overstated")
+            event(logging.WARNING, "memory-overstated", gpu_type=name, gpu_model=model,
+                  configured_mib=configured, reported_mib=round(reported),
+                  fix=f"memory_gib = {int(reported // 1024)}")
 
     def _learn_coruns(self, summary: dict[str, Any], job, config: Config) -> int:
         """Record this job's side of each co-run (its class and measured slowdown); a pair

@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[2]
 def test_reference_config_parses_and_lists_every_setting():
     config = load_config(REPO / "etc" / "gpushare.toml")
     assert config.policy.sharing_partitions == ("gpu",)
-    assert {g.name: g.memory_gib for g in config.gpu_types} == {"v100": 16, "a100": 80}
+    assert {g.name: g.memory_gib for g in config.gpu_types} == {"v100": 15, "a100": 80}
     text = (REPO / "etc" / "gpushare.toml").read_text()
     for section in (config.daemon, config.policy, config.hook):
         for name in section.__dataclass_fields__:

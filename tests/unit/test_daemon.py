@@ -329,3 +329,23 @@ def test_learned_pairs_update_a_copy_of_the_knowledge_base(daemon):
     daemon.service.learner._learn_pairs([row] * 5)
     assert not daemon.service.learner.knowledge.compatible(2, 2, "a100")
     assert before.compatible(2, 2, "a100")  # decisions holding the old one are undisturbed
+
+
+def test_a_gpu_type_whose_memory_gib_is_above_what_its_gpus_report_is_warned_once(daemon, caplog):
+    """A V100 16GB reports 16,160 MiB: memory_gib = 16 promises shards that do not exist."""
+    def ingest(job_id, model, total):
+        summary = {"job_id": job_id, "gpu_index": 0, "cluster": "c", "samples": 3,
+                   "mgmap_max_mib": 1000.0, "gpu_model": model, "mem_total_mib": total}
+        assert request_once(daemon.socket, {"v": 1, "op": "ingest", "summary": summary})["ok"]
+
+    with caplog.at_level("WARNING", logger="slurm_gpushare"):
+        ingest("1", "NVIDIA A100-SXM4-80GB", 81920.0)  # as configured: no warning
+        ingest("2", "Tesla V100-SXM2-16GB", 16160.0)
+        ingest("3", "Tesla V100-SXM2-16GB", 16160.0)  # the same again: warned once
+        ingest("4", "Unknown GPU", 1.0)  # a model no type names: nothing to compare
+        daemon.service.records.flush()
+    counters = request_once(daemon.socket, {"v": 1, "op": "ping"})["counters"]
+    assert counters.get("memory-overstated") == 1
+    (warned,) = [r.fields for r in caplog.records if r.getMessage() == "memory-overstated"]
+    assert warned == {"gpu_type": "v100", "gpu_model": "Tesla V100-SXM2-16GB",
+                      "configured_mib": 16384, "reported_mib": 16160, "fix": "memory_gib = 15"}

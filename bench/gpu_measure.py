@@ -505,16 +505,24 @@ def _mps_memory_limit(log_dir: Path, env: dict) -> dict:
     return out
 
 
+def _rows(path: Path) -> list[dict]:
+    """A CSV file's rows (none when it does not exist)."""
+    if not path.exists():
+        return []
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
 def derive(out: Path) -> None:
     """profiles.csv and coruns.csv for ``kb predict-pairs``."""
-    solo = {r["config"]: r for r in csv.DictReader(open(out / "solo.csv"))}
+    solo = {r["config"]: r for r in _rows(out / "solo.csv")}
     solos: dict[str, list[float]] = {}
     for config, r in solo.items():
         try:
             solos.setdefault(config, []).append(float(r["its_per_s"]))
         except (TypeError, ValueError):
             pass
-    rows = list(csv.DictReader(open(out / "pairs.csv"))) if (out / "pairs.csv").exists() else []
+    rows = _rows(out / "pairs.csv")
     for r in rows:
         if r.get("solo_a_again"):
             solos.setdefault(r["job_a"], []).append(float(r["solo_a_again"]))
@@ -575,11 +583,9 @@ def main() -> int:
     if "solo" in phases:
         solo_phase(out, log_dir, args, configs)
     if "pairs" in phases:
-        done = set()
-        if (out / "pairs.csv").exists():
-            done = {(r["job_a"], r["job_b"]) for r in csv.DictReader(open(out / "pairs.csv"))
-                    if r["status"] == "ok"}
-        pairs_phase(out, log_dir, args, paired, done=frozenset(done))
+        done = frozenset((r["job_a"], r["job_b"]) for r in _rows(out / "pairs.csv")
+                         if r["status"] == "ok")
+        pairs_phase(out, log_dir, args, paired, done=done)
     if "mps" in phases:
         info["mps"] = mps_phase(out, log_dir, args)
         env_path.write_text(json.dumps(info, indent=1))

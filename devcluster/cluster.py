@@ -350,7 +350,7 @@ class TestCluster:
             "PriorityType=priority/multifactor",
             "PriorityWeightAge=1000",
             "PriorityMaxAge=7-0",
-            "PriorityWeightPartition=30000",
+            "PriorityWeightPartition=50000",
             "ReturnToService=2",
             "InactiveLimit=0",
             "KillWait=5",

@@ -124,7 +124,7 @@ class PolicyConfig:
     max_requeues: int = 2
     # Queue order: "none" leaves the job's nice alone; "sjf" sets it from the job's predicted
     # run time (its own history only), so that multifactor priority starts short jobs first
-    # while age and fair-share keep working (docs/admin.md, "Shortest job first").
+    # while age and fair-share keep working (docs/admin-guide.md, "Shortest job first").
     priority: str = "none"
     # Partitions where the priority lever applies; empty: the sharing partitions.
     priority_partitions: tuple[str, ...] = ()
@@ -137,8 +137,8 @@ class PolicyConfig:
     # bound spans four decades either way; give every job a base priority above it
     # (check-config says how), or Slurm's floor of 1 makes the longest jobs tie.
     sjf_reference_s: float = 3600.0
-    sjf_nice_per_decade: int = 5000
-    sjf_nice_max: int = 20000
+    sjf_nice_per_decade: int = 10000
+    sjf_nice_max: int = 40000
 
 
 @dataclass(frozen=True)

@@ -43,9 +43,9 @@ def test_shorter_predicted_jobs_get_a_smaller_nice():
 def test_share_carries_nice_from_the_fastest_type():
     decision = decide(request(), config(), estimate=history(36000))
     assert decision.action == "share"
-    assert decision.writes["nice"] == "5000"  # a100: 10 h
-    assert decision.details["nice"] == 5000
-    assert "nice +5000 (predicted run time 10.0 h" in decision.reason
+    assert decision.writes["nice"] == "10000"  # a100: 10 h
+    assert decision.details["nice"] == 10000
+    assert "nice +10000 (predicted run time 10.0 h" in decision.reason
 
 
 def test_kept_job_is_reordered_too():
@@ -53,12 +53,12 @@ def test_kept_job_is_reordered_too():
                       decision_id="k")
     assert decision.action == "keep" and decision.code == "does-not-fit"
     assert decision.writes == {"admin_comment": "gpushare:v1:keep:id=k:why=does-not-fit",
-                               "nice": "-5000"}
+                               "nice": "-10000"}
 
 
 def test_multi_gpu_job_kept_untouched_but_reordered():
     decision = decide(request(tres_per_node="gres:gpu:4"), config(), estimate=history(36000))
-    assert decision.code == "multi-gpu" and decision.writes == {"nice": "5000"}
+    assert decision.code == "multi-gpu" and decision.writes == {"nice": "10000"}
 
 
 @pytest.mark.parametrize("estimate", [
@@ -79,7 +79,7 @@ def test_lever_off_by_default_and_per_partition():
     cfg = config(priority_partitions=["short"])
     assert "nice" not in decide(request(), cfg, estimate=history(36000)).writes
     decision = decide(request(partition="short"), cfg, estimate=history(36000))
-    assert decision.code == "partition-off" and decision.writes == {"nice": "5000"}
+    assert decision.code == "partition-off" and decision.writes == {"nice": "10000"}
     # A job asking for several partitions is reordered only if all of them use the lever.
     assert "nice" not in decide(request(partition="short,gpu"), cfg,
                                 estimate=history(36000)).writes
@@ -111,4 +111,4 @@ def test_nice_is_a_writable_field_with_a_bounded_value():
 
 def test_opting_out_of_sharing_does_not_escape_the_order():
     decision = decide(request(opt_out=True), config(), estimate=history(36000))
-    assert decision.code == "opt-out" and decision.writes == {"nice": "5000"}
+    assert decision.code == "opt-out" and decision.writes == {"nice": "10000"}

@@ -17,7 +17,7 @@ from slurm_gpushare.core import tres as tresmod
 from slurm_gpushare.core.tag import Tag
 from slurm_gpushare.core.config import Config, GpuType, shards_per_gpu
 from slurm_gpushare.core.hostlist import expand_hostlist
-from slurm_gpushare.core.types import Decision, JobRequest
+from slurm_gpushare.core.types import MANY_ARRAY_TASKS, Decision, JobRequest
 
 SHARED_GRES = ("shard", "mps")
 
@@ -82,6 +82,8 @@ class PairCompatibility(Protocol):
 
     def compatible_with_group(self, resident_jobs: Sequence[str],
                               gpu_type: str | None = None) -> bool: ...
+
+    def copies_allowed(self, limit: int) -> int: ...
 
 
 # Run times within this fraction of each other count as equal when types are chosen: a run time
@@ -290,6 +292,34 @@ def units_needed(gpu_type: GpuType, memory_mib: float, util_pct: float | None,
     if util_pct is None or budget_pct <= 0:
         return units
     return max(units, math.ceil(util_pct / budget_pct * capacity(gpu_type) - 1e-9))
+
+
+def copies_per_gpu(request: JobRequest, estimate: JobEstimate, fits: Sequence[GpuType],
+                   needs: Mapping[str, int],
+                   knowledge: Compatibility | PairCompatibility | None) -> int | None:
+    """How many jobs like this one may share a GPU, where fewer than its share's count would
+    let in; None where nothing limits them.
+
+    Slurm places a share wherever its count fits, without the pair predictor: when the job
+    waits in the queue, and for the tasks of an array (one decision for all of them, which
+    Slurm packs onto the first GPU with room). Only the count holds there. So where the pair
+    predictor judges the job (it has a profile), the share is sized so that no more copies of
+    it fit on one GPU than may run together (each at least at the speed threshold): two jobs
+    that should not share can then never both fit. A job without a profile is judged by its
+    class, for its array's tasks only: all of them, or one per GPU."""
+    if knowledge is None:
+        return None
+    by_count = max(capacity(g) // max(needs[g.name], 1) for g in fits)
+    if hasattr(knowledge, "copies_allowed"):
+        could = by_count
+        allowed = knowledge.copies_allowed(could) if could >= 2 else could
+    elif request.array and estimate.job_class is not None:
+        could = min(request.array_tasks or by_count, by_count)
+        allowed = (could if could < 2 or knowledge.compatible(estimate.job_class,
+                                                              estimate.job_class) else 1)
+    else:
+        return None
+    return allowed if allowed < could else None
 
 
 def decide(request: JobRequest, config: Config, *, estimate: JobEstimate | None = None,
@@ -542,6 +572,20 @@ def share_or_keep(request: JobRequest, config: Config, *, estimate: JobEstimate 
         return keep_tagged(placement.code, f"{placement.reason}; left as submitted",
                            source=estimate.source)
     fits = [g for g in fits if g.name in placement.types]
+    copies = copies_per_gpu(request, estimate, fits, needs, knowledge)
+    pairwise = hasattr(knowledge, "copies_allowed")
+    if copies == 1 and not pairwise:
+        tasks = (f"its {request.array_tasks} array tasks" if request.array_tasks
+                 and request.array_tasks < MANY_ARRAY_TASKS else "its array tasks")
+        return keep_tagged("array-stacking", f"{estimate.detail}: {tasks} would share one GPU "
+                                             "(one decision for all of them, and Slurm packs "
+                                             f"shares together), and its class "
+                                             f"{estimate.job_class} interferes with itself: "
+                                             "keeps a whole GPU per task", source=estimate.source)
+    if copies:
+        # One more copy than allowed must not fit on any type: a count above 1/(copies + 1)
+        # of the GPU.
+        needs = {g.name: max(needs[g.name], capacity(g) // (copies + 1) + 1) for g in fits}
     # Which request to make, and on which types: by expected completion.
     units, fits, slower, room = choose_offer(fits, needs, estimate, partitions, view,
                                              knowledge)
@@ -602,9 +646,15 @@ def share_or_keep(request: JobRequest, config: Config, *, estimate: JobEstimate 
     reason = (f"{estimate.detail}: {what} on "
               f"{', '.join(f'{g.name} ({g.memory_gib} GiB)' for g in fits)}")
     by_memory = units_needed(best, estimate.memory_mib[best.name], None, 0)
-    if estimate.util_pct is not None and units > by_memory:
+    by_time = units_needed(best, estimate.memory_mib[best.name], estimate.util_pct, budget)
+    if by_time > by_memory and units >= by_time:
         reason += (f", sized by GPU time ({estimate.util_pct:.0f}% of a GPU, budget "
                    f"{config.policy.gpu_time_budget_pct:.0f}%)")
+    if copies:
+        reason += (f", sized so that at most {copies} job{'s' if copies > 1 else ''} like it "
+                   "fit on one GPU (the pair predictor: more together would run below the "
+                   "speed threshold; the count holds wherever Slurm places it later, array "
+                   "tasks included)")
     if too_big:
         reason += f"; excluded {', '.join(g.name for g in too_big)} (does not fit)"
     if placement.dropped:
@@ -630,4 +680,5 @@ def share_or_keep(request: JobRequest, config: Config, *, estimate: JobEstimate 
                              "excluded_types": [g.name for g in too_big],
                              "excluded_nodes": away, "candidate_nodes": candidates,
                              "sharing": best.sharing, "units": units, "room_now": room,
-                             "memory_limit_mib": limit_mib})
+                             "memory_limit_mib": limit_mib,
+                             **({"copies_per_gpu": copies} if copies else {})})

@@ -22,6 +22,10 @@ WRITABLE_FIELDS = {
 KEEP_WRITABLE = frozenset({"admin_comment", "nice"})
 
 
+# An array whose indices cannot be read counts as this many tasks (more than fit on any GPU).
+MANY_ARRAY_TASKS = 1_000_000
+
+
 @dataclass(frozen=True)
 class JobRequest:
     """A job as submitted, reduced to what a decision may use. Holds no script or name text."""
@@ -45,6 +49,8 @@ class JobRequest:
     # How it was submitted: a batch script (sbatch), or an allocation without one (srun, salloc).
     batch: bool = True
     array: bool = False  # an array job (one decision for all its tasks)
+    # Of an array: how many tasks may run at once (its indices, bounded by a %limit).
+    array_tasks: int | None = None
     het_offset: int | None = None  # component of a heterogeneous job
     steps_ask_gpus: bool = False  # the script's srun steps ask for GPUs themselves
     time_limit_min: int | None = None

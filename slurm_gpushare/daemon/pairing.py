@@ -75,6 +75,19 @@ class PairCompatibility:
                                         [self.key] + [k for _, k in found])
         return bool(min(speeds) >= self.model.threshold)
 
+    def copies_allowed(self, limit: int) -> int:
+        """How many copies of the job (tasks of its array) may share one GPU, at most
+        ``limit``: every copy's pessimistic predicted speed stays at the threshold or above.
+        At least 1 (a job alone)."""
+        copies = 1
+        while copies < limit:
+            group = copies + 1
+            if min(self.model.safe_speeds([self.profile] * group,
+                                          [self.key] * group)) < self.model.threshold:
+                break
+            copies = group
+        return copies
+
 
 class Pairing:
     """Owns the pair model decisions read; learning swaps in an updated copy."""

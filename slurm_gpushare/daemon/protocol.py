@@ -20,7 +20,8 @@ import re
 from typing import Any, Mapping
 
 from slurm_gpushare import PROTOCOL_VERSION
-from slurm_gpushare.core.types import WRITABLE_FIELDS, Decision, JobRequest  # noqa: F401 -- the wire's types
+from slurm_gpushare.core.types import (  # noqa: F401 -- the wire's types
+    MANY_ARRAY_TASKS, WRITABLE_FIELDS, Decision, JobRequest)
 
 # Slurm's "unset" markers as the Lua plugin pushes them (lua numbers are doubles).
 NO_VAL = 0xFFFFFFFE
@@ -259,7 +260,9 @@ def parse_request(message: Any, *, opt_out_token: str = "gpushare=off",
         ntasks_per_tres=count("ntasks_per_tres"),
         features=strings["features"], exc_nodes=strings["exc_nodes"],
         req_nodes=strings["req_nodes"], reservation=strings["reservation"],
-        batch=batch, array=bool(strings["array_inx"]), het_offset=count("het_job_offset"),
+        batch=batch, array=bool(strings["array_inx"]),
+        array_tasks=array_task_count(strings["array_inx"]) if strings["array_inx"] else None,
+        het_offset=count("het_job_offset"),
         steps_ask_gpus=steps_ask_for_gpus(strings["script"]),
         time_limit_min=count("time_limit"),
         min_nodes=count("min_nodes"), max_nodes=count("max_nodes"), num_tasks=count("num_tasks"),
@@ -275,6 +278,28 @@ def parse_request(message: Any, *, opt_out_token: str = "gpushare=off",
                      if digest and strings["name"].strip() not in GENERIC_JOB_NAMES else ""),
     )
     return op, request
+
+
+def array_task_count(array_inx: str) -> int:
+    """How many tasks of an array may run at once: its indices (``0-15``, ``1,3,5``,
+    ``0-15:4``, ``1-3,5-6``), bounded by a ``%N`` limit; ``MANY_ARRAY_TASKS`` where the text
+    cannot be read."""
+    spec, _, limit = array_inx.strip().partition("%")
+    count = 0
+    try:
+        for part in spec.split(","):
+            span, _, step = part.partition(":")
+            first, _, last = span.partition("-")
+            low, high = int(first), int(last or first)
+            stride = int(step or 1)
+            if low < 0 or high < low or stride < 1:
+                return MANY_ARRAY_TASKS
+            count += (high - low) // stride + 1
+        if limit:
+            count = min(count, max(1, int(limit)))
+    except ValueError:
+        return MANY_ARRAY_TASKS
+    return min(count, MANY_ARRAY_TASKS)
 
 
 def _script_digest(text: str) -> str:

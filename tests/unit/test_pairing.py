@@ -145,3 +145,72 @@ def test_ingest_learns_corrections_from_a_measured_co_run(store, monkeypatch):
                            coruns=[{"job_id": "20", "overlap_s": 61.0}]), config)
     assert pairing.model.suffers[LIGHT] > 0.3
     assert pairing.compatibility([LIGHT]).compatible_with("dlight") is False
+
+
+MEDIUM = "d" * 64
+
+
+@pytest.fixture
+def array_store(store):
+    store.ingest_summary(summary("13", MEDIUM, 30.0, 15.0))
+    return store
+
+
+def array_decision(store, key, memory_mib, array_tasks, util_estimate=None):
+    config = Config(policy=PolicyConfig(sharing_partitions=("gpu",), keep_whole_when_idle=False),
+                    gpu_types=(GpuType("v100", 16),))
+    request = JobRequest(uid=1000, user="alice", partition="gpu", tres_per_node="gres:gpu:1",
+                         array=array_tasks is not None, array_tasks=array_tasks)
+    estimate = JobEstimate(source="history", memory_mib={"v100": memory_mib}, job_class=None)
+    view = View(NodeView("n1", "v100", ("gpu",), gpus=2, free_units=(16, 16),
+                         gpu_jobs=((), ())))
+    return decide(request, config, estimate=estimate, view=view,
+                  knowledge=Pairing(store).compatibility([key]))
+
+
+def units(decision) -> int:
+    return int(decision.writes["tres_per_node"].rsplit(":", 1)[1])
+
+
+def test_a_share_lets_no_more_jobs_like_it_onto_a_gpu_than_may_run_together(array_store):
+    # Slurm places a queued share, and every task of an array (one decision for all, packed
+    # onto the first GPU with room), by its count alone: the count must keep copies apart.
+    for array_tasks in (None, 6):
+        decision = array_decision(array_store, MEDIUM, 2000, array_tasks=array_tasks)
+        assert decision.action == "share", decision.reason
+        copies = decision.details["copies_per_gpu"]
+        assert 1 <= copies < 8  # 8 would fit by memory (2 GiB of 16)
+        assert 16 // units(decision) == copies
+        assert f"at most {copies} job" in decision.reason
+    # Two busy jobs together run below 0.7x: one per GPU (a light partner still fits beside).
+    heavy = array_decision(array_store, HEAVY, 2000, array_tasks=4)
+    assert heavy.details["copies_per_gpu"] == 1 and units(heavy) == 9
+    # Light jobs may all stack: the share stays sized by memory.
+    light = array_decision(array_store, LIGHT, 2000, array_tasks=2)
+    assert units(light) == 2 and "copies_per_gpu" not in light.details
+
+
+def test_an_array_without_a_pair_profile_is_judged_by_its_class():
+    config = Config(policy=PolicyConfig(sharing_partitions=("gpu",), keep_whole_when_idle=False),
+                    gpu_types=(GpuType("v100", 16),))
+    request = JobRequest(uid=1000, partition="gpu", tres_per_node="gres:gpu:1", array=True,
+                         array_tasks=4)
+    estimate = JobEstimate(source="history", memory_mib={"v100": 2000}, job_class=2)
+    view = View(NodeView("n1", "v100", ("gpu",), gpus=2, free_units=(16, 16),
+                         gpu_jobs=((), ())))
+
+    class Classes:
+        def __init__(self, ok):
+            self.ok = ok
+
+        def compatible(self, a, b, gpu_type=None):
+            return self.ok
+
+    kept = decide(request, config, estimate=estimate, view=view, knowledge=Classes(False))
+    assert kept.code == "array-stacking"
+    shared = decide(request, config, estimate=estimate, view=view, knowledge=Classes(True))
+    assert shared.action == "share" and shared.writes["tres_per_node"] == "gres:shard:2"
+    # Not an array: the classes judge residents (node exclusion), not the count.
+    single = decide(JobRequest(uid=1000, partition="gpu", tres_per_node="gres:gpu:1"), config,
+                    estimate=estimate, view=view, knowledge=Classes(False))
+    assert single.action == "share" and single.writes["tres_per_node"] == "gres:shard:2"

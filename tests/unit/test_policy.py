@@ -370,3 +370,15 @@ def test_a_type_that_needs_more_memory_does_not_narrow_the_offer_to_itself():
     decision = decide(request(), config, estimate=estimate)
     assert decision.writes["tres_per_node"] == "gres:shard:8"
     assert set(decision.gpu_types) == {"t4", "g2"}
+
+
+@pytest.mark.parametrize("array_inx,tasks", [
+    ("", None), ("0-7", 8), ("1,3,5", 3), ("0-15:4", 4), ("1-3,5-6", 5), ("0-15%4", 4),
+    ("0-1%8", 2), ("7", 1), ("0-999999", 1000000),
+    ("x-y", 1000000), ("5-1", 1000000),  # unreadable: as many as Slurm allows
+])
+def test_array_tasks_counts_what_may_run_at_once(array_inx, tasks):
+    _, parsed = parse_request({"v": 1, "op": "decide", "job": {
+        "uid": 5, "partition": "gpu", "tres_per_node": "gres:gpu:1", "array_inx": array_inx}})
+    assert parsed.array is bool(array_inx)
+    assert parsed.array_tasks == tasks

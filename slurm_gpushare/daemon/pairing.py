@@ -76,17 +76,9 @@ class PairCompatibility:
         return bool(min(speeds) >= self.model.threshold)
 
     def copies_allowed(self, limit: int) -> int:
-        """How many copies of the job (tasks of its array) may share one GPU, at most
-        ``limit``: every copy's pessimistic predicted speed stays at the threshold or above.
-        At least 1 (a job alone)."""
-        copies = 1
-        while copies < limit:
-            group = copies + 1
-            if min(self.model.safe_speeds([self.profile] * group,
-                                          [self.key] * group)) < self.model.threshold:
-                break
-            copies = group
-        return copies
+        """How many copies of the job (the tasks of its array, its next submissions) may share
+        one GPU, at most ``limit``; at least 1 (the job alone)."""
+        return self.model.copies_allowed(self.profile, self.key, limit)
 
 
 class Pairing:

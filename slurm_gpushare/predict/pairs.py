@@ -234,6 +234,20 @@ class PairModel:
         margin = self.margin_learned if known else self.margin
         return [1.0 / (1.0 + margin * d) for d in self.predict_isd(profiles, keys)]
 
+    def copies_allowed(self, profile: Mapping[str, Any], key: str | None = None,
+                       limit: int = 1_000) -> int:
+        """How many copies of one job may share a GPU, at most ``limit``: each copy's
+        pessimistic speed (``safe_speeds``) stays at the threshold or above. A job's slowdown
+        is a sum over its partners, so ``m`` copies slow each one ``m - 1`` times as much as a
+        single copy does: read off one pair, not by trying every group size. At least 1."""
+        [isd] = self.predict_isd([profile, profile], [key, key])[:1]
+        known = key is not None and (key in self.suffers or key in self.hurts)
+        per_copy = (self.margin_learned if known else self.margin) * isd
+        if per_copy <= 0:
+            return max(1, limit)
+        partners = (1.0 / self.threshold - 1.0) / per_copy
+        return max(1, min(limit, 1 + math.floor(partners + 1e-9)))
+
     def recommend(self, profiles: Sequence[Mapping[str, Any]],
                   keys: Sequence[str | None] | None = None) -> bool:
         """Whether the jobs may share one GPU: memory fits (or is unknown) and every side's

@@ -177,3 +177,14 @@ def test_leave_one_data_set_out_learns_from_co_runs():
         assert run["test_pairs"] + run["history_pairs"] == entry["cold"]["pairs"]
         # Three co-runs per job as history rank the other pairs better than the prior alone.
         assert run["history"]["spearman"] > run["cold"]["spearman"] + 0.1, name
+
+
+@pytest.mark.parametrize("util,mem", [(1.0, 0.3), (5.0, 2.0), (25.0, 10.0), (45.0, 25.0),
+                                      (80.0, 45.0), (100.0, 90.0)])
+def test_copies_allowed_is_the_largest_group_of_copies_the_safe_speeds_accept(util, mem):
+    model = default_model()
+    profile = {"gpu_util_pct": util, "mem_util_pct": mem}
+    copies = model.copies_allowed(profile, limit=60)
+    assert 1 <= copies <= 60
+    assert copies == 1 or min(model.safe_speeds([profile] * copies)) >= model.threshold
+    assert copies == 60 or min(model.safe_speeds([profile] * (copies + 1))) < model.threshold

@@ -215,16 +215,24 @@ def idle_gpus_per_node(gpus_of: Mapping[str, int], squeue_out: str,
             for name, gpus in gpus_of.items()}
 
 
-def gpu_occupancy(gpus: int, per_gpu: int, jobs: Sequence[RunningJob]
+def gpu_occupancy(gpus: int, per_gpu: int, jobs: Sequence[RunningJob], *,
+                  one_shared_gpu: bool = False
                   ) -> tuple[tuple[int, ...], tuple[tuple[str, ...], ...]]:
     """Each GPU's free units of the shared gres and the decision ids of its shares, estimated
     from the jobs running on one node in the order they were submitted (job id): a whole-GPU
     job takes the first GPU holding nothing, a share the first GPU with room -- Slurm packs a
     shared gres that way (``policy.landing_gpu``). squeue names a share's node, not its GPU, so
-    this is an estimate; shares of other tools' jobs (no tag) take room but have no id."""
+    this is an estimate; shares of other tools' jobs (no tag) take room but have no id.
+
+    ``one_shared_gpu`` (gres/mps): Slurm uses MPS on one GPU of a node only ("only one GPU will
+    be usable in MPS mode per node", gres.html of 22.05 to 24.11; on the test cluster two MPS
+    jobs too large to share a GPU ran one after the other on a node with two idle GPUs). The
+    node's other GPUs then have no room for a share: the GPU that holds shares keeps its room,
+    else the first idle one."""
     free, held = [per_gpu] * gpus, [[] for _ in range(gpus)]
     if not gpus:
         return (), ()
+    shared = [False] * gpus
 
     def order(job: RunningJob) -> tuple[int, ...]:
         return tuple(int(n) for n in re.findall(r"\d+", job.job_id)) or (0,)
@@ -234,14 +242,19 @@ def gpu_occupancy(gpus: int, per_gpu: int, jobs: Sequence[RunningJob]
             index = next((i for i in range(gpus) if free[i] >= job.units),
                          max(range(gpus), key=lambda i: free[i]))
             free[index] = max(0, free[index] - job.units)
+            shared[index] = True
             if job.decision_id:
                 held[index].append(job.decision_id)
         whole = job.gpus - (1 if job.shared else 0)
         for index in range(gpus):
             if whole <= 0:
                 break
-            if free[index] == per_gpu and not held[index]:
+            if free[index] == per_gpu and not shared[index]:
                 free[index], whole = 0, whole - 1
+    if one_shared_gpu:
+        usable = next((i for i in range(gpus) if shared[i]),
+                      next((i for i in range(gpus) if free[i] == per_gpu), None))
+        free = [f if i == usable else 0 for i, f in enumerate(free)]
     return tuple(free), tuple(tuple(h) for h in held)
 
 
@@ -345,6 +358,7 @@ class SlurmClusterView:
         self._pending: dict[str, PendingShare] = {}
         self._ledger_lock = threading.Lock()
         self._per_gpu = {g.name: capacity(g) for g in config.gpu_types}
+        self._mps_types = {g.name for g in config.gpu_types if g.sharing == "mps"}
         self._refreshes = 0
         self.refreshed_at: float | None = None  # wall clock of the last good refresh
         # ("memo" | "checks", question) -> (the refresh it was last asked after, the knowledge
@@ -480,7 +494,8 @@ class SlurmClusterView:
                 idle = (max(0, info.gpus - self._busy.get(name, 0))
                         if state_usable(info.state) else 0)
                 free, held = gpu_occupancy(info.gpus, self._per_gpu.get(info.gpu_type, 0),
-                                           list(self._node_jobs.get(name, {}).values()))
+                                           list(self._node_jobs.get(name, {}).values()),
+                                           one_shared_gpu=info.gpu_type in self._mps_types)
                 if not state_usable(info.state):
                     free = tuple(0 for _ in free)
                 nodes[i] = replace(nodes[i], resident_classes=tuple(self._residents.get(name, ())),

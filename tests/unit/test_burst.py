@@ -71,6 +71,18 @@ def test_gpu_occupancy_estimates_each_gpu_from_the_running_jobs():
     assert free == (0, 4, 10) and held == ((), ("d1", "d2"), ("d3",))
 
 
+def test_an_mps_node_offers_room_for_shares_on_one_gpu_only():
+    # Slurm uses MPS on one GPU of a node: the GPU that holds MPS shares, else the first idle.
+    share = RunningJob(("n",), 1, 1, "d1", True, "11", 51)
+    assert gpu_occupancy(2, 100, [share], one_shared_gpu=True) == ((49, 0), (("d1",), ()))
+    assert gpu_occupancy(2, 100, [share]) == ((49, 100), (("d1",), ()))  # shards: both
+    whole = RunningJob(("n",), 1, job_id="10")
+    assert gpu_occupancy(2, 100, [whole], one_shared_gpu=True) == ((0, 100), ((), ()))
+    assert gpu_occupancy(2, 100, [], one_shared_gpu=True) == ((100, 0), ((), ()))
+    # A second MPS share too large for the first GPU's room waits: no node-level room for it.
+    assert landing_gpu(node("t1", "t4", [49, 0]), 51) is None
+
+
 def test_the_type_with_room_is_chosen_over_a_faster_full_one():
     full_a100 = node("a1", "a100", [0, 0])
     v100 = node("v1", "v100", [16, 16])

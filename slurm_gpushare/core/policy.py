@@ -396,6 +396,25 @@ def room_types(fits: Sequence[GpuType], units: int, partitions: Sequence[str],
     return None if answer is None else set(answer)
 
 
+def share_gpus(types: Sequence[GpuType], partitions: Sequence[str], view: ClusterView) -> int:
+    """GPUs of ``types`` in the job's partitions, on usable nodes, where a share can run: every
+    GPU of a shard type, one per node of an MPS type (Slurm uses MPS on one GPU of a node)."""
+    nodes = view.nodes()
+    checks = getattr(nodes, "checks", None)  # a daemon snapshot: answered once per snapshot
+    key = ("share-gpus", tuple(g.name for g in types), tuple(partitions))
+    if checks is not None and key in checks:
+        return checks[key]
+    per_node = {g.name: (lambda n: min(n, 1)) if g.sharing == "mps" else (lambda n: n)
+                for g in types}
+    wanted = set(partitions)
+    count = sum(per_node[n.gpu_type](n.gpus) for n in nodes if n.gpu_type in per_node
+                and feasibility.state_usable(n.state)
+                and (not n.partitions or not wanted.isdisjoint(n.partitions)))
+    if checks is not None:
+        checks[key] = count
+    return count
+
+
 def choose_offer(fits: Sequence[GpuType], needs: Mapping[str, int], estimate: JobEstimate,
                  partitions: Sequence[str], view: ClusterView | None,
                  knowledge: Compatibility | PairCompatibility | None = None
@@ -456,9 +475,16 @@ def choose_offer(fits: Sequence[GpuType], needs: Mapping[str, int], estimate: Jo
             return waits, 0.0
         return waits, (fastest if own <= tie else own)
 
+    # Where no request has room now, the job waits for the first GPU to free among its types:
+    # the request usable on more GPUs is likely to start first (a type with few GPUs for
+    # shares, such as MPS on one GPU per node, would hold the job back while others free).
+    waiting = view is not None and all(room is not None and not room
+                                       for _, _, _, room in offers)
+
     def score(offer) -> tuple:
         units, group, position, room = offer
-        return (min([completion(g, room) for g in group]), -len(group), position)
+        gpus = -share_gpus(group, partitions, view) if waiting else 0
+        return (min([completion(g, room) for g in group]), gpus, -len(group), position)
 
     units, group, _, room = offers[0] if len(offers) == 1 else min(offers, key=score)
     # Without a view of free room, or with room on none of them, every type of the request is

@@ -35,7 +35,7 @@ from slurm_gpushare.core import feasibility
 from slurm_gpushare.core.feasibility import state_usable
 from slurm_gpushare.core.hostlist import expand_hostlist
 from slurm_gpushare.core.policy import (NodeView, capacity, idle_types, incompatible_nodes,
-                                         landing_gpu, room_types)
+                                         landing_gpu, room_types, share_gpus)
 from slurm_gpushare.core.tag import Tag
 from slurm_gpushare.core.types import JobRequest
 from slurm_gpushare.daemon.validity import partition_features
@@ -605,5 +605,9 @@ def _answer(kind: str, key: tuple, knowledge, view: _Fixed, by_name: Mapping) ->
         _, types, partitions = key
         if all(name in by_name for name in types):
             idle_types([by_name[n] for n in types], list(partitions), view)
+    elif key[0] == "share-gpus":
+        _, types, partitions = key
+        if all(name in by_name for name in types):
+            share_gpus([by_name[n] for n in types], list(partitions), view)
     elif key[0] == "partition-features":
         partition_features(view.nodes(), key[1])

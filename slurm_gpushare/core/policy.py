@@ -397,19 +397,27 @@ def room_types(fits: Sequence[GpuType], units: int, partitions: Sequence[str],
 
 
 def share_gpus(types: Sequence[GpuType], partitions: Sequence[str], view: ClusterView) -> int:
-    """GPUs of ``types`` in the job's partitions, on usable nodes, where a share can run: every
-    GPU of a shard type, one per node of an MPS type (Slurm uses MPS on one GPU of a node)."""
+    """GPUs of ``types`` in the job's partitions, on usable nodes, that a share may get when room
+    frees there: those with room or shares now, not those held whole (when a whole-GPU job ends
+    is not known); where the view does not know GPUs, every GPU of a shard type and one per node
+    of an MPS type (Slurm uses MPS on one GPU of a node)."""
     nodes = view.nodes()
     checks = getattr(nodes, "checks", None)  # a daemon snapshot: answered once per snapshot
     key = ("share-gpus", tuple(g.name for g in types), tuple(partitions))
     if checks is not None and key in checks:
         return checks[key]
-    per_node = {g.name: (lambda n: min(n, 1)) if g.sharing == "mps" else (lambda n: n)
-                for g in types}
+    mps = {g.name: g.sharing == "mps" for g in types}
     wanted = set(partitions)
-    count = sum(per_node[n.gpu_type](n.gpus) for n in nodes if n.gpu_type in per_node
-                and feasibility.state_usable(n.state)
-                and (not n.partitions or not wanted.isdisjoint(n.partitions)))
+    count = 0
+    for n in nodes:
+        if (n.gpu_type not in mps or not feasibility.state_usable(n.state)
+                or (n.partitions and wanted.isdisjoint(n.partitions))):
+            continue
+        if n.free_units:
+            count += sum(1 for i, free in enumerate(n.free_units)
+                         if free or (i < len(n.gpu_jobs) and n.gpu_jobs[i]))
+        else:
+            count += min(n.gpus, 1) if mps[n.gpu_type] else n.gpus
     if checks is not None:
         checks[key] = count
     return count
@@ -678,9 +686,7 @@ def share_or_keep(request: JobRequest, config: Config, *, estimate: JobEstimate 
                    f"{config.policy.gpu_time_budget_pct:.0f}%)")
     if copies:
         reason += (f", sized so that at most {copies} job{'s' if copies > 1 else ''} like it "
-                   "fit on one GPU (the pair predictor: more together would run below the "
-                   "speed threshold; the count holds wherever Slurm places it later, array "
-                   "tasks included)")
+                   "fit on one GPU (pair predictor)")
     if too_big:
         reason += f"; excluded {', '.join(g.name for g in too_big)} (does not fit)"
     if placement.dropped:

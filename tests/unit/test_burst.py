@@ -229,16 +229,21 @@ def test_a_node_the_user_named_is_never_excluded():
 
 
 def test_with_room_nowhere_the_request_for_more_gpus_is_chosen():
-    # Equal run times, no room on any type: the MPS type (one GPU per node for MPS) would hold
-    # the job back while the shard type's four GPUs free.
-    mps_busy = node("t1", "t4", [49, 0])
-    shard_full = [node(f"v{i}", "v100", [0, 0]) for i in range(2)]
-    runtimes = {"a100": 100.0, "v100": 100.0, "t4": 99.0}
+    # Equal run times, no room on any type. The a100s are held whole (when they free is not
+    # known), the MPS type has one GPU per node for MPS: the v100s, full of shares that will
+    # free, are the job's best chance.
+    whole_a100 = [node(f"a{i}", "a100", [0, 0]) for i in range(2)]
+    mps_busy = node("t1", "t4", [49, 0], jobs=[("dt",), ()])
+    shared_v100 = [node(f"v{i}", "v100", [0, 0], jobs=[(f"d{i}a",), (f"d{i}b",)])
+                   for i in range(2)]
+    runtimes = {"a100": 95.0, "v100": 100.0, "t4": 99.0}
     busy = JobEstimate(source="history", job_class=0, runtime_s=runtimes,
-                       memory_mib={"v100": 12 * 1024, "t4": 12 * 1024})
-    decision = decide(request(), CONFIG, estimate=busy, view=View(mps_busy, *shard_full))
+                       memory_mib={"a100": 30 * 1024, "v100": 12 * 1024, "t4": 12 * 1024})
+    nodes = (*whole_a100, mps_busy, *shared_v100)
+    decision = decide(request(), CONFIG, estimate=busy, view=View(*nodes))
     assert decision.writes["features"] == "v100", decision.reason
     # With room on the MPS type now, it goes there.
     mps_free = node("t1", "t4", [100, 0])
-    decision = decide(request(), CONFIG, estimate=busy, view=View(mps_free, *shard_full))
+    decision = decide(request(), CONFIG, estimate=busy,
+                      view=View(*whole_a100, mps_free, *shared_v100))
     assert decision.writes["features"] == "t4", decision.reason

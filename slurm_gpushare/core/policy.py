@@ -483,16 +483,22 @@ def choose_offer(fits: Sequence[GpuType], needs: Mapping[str, int], estimate: Jo
             return waits, 0.0
         return waits, (fastest if own <= tie else own)
 
-    # Where no request has room now, the job waits for the first GPU to free among its types:
-    # the request usable on more GPUs is likely to start first (a type with few GPUs for
-    # shares, such as MPS on one GPU per node, would hold the job back while others free).
+    # Where no request has room now, the job waits for a GPU to free among its types: not for
+    # GPUs held whole (when they free is not known), and, at equal run times, on the request
+    # usable on more GPUs (a type with few GPUs for shares, such as MPS on one GPU per node,
+    # would hold the job back while others free).
     waiting = view is not None and all(room is not None and not room
                                        for _, _, _, room in offers)
 
     def score(offer) -> tuple:
         units, group, position, room = offer
-        gpus = -share_gpus(group, partitions, view) if waiting else 0
-        return (min([completion(g, room) for g in group]), gpus, -len(group), position)
+        waits, runtime = min([completion(g, room) for g in group])
+        if waiting:
+            # A request whose every GPU is held whole may wait for as long as those jobs run:
+            # it goes last; among the others, the faster, then the one with more GPUs.
+            gpus = share_gpus(group, partitions, view)
+            return (waits, gpus == 0, runtime, -gpus, -len(group), position)
+        return (waits, runtime, -len(group), position)
 
     units, group, _, room = offers[0] if len(offers) == 1 else min(offers, key=score)
     # Without a view of free room, or with room on none of them, every type of the request is

@@ -176,7 +176,9 @@ def test_a_job_above_its_share_is_requeued_when_admins_choose_so(cluster):
     import signal
 
     # The run length comes from the environment, so both runs have the same script (and keys).
-    script = unique_script(cluster, work_s=1, util=10, mem_mib={"v100": 3000, "a100": 3000})
+    # Near-idle (1% SM, 1% memory bandwidth): the share stays sized by memory (3 GiB).
+    script = unique_script(cluster, work_s=1, util=1, mem_util=1,
+                           mem_mib={"v100": 3000, "a100": 3000})
     script = script.replace("--work 1 ", "--work ${WORK:-1} ")
     profile(cluster, script, "--gres=gpu:v100:1")
     config = cluster.daemon_config

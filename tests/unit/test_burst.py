@@ -236,7 +236,7 @@ def test_with_room_nowhere_the_request_for_more_gpus_is_chosen():
     mps_busy = node("t1", "t4", [49, 0], jobs=[("dt",), ()])
     shared_v100 = [node(f"v{i}", "v100", [0, 0], jobs=[(f"d{i}a",), (f"d{i}b",)])
                    for i in range(2)]
-    runtimes = {"a100": 95.0, "v100": 100.0, "t4": 99.0}
+    runtimes = {"a100": 50.0, "v100": 100.0, "t4": 100.0}  # a100 much faster, but held whole
     busy = JobEstimate(source="history", job_class=0, runtime_s=runtimes,
                        memory_mib={"a100": 30 * 1024, "v100": 12 * 1024, "t4": 12 * 1024})
     nodes = (*whole_a100, mps_busy, *shared_v100)

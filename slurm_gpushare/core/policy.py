@@ -613,8 +613,7 @@ def share_or_keep(request: JobRequest, config: Config, *, estimate: JobEstimate 
                            source=estimate.source)
     fits = [g for g in fits if g.name in placement.types]
     copies = copies_per_gpu(request, estimate, fits, needs, knowledge)
-    pairwise = hasattr(knowledge, "copies_allowed")
-    if copies == 1 and not pairwise:
+    if copies == 1 and not hasattr(knowledge, "copies_allowed"):  # an array judged by class
         tasks = (f"its {request.array_tasks} array tasks" if request.array_tasks
                  and request.array_tasks < MANY_ARRAY_TASKS else "its array tasks")
         return keep_tagged("array-stacking", f"{estimate.detail}: {tasks} would share one GPU "

@@ -48,8 +48,8 @@ class JobRequest:
     reservation: str = ""
     # How it was submitted: a batch script (sbatch), or an allocation without one (srun, salloc).
     batch: bool = True
-    array: bool = False  # an array job (one decision for all its tasks)
-    # Of an array: how many tasks may run at once (its indices, bounded by a %limit).
+    # Of an array job (one decision for all its tasks): how many tasks may run at once (its
+    # indices, bounded by a %limit); None for any other job.
     array_tasks: int | None = None
     het_offset: int | None = None  # component of a heterogeneous job
     steps_ask_gpus: bool = False  # the script's srun steps ask for GPUs themselves
@@ -65,6 +65,10 @@ class JobRequest:
     script_digest: str = ""
     args_digest: str = ""  # the script's arguments
     name_digest: str = ""
+
+    @property
+    def array(self) -> bool:
+        return self.array_tasks is not None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

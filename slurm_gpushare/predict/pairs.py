@@ -228,11 +228,14 @@ class PairModel:
 
     def safe_speeds(self, profiles: Sequence[Mapping[str, Any]],
                     keys: Sequence[str | None] | None = None) -> list[float]:
-        """Pessimistic speeds (ISD times the calibrated margin), for recommending. The margin
-        is the learned one where every job of the group has corrections, else the cold one."""
-        known = keys is not None and all(k in self.suffers or k in self.hurts for k in keys)
-        margin = self.margin_learned if known else self.margin
+        """Pessimistic speeds (ISD times the calibrated margin), for recommending."""
+        margin = self._margin(keys)
         return [1.0 / (1.0 + margin * d) for d in self.predict_isd(profiles, keys)]
+
+    def _margin(self, keys: Sequence[str | None] | None) -> float:
+        """The learned margin where every job of the group has corrections, else the cold one."""
+        known = keys is not None and all(k in self.suffers or k in self.hurts for k in keys)
+        return self.margin_learned if known else self.margin
 
     def copies_allowed(self, profile: Mapping[str, Any], key: str | None = None,
                        limit: int = 1_000) -> int:
@@ -240,9 +243,7 @@ class PairModel:
         pessimistic speed (``safe_speeds``) stays at the threshold or above. A job's slowdown
         is a sum over its partners, so ``m`` copies slow each one ``m - 1`` times as much as a
         single copy does: read off one pair, not by trying every group size. At least 1."""
-        [isd] = self.predict_isd([profile, profile], [key, key])[:1]
-        known = key is not None and (key in self.suffers or key in self.hurts)
-        per_copy = (self.margin_learned if known else self.margin) * isd
+        per_copy = self._margin([key]) * self.predict_isd([profile, profile], [key, key])[0]
         if per_copy <= 0:
             return max(1, limit)
         partners = (1.0 / self.threshold - 1.0) / per_copy

@@ -160,7 +160,7 @@ def array_decision(store, key, memory_mib, array_tasks, util_estimate=None):
     config = Config(policy=PolicyConfig(sharing_partitions=("gpu",), keep_whole_when_idle=False),
                     gpu_types=(GpuType("v100", 16),))
     request = JobRequest(uid=1000, user="alice", partition="gpu", tres_per_node="gres:gpu:1",
-                         array=array_tasks is not None, array_tasks=array_tasks)
+                         array_tasks=array_tasks)
     estimate = JobEstimate(source="history", memory_mib={"v100": memory_mib}, job_class=None)
     view = View(NodeView("n1", "v100", ("gpu",), gpus=2, free_units=(16, 16),
                          gpu_jobs=((), ())))
@@ -193,8 +193,7 @@ def test_a_share_lets_no_more_jobs_like_it_onto_a_gpu_than_may_run_together(arra
 def test_an_array_without_a_pair_profile_is_judged_by_its_class():
     config = Config(policy=PolicyConfig(sharing_partitions=("gpu",), keep_whole_when_idle=False),
                     gpu_types=(GpuType("v100", 16),))
-    request = JobRequest(uid=1000, partition="gpu", tres_per_node="gres:gpu:1", array=True,
-                         array_tasks=4)
+    request = JobRequest(uid=1000, partition="gpu", tres_per_node="gres:gpu:1", array_tasks=4)
     estimate = JobEstimate(source="history", memory_mib={"v100": 2000}, job_class=2)
     view = View(NodeView("n1", "v100", ("gpu",), gpus=2, free_units=(16, 16),
                          gpu_jobs=((), ())))

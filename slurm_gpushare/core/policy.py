@@ -626,6 +626,7 @@ def share_or_keep(request: JobRequest, config: Config, *, estimate: JobEstimate 
         # of the GPU.
         needs = {g.name: max(needs[g.name], capacity(g) // (copies + 1) + 1) for g in fits}
     # Which request to make, and on which types: by expected completion.
+    eligible = fits
     units, fits, slower, room = choose_offer(fits, needs, estimate, partitions, view,
                                              knowledge)
     best = fits[0]
@@ -642,6 +643,17 @@ def share_or_keep(request: JobRequest, config: Config, *, estimate: JobEstimate 
             return keep_tagged("idle-gpu", f"a {idle[0]} GPU is idle: runs on a whole GPU "
                                            "(shares only when GPUs are scarce)",
                                source=estimate.source, idle_types=idle)
+    if (room is not None and not room and not too_big and len(fits) < len(eligible)
+            and all(2 * units > capacity(g) for g in fits)):
+        # The share would wait, and it packs no second job like it on a GPU: it would hold a
+        # GPU of fewer types as good as whole. As submitted, the job takes the first GPU of
+        # any type it fits to free.
+        return keep_tagged("waits-whole", f"{estimate.detail}: no GPU has room for its share "
+                                          f"of {units} on {', '.join(g.name for g in fits)} "
+                                          "now, and no two jobs like it fit on one GPU: runs "
+                                          "as submitted, on the first GPU to free of "
+                                          f"{', '.join(g.name for g in eligible)}",
+                           source=estimate.source)
     features = _combine_features(placement.constraint, fits)
 
     share = tresmod.TresToken(gpu.prefix or "gres:", best.sharing, None, units)

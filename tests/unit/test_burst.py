@@ -233,12 +233,12 @@ def test_with_room_nowhere_the_request_for_more_gpus_is_chosen():
     # known), the MPS type has one GPU per node for MPS: the v100s, full of shares that will
     # free, are the job's best chance.
     whole_a100 = [node(f"a{i}", "a100", [0, 0]) for i in range(2)]
-    mps_busy = node("t1", "t4", [49, 0], jobs=[("dt",), ()])
+    mps_busy = node("t1", "t4", [30, 0], jobs=[("dt",), ()])
     shared_v100 = [node(f"v{i}", "v100", [0, 0], jobs=[(f"d{i}a",), (f"d{i}b",)])
                    for i in range(2)]
     runtimes = {"a100": 50.0, "v100": 100.0, "t4": 100.0}  # a100 much faster, but held whole
     busy = JobEstimate(source="history", job_class=0, runtime_s=runtimes,
-                       memory_mib={"a100": 30 * 1024, "v100": 12 * 1024, "t4": 12 * 1024})
+                       memory_mib={"a100": 30 * 1024, "v100": 6 * 1024, "t4": 6 * 1024})
     nodes = (*whole_a100, mps_busy, *shared_v100)
     decision = decide(request(), CONFIG, estimate=busy, view=View(*nodes))
     assert decision.writes["features"] == "v100", decision.reason

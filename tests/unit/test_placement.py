@@ -105,3 +105,52 @@ def test_a_burst_claims_idle_gpus_one_by_one():
         if decision.code == "idle-gpu":
             view.claim_idle(decision.details["idle_types"])
     assert codes == ["idle-gpu", "idle-gpu", "history-share", "history-share"]
+
+
+class OneCopyPerGpu:
+    """A pair predictor's answer for a busy job: no second copy of it on a GPU."""
+
+    def copies_allowed(self, limit):
+        return 1
+
+    def compatible_with(self, resident_job, gpu_type=None):
+        return True
+
+    def compatible_with_group(self, resident_jobs, gpu_type=None):
+        return True
+
+
+def full_view(free_units):
+    return View(*(NodeView(f"{t}1", t, ("gpu",), gpus=2, idle_gpus=0, free_units=(free, free),
+                           gpu_jobs=(("x",), ("y",)))
+                  for t, free in free_units.items()))
+
+
+def test_a_share_that_would_wait_and_packs_no_copy_keeps_the_job_as_submitted():
+    # No two copies of it may share a GPU, so its share is more than half of each GPU: one
+    # count (41 of 80 GiB) suits the a100s alone. With no room for it anywhere, the share would
+    # wait for an a100 while the job as submitted takes the first GPU of any type to free.
+    estimate = history(t4=6, v100=6, a100=6)
+    decision = decide(request(), config(), estimate=estimate, knowledge=OneCopyPerGpu(),
+                      view=full_view({"t4": 2, "v100": 10, "a100": 20}), decision_id="w")
+    assert (decision.action, decision.code) == ("keep", "waits-whole"), decision.reason
+    assert decision.writes == {"admin_comment": "gpushare:v1:keep:id=w:why=waits-whole"}
+    assert "first GPU to free of" in decision.reason
+    # With room for it now, it shares (it starts at once, beside a smaller partner).
+    room = decide(request(), config(), estimate=estimate, knowledge=OneCopyPerGpu(),
+                  view=full_view({"t4": 2, "v100": 10, "a100": 60}))
+    assert room.action == "share" and room.gpu_types == ("a100",)
+    assert room.details["copies_per_gpu"] == 1
+    # A share that packs copies may wait: a GPU that frees then takes several jobs.
+    packs = decide(request(), config(), estimate=estimate,
+                   view=full_view({"t4": 2, "v100": 2, "a100": 2}))
+    assert packs.action == "share" and packs.details["room_now"] is False
+    # Where the job fits only some types, as submitted it could land on one it does not fit:
+    # the share stays (OOM avoidance).
+    big = decide(request(), config(), estimate=history(t4=20, v100=20, a100=20),
+                 knowledge=OneCopyPerGpu(), view=full_view({"t4": 2, "v100": 10, "a100": 20}))
+    assert big.action == "share" and "t4" not in big.gpu_types
+    # A job that asked for one type keeps its share there: as submitted it waits for the same GPUs.
+    typed = decide(request(tres_per_node="gres:gpu:a100:1"), config(), estimate=estimate,
+                   knowledge=OneCopyPerGpu(), view=full_view({"t4": 2, "v100": 10, "a100": 20}))
+    assert typed.action == "share" and typed.gpu_types == ("a100",)

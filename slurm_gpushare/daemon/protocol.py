@@ -351,13 +351,26 @@ def request(socket_path: str | tuple[str, int], message: dict[str, Any],
         sock.settimeout(timeout)
         if not isinstance(socket_path, tuple):
             sock.connect(socket_path)
-        sock.sendall(json.dumps(message, separators=(",", ":")).encode() + b"\n")
+        try:
+            sock.sendall(json.dumps(message, separators=(",", ":")).encode() + b"\n")
+            refused = None
+        except (BrokenPipeError, ConnectionResetError) as exc:
+            # The daemon answers a refused peer or an oversized request at once and closes
+            # without reading: its answer is the reason to show, if it is there.
+            refused = exc
         data = b""
         while not data.endswith(b"\n"):
             if len(data) > MAX_REPLY_BYTES:
                 raise ValueError(f"reply larger than {MAX_REPLY_BYTES} bytes")
-            chunk = sock.recv(65536)
+            try:
+                chunk = sock.recv(65536)
+            except ConnectionResetError:
+                if refused is None:
+                    raise
+                chunk = b""
             if not chunk:
                 break
             data += chunk
+    if refused is not None and not data:
+        raise refused
     return json.loads(data.decode() or "null")

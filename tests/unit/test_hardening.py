@@ -203,3 +203,28 @@ def test_config_values_out_of_range_are_one_line_errors(section, key, value):
     with pytest.raises(ConfigError) as error:
         parse_config({section: {key: value}})
     assert key in str(error.value) and "\n" not in str(error.value)
+
+
+def test_the_client_reads_an_answer_sent_before_the_daemon_closed(tmp_path):
+    # The daemon answers a refused peer (or an oversized request) at once and closes without
+    # reading: the client's send then meets a closed socket, and the answer must still reach
+    # the user, not a "Broken pipe".
+    path = str(tmp_path / "refusing.sock")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(1)
+
+    def refuse():
+        conn, _ = server.accept()
+        conn.sendall(b'{"v":1,"ok":false,"error":"permission denied","rid":null}\n')
+        conn.close()
+
+    thread = threading.Thread(target=refuse, daemon=True)
+    thread.start()
+    try:
+        # Larger than the socket's buffers: the send cannot complete before the close.
+        reply = request_once(path, {"v": 1, "op": "ping", "pad": "x" * 4_000_000}, timeout=10)
+    finally:
+        thread.join(5)
+        server.close()
+    assert reply == {"v": 1, "ok": False, "error": "permission denied", "rid": None}

@@ -396,6 +396,17 @@ def room_types(fits: Sequence[GpuType], units: int, partitions: Sequence[str],
     return None if answer is None else set(answer)
 
 
+def share_slots(types: Sequence[GpuType], units: int, partitions: Sequence[str],
+                view: ClusterView) -> int:
+    """How many shares of ``units`` fit now on the GPUs of ``types`` in the job's partitions, on
+    usable nodes (the room an array's tasks find at once)."""
+    names, wanted = {g.name for g in types}, set(partitions)
+    return sum(free // max(units, 1) for n in view.nodes()
+               if n.gpu_type in names and feasibility.state_usable(n.state)
+               and not (n.partitions and wanted.isdisjoint(n.partitions))
+               for free in n.free_units)
+
+
 def share_gpus(types: Sequence[GpuType], partitions: Sequence[str], view: ClusterView) -> int:
     """GPUs of ``types`` in the job's partitions, on usable nodes, that a share may get when room
     frees there: those with room or shares now, not those held whole (when a whole-GPU job ends
@@ -643,17 +654,22 @@ def share_or_keep(request: JobRequest, config: Config, *, estimate: JobEstimate 
             return keep_tagged("idle-gpu", f"a {idle[0]} GPU is idle: runs on a whole GPU "
                                            "(shares only when GPUs are scarce)",
                                source=estimate.source, idle_types=idle)
-    if (room is not None and not room and not too_big and len(fits) < len(eligible)
+    if (room is not None and not too_big and len(fits) < len(eligible)
             and all(2 * units > capacity(g) for g in fits)):
-        # The share would wait, and it packs no second job like it on a GPU: it would hold a
-        # GPU of fewer types as good as whole. As submitted, the job takes the first GPU of
-        # any type it fits to free.
-        return keep_tagged("waits-whole", f"{estimate.detail}: no GPU has room for its share "
-                                          f"of {units} on {', '.join(g.name for g in fits)} "
-                                          "now, and no two jobs like it fit on one GPU: runs "
-                                          "as submitted, on the first GPU to free of "
-                                          f"{', '.join(g.name for g in eligible)}",
-                           source=estimate.source)
+        # A share that packs no second job like it on a GPU holds a GPU of fewer types as good
+        # as whole. Where it would wait (an array: where its tasks would not all start), the job
+        # as submitted takes the first GPU of any type it fits to free.
+        tasks = (request.array_tasks or MANY_ARRAY_TASKS) if request.array else 1
+        if not room or (tasks > 1 and share_slots(fits, units, partitions, view) < tasks):
+            what = (f"its share of {units}" if tasks == 1 else
+                    f"the shares of {units} of its "
+                    + (f"{tasks} array tasks" if tasks < MANY_ARRAY_TASKS else "array tasks"))
+            return keep_tagged("waits-whole", f"{estimate.detail}: no room for {what} on "
+                                              f"{', '.join(g.name for g in fits)} now, and no "
+                                              "two jobs like it fit on one GPU: runs as "
+                                              "submitted, on the first GPU to free of "
+                                              f"{', '.join(g.name for g in eligible)}",
+                               source=estimate.source)
     features = _combine_features(placement.constraint, fits)
 
     share = tresmod.TresToken(gpu.prefix or "gres:", best.sharing, None, units)

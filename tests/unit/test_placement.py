@@ -154,3 +154,25 @@ def test_a_share_that_would_wait_and_packs_no_copy_keeps_the_job_as_submitted():
     typed = decide(request(tres_per_node="gres:gpu:a100:1"), config(), estimate=estimate,
                    knowledge=OneCopyPerGpu(), view=full_view({"t4": 2, "v100": 10, "a100": 20}))
     assert typed.action == "share" and typed.gpu_types == ("a100",)
+
+
+def test_an_array_whose_tasks_would_not_all_start_keeps_them_as_submitted():
+    # Room for one share of 41 on the a100s now, but four tasks: three would wait for an a100.
+    estimate = history(t4=6, v100=6, a100=6)
+    four = request(array_tasks=4)
+    one_room = full_view({"t4": 2, "v100": 10, "a100": 0})
+    one_room = View(*one_room.nodes(), NodeView("a2", "a100", ("gpu",), gpus=2, idle_gpus=0,
+                                                free_units=(50, 0), gpu_jobs=(("z",), ("w",))))
+    decision = decide(four, config(), estimate=estimate, knowledge=OneCopyPerGpu(),
+                      view=one_room)
+    assert decision.code == "waits-whole", decision.reason
+    assert "its 4 array tasks" in decision.reason
+    # A single job starts there now: it shares.
+    assert decide(request(), config(), estimate=estimate, knowledge=OneCopyPerGpu(),
+                  view=one_room).action == "share"
+    # Room for all four tasks: they share.
+    room = full_view({"t4": 2, "v100": 10, "a100": 50})
+    room = View(*room.nodes(), NodeView("a2", "a100", ("gpu",), gpus=2, idle_gpus=0,
+                                        free_units=(50, 50), gpu_jobs=(("z",), ("w",))))
+    assert decide(four, config(), estimate=estimate, knowledge=OneCopyPerGpu(),
+                  view=room).action == "share"

@@ -17,7 +17,7 @@ import threading
 from collections import OrderedDict
 from typing import Any, Callable, Sequence
 
-from slurm_gpushare.predict.pairs import PairModel, default_model
+from slurm_gpushare.predict.pairs import PairModel, default_model, demand_of, prior_isd
 
 CACHE_SIZE = 4096
 
@@ -87,8 +87,9 @@ class Pairing:
     def __init__(self, store, *, model: PairModel | None = None):
         self.store = store  # read-only use: history and decision records
         self.model = model or default_model()
-        # One observation per co-run row (cluster, jobs, GPU): a row completed later replaces it.
-        self._observations: dict[tuple, tuple[str, str, float | None, float | None]] = {}
+        # One co-run row per (cluster, jobs, GPU), a row completed later replacing it:
+        # (key_a, key_b, isd_a, isd_b, overlap_s).
+        self._observations: dict[tuple, tuple] = {}
         self._profiles: dict[str, dict[str, Any]] = {}  # fingerprint key -> profile (learning)
         self._by_keys: OrderedDict[tuple[str, ...], tuple[dict[str, Any], str] | None] = OrderedDict()
         self._decision_keys: OrderedDict[str, tuple[str, ...]] = OrderedDict()
@@ -173,10 +174,51 @@ class Pairing:
                 continue  # the other job has not finished yet: learned when it has
             (profile_a, key_a), (profile_b, key_b) = sides
             self._profiles[key_a], self._profiles[key_b] = profile_a, profile_b
-            speed = [None if v is None else 1.0 / (1.0 + max(float(v), -0.99)) for v in isd]
             ident = (cluster, *jobs, str(row.get("gpu_uuid") or ""))
-            self._observations[ident] = (key_a, key_b, speed[0], speed[1])
+            overlap = row.get("overlap_s")
+            self._observations[ident] = (key_a, key_b, *isd,
+                                         None if overlap is None else float(overlap))
             added += 1
         if added:
-            self.model = self.model.fitted_copy().learn(list(self._observations.values()), self._profiles)
+            self.model = self.model.fitted_copy().learn(self._pair_speeds(), self._profiles)
         return self
+
+    def _pair_speeds(self) -> list[tuple[str, str, float | None, float | None]]:
+        """The co-runs as pair measurements ``(key_a, key_b, speed_a, speed_b)`` for learning.
+
+        A job's measured slowdown (ISD) is its whole run's, and it appears on every row of the
+        co-run: with several partners on its GPU it was slowed by all of them, not by each.
+        Taken as a pair's, it makes every pair look that bad (four light jobs and two larger
+        ones, each at 0.56x, taught that two light jobs run at 0.56x together). So each side's
+        ISD is split over its partners on that GPU the way the prior splits it (each partner's
+        term, weighted by its overlap relative to the longest): the pair terms then add up to
+        what was measured. A row with one partner is taken as measured."""
+        sides: dict[tuple, list[tuple[tuple, int]]] = {}
+        for ident in self._observations:
+            cluster, job_a, job_b, gpu = ident
+            sides.setdefault((cluster, job_a, gpu), []).append((ident, 0))
+            sides.setdefault((cluster, job_b, gpu), []).append((ident, 1))
+        speeds: dict[tuple, list[float | None]] = {i: [None, None] for i in self._observations}
+        latency = self.model.latency
+        for members in sides.values():
+            rows = [(ident, side, self._observations[ident]) for ident, side in members]
+            measured = [obs[2 + side] for _, side, obs in rows if obs[2 + side] is not None]
+            if not measured:
+                continue
+            isd = sum(float(v) for v in measured) / len(measured)
+            own = self._profiles[rows[0][2][rows[0][1]]]
+            longest = max((obs[4] or 0.0 for _, _, obs in rows), default=0.0)
+            terms = []
+            for _, side, obs in rows:
+                weight = 1.0 if not longest or obs[4] is None else obs[4] / longest
+                partner = self._profiles[obs[1 - side]]
+                terms.append((weight, prior_isd(demand_of(own), [demand_of(partner)],
+                                                latency)[0]))
+            exposure = sum(w * t for w, t in terms)
+            for (ident, side, _), (weight, term) in zip(rows, terms):
+                if len(rows) == 1 or exposure <= 0:
+                    pair_isd = isd
+                else:
+                    pair_isd = isd * term / exposure
+                speeds[ident][side] = 1.0 / (1.0 + max(pair_isd, -0.99))
+        return [(obs[0], obs[1], *speeds[ident]) for ident, obs in self._observations.items()]

@@ -213,3 +213,28 @@ def test_an_array_without_a_pair_profile_is_judged_by_its_class():
     single = decide(JobRequest(uid=1000, partition="gpu", tres_per_node="gres:gpu:1"), config,
                     estimate=estimate, view=view, knowledge=Classes(False))
     assert single.action == "share" and single.writes["tres_per_node"] == "gres:shard:2"
+
+
+def test_a_slowdown_shared_by_several_partners_is_not_taught_as_each_pairs(store):
+    # Three copies of one job shared a GPU, each slowed exactly as much as the prior predicts
+    # for three together (twice the pair's slowdown). The co-run gives three pair rows, each
+    # carrying the job's whole slowdown: taken as pairs', they would teach that two copies
+    # slow each other twice as much as they do.
+    key = "e" * 64
+    for job_id in ("30", "31", "32"):
+        store.ingest_summary(summary(job_id, key, 40.0, 20.0))
+    pairing = Pairing(store).load()
+    profile, _ = pairing.profile([key])
+    pair_isd = pairing.model.predict_isd([profile, profile])[0]
+    group_isd = pairing.model.predict_isd([profile, profile, profile])[0]
+    assert group_isd == pytest.approx(2 * pair_isd) and pair_isd > 0.1
+    rows = [{"cluster": "c1", "job_a": a, "job_b": b, "gpu_uuid": "GPU-1", "overlap_s": 60.0,
+             "isd_a": group_isd, "isd_b": group_isd}
+            for a, b in (("30", "31"), ("30", "32"), ("31", "32"))]
+    pairing.observe(rows)
+    learned = pairing.model.predict_isd([profile, profile], [key, key])[0]
+    assert learned == pytest.approx(pair_isd, rel=0.05)
+    # One partner: the pair's slowdown is taken as measured (twice the prior here).
+    other = Pairing(store).load()
+    other.observe(rows[:1])
+    assert other.model.predict_isd([profile, profile], [key, key])[0] > 1.3 * pair_isd

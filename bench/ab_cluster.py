@@ -279,6 +279,9 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--policy {item!r}: use KEY=VALUE")
         policy[key] = value
 
+    # The code the daemon runs is the tree at its start (set_policy restarts it): recorded then.
+    git = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=7"], cwd=REPO,
+                         capture_output=True, text=True).stdout.strip()
     cluster = TestCluster()
     cluster.start()
     original = cluster.daemon_config.read_text()
@@ -304,8 +307,6 @@ def main(argv: list[str] | None = None) -> int:
                       f"({time.monotonic() - t0:.0f} s)", flush=True)
     finally:
         set_policy(cluster, original)
-    git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
-                         text=True).stdout.strip()
     result = {
         "benchmark": "ab_cluster", "commit": git, "slurm": cluster.slurm_version,
         "command": "GPUSHARE_CLUSTER_DIR=... GPUSHARE_CLUSTER_PORT_BASE=... .venv/bin/python "

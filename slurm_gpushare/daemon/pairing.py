@@ -192,7 +192,9 @@ class Pairing:
         ones, each at 0.56x, taught that two light jobs run at 0.56x together). So each side's
         ISD is split over its partners on that GPU the way the prior splits it (each partner's
         term, weighted by its overlap relative to the longest): the pair terms then add up to
-        what was measured. A row with one partner is taken as measured."""
+        what was measured. (A side is measured only where the partner overlapped nearly its
+        whole run, so the longest overlap is about the run's length.) A job with one partner
+        is taken as measured."""
         sides: dict[tuple, list[tuple[tuple, int]]] = {}
         for ident in self._observations:
             cluster, job_a, job_b, gpu = ident
@@ -215,7 +217,9 @@ class Pairing:
                 terms.append((weight, prior_isd(demand_of(own), [demand_of(partner)],
                                                 latency)[0]))
             exposure = sum(w * t for w, t in terms)
-            for (ident, side, _), (weight, term) in zip(rows, terms):
+            for (ident, side, obs), (weight, term) in zip(rows, terms):
+                if obs[2 + side] is None:
+                    continue  # this side was not measured against this partner
                 if len(rows) == 1 or exposure <= 0:
                     pair_isd = isd
                 else:

@@ -396,15 +396,26 @@ def room_types(fits: Sequence[GpuType], units: int, partitions: Sequence[str],
     return None if answer is None else set(answer)
 
 
+def _share_nodes(types: Sequence[GpuType], partitions: Sequence[str], view: ClusterView):
+    """The usable nodes of ``types`` in the job's partitions (a node without partitions: any)."""
+    names, wanted = {g.name for g in types}, set(partitions)
+    return [n for n in view.nodes() if n.gpu_type in names and feasibility.state_usable(n.state)
+            and not (n.partitions and wanted.isdisjoint(n.partitions))]
+
+
 def share_slots(types: Sequence[GpuType], units: int, partitions: Sequence[str],
                 view: ClusterView) -> int:
     """How many shares of ``units`` fit now on the GPUs of ``types`` in the job's partitions, on
     usable nodes (the room an array's tasks find at once)."""
-    names, wanted = {g.name for g in types}, set(partitions)
-    return sum(free // max(units, 1) for n in view.nodes()
-               if n.gpu_type in names and feasibility.state_usable(n.state)
-               and not (n.partitions and wanted.isdisjoint(n.partitions))
-               for free in n.free_units)
+    checks = getattr(view.nodes(), "checks", None)  # a daemon snapshot: once per snapshot
+    key = ("slots", tuple(g.name for g in types), tuple(partitions), units)
+    if checks is not None and key in checks:
+        return checks[key]
+    count = sum(free // max(units, 1) for n in _share_nodes(types, partitions, view)
+                for free in n.free_units)
+    if checks is not None:
+        checks[key] = count
+    return count
 
 
 def share_gpus(types: Sequence[GpuType], partitions: Sequence[str], view: ClusterView) -> int:
@@ -418,12 +429,8 @@ def share_gpus(types: Sequence[GpuType], partitions: Sequence[str], view: Cluste
     if checks is not None and key in checks:
         return checks[key]
     mps = {g.name: g.sharing == "mps" for g in types}
-    wanted = set(partitions)
     count = 0
-    for n in nodes:
-        if (n.gpu_type not in mps or not feasibility.state_usable(n.state)
-                or (n.partitions and wanted.isdisjoint(n.partitions))):
-            continue
+    for n in _share_nodes(types, partitions, view):
         if n.free_units:
             count += sum(1 for i, free in enumerate(n.free_units)
                          if free or (i < len(n.gpu_jobs) and n.gpu_jobs[i]))

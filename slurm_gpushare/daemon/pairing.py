@@ -15,11 +15,19 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 from slurm_gpushare.predict.pairs import PairModel, default_model, demand_of, prior_isd
 
 CACHE_SIZE = 4096
+
+
+class CoRun(NamedTuple):
+    """One co-run row as learning reads it: both jobs' fingerprint keys, each side's measured
+    slowdown (ISD; None where not measured) and how long they overlapped (seconds)."""
+    keys: tuple[str, str]
+    isd: tuple[float | None, float | None]
+    overlap_s: float | None
 
 
 def profile_of_history(history: Sequence[dict[str, Any]]) -> tuple[dict[str, Any] | None, int]:
@@ -87,9 +95,8 @@ class Pairing:
     def __init__(self, store, *, model: PairModel | None = None):
         self.store = store  # read-only use: history and decision records
         self.model = model or default_model()
-        # One co-run row per (cluster, jobs, GPU), a row completed later replacing it:
-        # (key_a, key_b, isd_a, isd_b, overlap_s).
-        self._observations: dict[tuple, tuple] = {}
+        # One co-run per (cluster, jobs, GPU): a row completed later replaces it.
+        self._observations: dict[tuple, CoRun] = {}
         self._profiles: dict[str, dict[str, Any]] = {}  # fingerprint key -> profile (learning)
         self._by_keys: OrderedDict[tuple[str, ...], tuple[dict[str, Any], str] | None] = OrderedDict()
         self._decision_keys: OrderedDict[str, tuple[str, ...]] = OrderedDict()
@@ -176,8 +183,8 @@ class Pairing:
             self._profiles[key_a], self._profiles[key_b] = profile_a, profile_b
             ident = (cluster, *jobs, str(row.get("gpu_uuid") or ""))
             overlap = row.get("overlap_s")
-            self._observations[ident] = (key_a, key_b, *isd,
-                                         None if overlap is None else float(overlap))
+            self._observations[ident] = CoRun((key_a, key_b), isd,
+                                              None if overlap is None else float(overlap))
             added += 1
         if added:
             self.model = self.model.fitted_copy().learn(self._pair_speeds(), self._profiles)
@@ -195,34 +202,29 @@ class Pairing:
         what was measured. (A side is measured only where the partner overlapped nearly its
         whole run, so the longest overlap is about the run's length.) A job with one partner
         is taken as measured."""
-        sides: dict[tuple, list[tuple[tuple, int]]] = {}
+        sides: dict[tuple, list[tuple[tuple, int]]] = {}  # (cluster, job, GPU) -> its rows
         for ident in self._observations:
             cluster, job_a, job_b, gpu = ident
             sides.setdefault((cluster, job_a, gpu), []).append((ident, 0))
             sides.setdefault((cluster, job_b, gpu), []).append((ident, 1))
-        speeds: dict[tuple, list[float | None]] = {i: [None, None] for i in self._observations}
-        latency = self.model.latency
+        speeds = {ident: [None, None] for ident in self._observations}
         for members in sides.values():
             rows = [(ident, side, self._observations[ident]) for ident, side in members]
-            measured = [obs[2 + side] for _, side, obs in rows if obs[2 + side] is not None]
+            measured = [run.isd[side] for _, side, run in rows if run.isd[side] is not None]
             if not measured:
                 continue
             isd = sum(float(v) for v in measured) / len(measured)
-            own = self._profiles[rows[0][2][rows[0][1]]]
-            longest = max((obs[4] or 0.0 for _, _, obs in rows), default=0.0)
-            terms = []
-            for _, side, obs in rows:
-                weight = 1.0 if not longest or obs[4] is None else obs[4] / longest
-                partner = self._profiles[obs[1 - side]]
-                terms.append((weight, prior_isd(demand_of(own), [demand_of(partner)],
-                                                latency)[0]))
-            exposure = sum(w * t for w, t in terms)
-            for (ident, side, obs), (weight, term) in zip(rows, terms):
-                if obs[2 + side] is None:
+            _, side, run = rows[0]
+            own = demand_of(self._profiles[run.keys[side]])
+            longest = max((run.overlap_s or 0.0 for _, _, run in rows), default=0.0)
+            terms = [prior_isd(own, [demand_of(self._profiles[run.keys[1 - side]])],
+                               self.model.latency)[0] for _, side, run in rows]
+            weights = [1.0 if not longest or run.overlap_s is None else run.overlap_s / longest
+                       for _, _, run in rows]
+            exposure = sum(w * t for w, t in zip(weights, terms))
+            for (ident, side, run), term in zip(rows, terms):
+                if run.isd[side] is None:
                     continue  # this side was not measured against this partner
-                if len(rows) == 1 or exposure <= 0:
-                    pair_isd = isd
-                else:
-                    pair_isd = isd * term / exposure
+                pair_isd = isd if len(rows) == 1 or exposure <= 0 else isd * term / exposure
                 speeds[ident][side] = 1.0 / (1.0 + max(pair_isd, -0.99))
-        return [(obs[0], obs[1], *speeds[ident]) for ident, obs in self._observations.items()]
+        return [(*run.keys, *speeds[ident]) for ident, run in self._observations.items()]

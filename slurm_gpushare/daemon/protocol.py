@@ -79,19 +79,32 @@ def _unset(value: float | None, *markers: int) -> float | None:
 MAX_FIELD_NUMBER = 2**32
 
 
-def _get(job: Mapping[str, Any], name: str, kind: type):
-    value = job.get(name)
-    if value is None:
-        return None
-    if kind is str:
-        if not isinstance(value, str):
-            raise ProtocolError(f"job.{name} must be a string")
-        return value
+def _check_number(name: str, value: Any) -> Any:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ProtocolError(f"job.{name} must be a number")
     if not math.isfinite(value) or not 0 <= value <= MAX_FIELD_NUMBER:
         raise ProtocolError(f"job.{name} is out of range")
     return value
+
+
+_FIELD_IS_STRING = {**dict.fromkeys(STRING_FIELDS, True), **dict.fromkeys(NUMBER_FIELDS, False)}
+
+
+def _job_fields(job: Mapping[str, Any]) -> tuple[dict[str, str], dict[str, Any]]:
+    """The job's string fields ("" where absent) and number fields (None where absent), each
+    checked. One pass over what the hook sent (it sends only the fields that are set)."""
+    strings, numbers = dict.fromkeys(STRING_FIELDS, ""), dict.fromkeys(NUMBER_FIELDS)
+    for name, value in job.items():
+        is_string = _FIELD_IS_STRING.get(name)
+        if is_string is None or value is None:
+            continue  # not a job field (argv, batch: read below), or unset
+        if is_string:
+            if not isinstance(value, str):
+                raise ProtocolError(f"job.{name} must be a string")
+            strings[name] = value
+        else:
+            numbers[name] = _check_number(name, value)
+    return strings, numbers
 
 
 # Limits of a request line, checked before it is decoded (a line is at most
@@ -210,11 +223,14 @@ def parse_comment(comment: str, opt_out_token: str, mem_hint_token: str) -> tupl
 
 
 def parse_request(message: Any, *, opt_out_token: str = "gpushare=off",
-                  mem_hint_token: str = "gpushare:mem=", digest=None) -> tuple[str, Any]:
+                  mem_hint_token: str = "gpushare:mem=", digest=None,
+                  script_steps=None) -> tuple[str, Any]:
     """Validate a decoded request. Returns ``(op, payload)``; raises ProtocolError.
 
     For ``decide`` the payload is a JobRequest; ``digest(kind, text)`` turns the script and name
-    into keyed digests (the texts go no further than that call).
+    into keyed digests (the texts go no further than that call). ``script_steps(digest)``
+    answers, for a job sent with its script's digest in place of the script, what the script
+    said (whether its srun steps ask for GPUs); without it such a job reads as having no steps.
     """
     if not isinstance(message, dict):
         raise ProtocolError("request must be a JSON object")
@@ -229,8 +245,7 @@ def parse_request(message: Any, *, opt_out_token: str = "gpushare=off",
     job = message.get("job")
     if not isinstance(job, dict):
         raise ProtocolError("job must be an object")
-    strings = {name: _get(job, name, str) or "" for name in STRING_FIELDS}
-    numbers = {name: _get(job, name, float) for name in NUMBER_FIELDS}
+    strings, numbers = _job_fields(job)
     if numbers["uid"] is None:
         raise ProtocolError("job.uid is required")
     opt_out, hint = parse_comment(strings["comment"], opt_out_token, mem_hint_token)
@@ -250,6 +265,11 @@ def parse_request(message: Any, *, opt_out_token: str = "gpushare=off",
         return None if value is None else int(value)
 
     shared = count("shared")
+    script = strings["script"]
+    script_digest = (digest("script", script) if digest and script
+                     else _script_digest(strings["script_digest"]))
+    steps_ask_gpus = (script_steps(script_digest) if script_steps and script_digest and not script
+                      else steps_ask_for_gpus(script))
     request = JobRequest(
         uid=int(numbers["uid"]),
         user=strings["user"], account=strings["account"], partition=strings["partition"],
@@ -263,14 +283,13 @@ def parse_request(message: Any, *, opt_out_token: str = "gpushare=off",
         batch=batch,
         array_tasks=array_task_count(strings["array_inx"]) if strings["array_inx"] else None,
         het_offset=count("het_job_offset"),
-        steps_ask_gpus=steps_ask_for_gpus(strings["script"]),
+        steps_ask_gpus=steps_ask_gpus,
         time_limit_min=count("time_limit"),
         min_nodes=count("min_nodes"), max_nodes=count("max_nodes"), num_tasks=count("num_tasks"),
         # job_desc.shared: 0 = --exclusive, 2 = --exclusive=user, 3 = --exclusive=mcs.
         exclusive=shared in (0, 2, 3),
         opt_out=opt_out, mem_hint_mib=hint,
-        script_digest=(digest("script", strings["script"]) if digest and strings["script"]
-                       else _script_digest(strings["script_digest"])),
+        script_digest=script_digest,
         # argv[0] is the script's path as typed (it may change between resubmissions); the
         # arguments after it are part of the work.
         args_digest=digest("args", "\0".join(argv[1:])) if digest and argv[1:] else "",

@@ -159,19 +159,21 @@ class ScriptMemory:
         self._steps: OrderedDict[str, bool] = OrderedDict()
         self._lock = threading.Lock()
 
-    def resolve(self, request: JobRequest, digest_only: bool) -> JobRequest:
+    def remember(self, digest: str, steps_ask_gpus: bool) -> None:
         with self._lock:
-            if not digest_only:
-                self._steps[request.script_digest] = request.steps_ask_gpus
-                self._steps.move_to_end(request.script_digest)
-                while len(self._steps) > self.size:
-                    self._steps.popitem(last=False)
-                return request
-            steps = self._steps.get(request.script_digest)
+            self._steps[digest] = steps_ask_gpus
+            self._steps.move_to_end(digest)
+            while len(self._steps) > self.size:
+                self._steps.popitem(last=False)
+
+    def steps(self, digest: str) -> bool:
+        """What the script behind ``digest`` said; a digest not seen is refused."""
+        with self._lock:
+            steps = self._steps.get(digest)
             if steps is None:
                 raise ProtocolError("unknown script digest: the hook must send the script")
-            self._steps.move_to_end(request.script_digest)
-        return replace(request, steps_ask_gpus=steps)
+            self._steps.move_to_end(digest)
+        return steps
 
 
 class DecisionMemo:
@@ -337,9 +339,10 @@ class Service:
             job.get("script_digest"))
         op, request = parse_request(message, opt_out_token=config.policy.opt_out_token,
                                     mem_hint_token=config.policy.mem_hint_token,
-                                    digest=self.digest)
-        if request is not None and request.script_digest and peer.admin:
-            request = self._scripts.resolve(request, digest_only)
+                                    digest=self.digest,
+                                    script_steps=self._scripts.steps if peer.admin else None)
+        if request is not None and request.script_digest and peer.admin and not digest_only:
+            self._scripts.remember(request.script_digest, request.steps_ask_gpus)
         if op == "ping":
             with self._lock:
                 counters = dict(self.counters)

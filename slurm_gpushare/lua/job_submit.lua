@@ -296,21 +296,25 @@ local function validate(reply, request)
   end
   -- The share itself must be a parsable shard/mps request and no GPU may remain.
   local node_tokens = tres.parse(writes.tres_per_node)
-  if not node_tokens or not tres.mentions(SHARED, writes.tres_per_node) then
-    return nil, "share without shard/mps in tres_per_node"
-  end
-  -- A count of 0 would silently drop the job's GPU; one above a GPU's capacity never runs.
-  for _, token in ipairs(node_tokens) do
-    if SHARED[token.name] and (token.count < 1 or token.count > settings.max_share_count) then
-      return nil, "share count out of range"
+  local shares, whole = 0, false
+  for _, token in ipairs(node_tokens or {}) do
+    if SHARED[token.name] then
+      -- A count of 0 would silently drop the job's GPU; one above a GPU's capacity never runs.
+      if token.count < 1 or token.count > settings.max_share_count then
+        return nil, "share count out of range"
+      end
+      shares = shares + 1
+    elseif GPU[token.name] then
+      whole = true
     end
   end
+  if shares == 0 then return nil, "share without shard/mps in tres_per_node" end
   -- A share always carries its tag: without it its telemetry, reports and requeue are blind.
   if type(writes.admin_comment) ~= "string"
       or not string.match(writes.admin_comment, "^gpushare:v%d+:share:") then
     return nil, "share without its tag"
   end
-  if tres.mentions(GPU, writes.tres_per_node, writes.tres_per_job or request.job.tres_per_job) then
+  if whole or tres.mentions(GPU, writes.tres_per_job or request.job.tres_per_job) then
     return nil, "share that still asks for a whole GPU"
   end
   -- Never turn jobs Slurm cannot share into shares, whatever the daemon says.

@@ -192,23 +192,27 @@ def incompatible_nodes(job_class: int | None, fits: Sequence[GpuType], partition
     return answer(excluded, len(candidates))
 
 
-def idle_types(fits: Sequence[GpuType], partitions: Sequence[str],
-               view: ClusterView | None) -> list[str]:
-    """The job's fitting types with an idle GPU in one of its partitions (the view's word)."""
+def idle_gpus_by_type(fits: Sequence[GpuType], partitions: Sequence[str],
+                      view: ClusterView | None) -> dict[str, int]:
+    """The job's fitting types with idle GPUs in one of its partitions, and how many (the
+    view's word), in the order of ``fits``."""
     if view is None:
-        return []
+        return {}
     nodes = view.nodes()
     checks = getattr(nodes, "checks", None)  # a daemon snapshot: answered once per snapshot
     key = ("idle", tuple(g.name for g in fits), tuple(partitions))
     if checks is not None and key in checks:
-        return list(checks[key])
+        return dict(checks[key])
     types = {g.name for g in fits}
     wanted = set(partitions)
-    idle = {n.gpu_type for n in nodes if n.idle_gpus and n.gpu_type in types
-            and (not n.partitions or not wanted.isdisjoint(n.partitions))}
-    found = [g.name for g in fits if g.name in idle]
+    idle: dict[str, int] = {}
+    for n in nodes:
+        if (n.idle_gpus and n.gpu_type in types
+                and (not n.partitions or not wanted.isdisjoint(n.partitions))):
+            idle[n.gpu_type] = idle.get(n.gpu_type, 0) + n.idle_gpus
+    found = {g.name: idle[g.name] for g in fits if g.name in idle}
     if checks is not None:
-        checks[key] = tuple(found)
+        checks[key] = tuple(found.items())
     return found
 
 
@@ -655,18 +659,25 @@ def share_or_keep(request: JobRequest, config: Config, *, estimate: JobEstimate 
         return keep_tagged("whole-share", f"{estimate.detail or 'the estimate'} takes the whole "
                                           f"GPU on {', '.join(g.name for g in fits)}: runs on "
                                           "a whole GPU", source=estimate.source)
+    tasks = (request.array_tasks or MANY_ARRAY_TASKS) if request.array else 1
     if config.policy.keep_whole_when_idle:
-        idle = idle_types(fits, partitions, view)
-        if idle:
-            return keep_tagged("idle-gpu", f"a {idle[0]} GPU is idle: runs on a whole GPU "
+        # One decision covers an array's tasks: whole GPUs only if each task finds an idle one
+        # (else the rest would wait for a whole GPU while they could share).
+        idle = idle_gpus_by_type(fits, partitions, view)
+        if idle and sum(idle.values()) >= tasks:
+            first = next(iter(idle))
+            what = (f"a {first} GPU is idle" if tasks == 1 else
+                    f"{sum(idle.values())} GPUs of {', '.join(idle)} are idle for its "
+                    f"{tasks} array tasks")
+            return keep_tagged("idle-gpu", f"{what}: runs on a whole GPU "
                                            "(shares only when GPUs are scarce)",
-                               source=estimate.source, idle_types=idle)
+                               source=estimate.source, idle_types=list(idle),
+                               idle_gpus=sum(idle.values()), tasks=tasks)
     if (room is not None and not too_big and len(fits) < len(eligible)
             and all(2 * units > capacity(g) for g in fits)):
         # A share that packs no second job like it on a GPU holds a GPU of fewer types as good
         # as whole. Where it would wait (an array: where its tasks would not all start), the job
         # as submitted takes the first GPU of any type it fits to free.
-        tasks = (request.array_tasks or MANY_ARRAY_TASKS) if request.array else 1
         if not room or (tasks > 1 and share_slots(fits, units, partitions, view) < tasks):
             what = (f"its share of {units}" if tasks == 1 else
                     f"the shares of {units} of its "

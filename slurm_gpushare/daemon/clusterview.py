@@ -34,8 +34,9 @@ from slurm_gpushare.core.config import Config
 from slurm_gpushare.core import feasibility
 from slurm_gpushare.core.feasibility import state_usable
 from slurm_gpushare.core.hostlist import expand_hostlist
-from slurm_gpushare.core.policy import (NodeView, capacity, idle_types, incompatible_nodes,
-                                         landing_gpu, room_types, share_gpus)
+from slurm_gpushare.core.policy import (NodeView, capacity, idle_gpus_by_type,
+                                         incompatible_nodes, landing_gpu, room_types,
+                                         share_gpus)
 from slurm_gpushare.core.tag import Tag
 from slurm_gpushare.core.types import JobRequest
 from slurm_gpushare.daemon.validity import partition_features
@@ -88,7 +89,7 @@ class Snapshot(tuple):
     def __new__(cls, nodes=()):
         snapshot = super().__new__(cls, nodes)
         snapshot.memo = Answers()  # policy.incompatible_nodes' answers on this snapshot
-        # feasibility.check, policy.idle_types and validity's features per partition
+        # feasibility.check, policy.idle_gpus_by_type and validity's features per partition
         snapshot.checks = Answers()
         return snapshot
 
@@ -374,24 +375,32 @@ class SlurmClusterView:
         """reservation name -> its nodes (feasibility.check reads it for --reservation)."""
         return self._reservations
 
-    def claim_idle(self, gpu_types: Sequence[str]) -> None:
-        """A job was kept whole for an idle GPU of one of these types: count one such GPU as
-        taken until the next refresh, so a burst of submissions does not send every job after
-        the same idle GPU (the rest share instead). The answers that do not depend on idle GPUs
-        carry over to the new snapshot; idle-GPU answers too, unless the node had no other."""
+    def claim_idle(self, gpu_types: Sequence[str], count: int = 1) -> None:
+        """A job (an array: ``count`` tasks) was kept whole for idle GPUs of these types: count
+        that many such GPUs as taken until the next refresh, so a burst of submissions does not
+        send every job after the same idle GPUs (the rest share instead). The answers that do
+        not depend on idle GPUs carry over to the new snapshot; idle-GPU answers of other types
+        too."""
         old = self._snapshot
         nodes = list(old)
+        left = count
         for i, node in enumerate(nodes):
+            if left <= 0:
+                break
             if node.idle_gpus and node.gpu_type in gpu_types:
-                nodes[i] = replace(node, idle_gpus=node.idle_gpus - 1)
-                snapshot = Snapshot(nodes)
-                dict.update(snapshot.memo, list(dict.items(old.memo)))
-                dict.update(snapshot.checks, [
-                    (key, answer) for key, answer in list(dict.items(old.checks))
-                    if key[0] != "idle" or nodes[i].idle_gpus or node.gpu_type not in key[1]])
-                snapshot.memo.asked, snapshot.checks.asked = old.memo.asked, old.checks.asked
-                self._snapshot = snapshot
-                return
+                taken = min(left, node.idle_gpus)
+                nodes[i] = replace(node, idle_gpus=node.idle_gpus - taken)
+                left -= taken
+        if left == count:
+            return
+        claimed = {n.gpu_type for n, was in zip(nodes, old) if n.idle_gpus != was.idle_gpus}
+        snapshot = Snapshot(nodes)
+        dict.update(snapshot.memo, list(dict.items(old.memo)))
+        dict.update(snapshot.checks, [
+            (key, answer) for key, answer in list(dict.items(old.checks))
+            if key[0] != "idle" or claimed.isdisjoint(key[1])])
+        snapshot.memo.asked, snapshot.checks.asked = old.memo.asked, old.checks.asked
+        self._snapshot = snapshot
 
     def claim_share(self, decision_id: str, types: Sequence[str], units: int,
                     partitions: Sequence[str], excluded: Sequence[str] = (),
@@ -604,7 +613,7 @@ def _answer(kind: str, key: tuple, knowledge, view: _Fixed, by_name: Mapping) ->
     elif key[0] == "idle":
         _, types, partitions = key
         if all(name in by_name for name in types):
-            idle_types([by_name[n] for n in types], list(partitions), view)
+            idle_gpus_by_type([by_name[n] for n in types], list(partitions), view)
     elif key[0] == "share-gpus":
         _, types, partitions = key
         if all(name in by_name for name in types):

@@ -411,7 +411,8 @@ class Service:
                job_class=estimate.job_class if estimate else None, history=history,
                decide_us=elapsed_us)
         if op == "decide" and decision.code == "idle-gpu" and hasattr(self.view, "claim_idle"):
-            self.view.claim_idle(decision.details.get("idle_types", ()))
+            self.view.claim_idle(decision.details.get("idle_types", ()),
+                                 decision.details.get("tasks", 1))
         if op == "decide" and decision.action == "share" and hasattr(self.view, "claim_share"):
             # Until the view shows it running, the next decisions count it where it will go.
             if self.pairing is not None:

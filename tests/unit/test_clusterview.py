@@ -212,13 +212,13 @@ def test_a_refresh_pre_answers_what_decisions_asked_with_the_same_answers(monkey
 
 
 def test_pre_answered_questions_expire(monkeypatch):
-    from slurm_gpushare.core.policy import idle_types
+    from slurm_gpushare.core.policy import idle_gpus_by_type
     fake = ChurningSlurm(6, {})
     monkeypatch.setattr(cmd, "run", fake.run)
     monkeypatch.setattr(clusterview, "WARM_REFRESHES", 3)
     view = clusterview.SlurmClusterView(CONFIG)
     view.refresh()
-    assert idle_types(list(CONFIG.gpu_types), ["gpu"], view) == ["v100", "a100"]
+    assert list(idle_gpus_by_type(list(CONFIG.gpu_types), ["gpu"], view)) == ["v100", "a100"]
     for _ in range(3):
         view.refresh()
         assert ("idle", ("v100", "a100"), ("gpu",)) in dict.keys(view.nodes().checks)
@@ -226,23 +226,29 @@ def test_pre_answered_questions_expire(monkeypatch):
     assert not dict.keys(view.nodes().checks)
 
 
-def test_claiming_an_idle_gpu_keeps_the_answers_it_does_not_change(monkeypatch):
-    from slurm_gpushare.core.policy import idle_types
-    fake = ChurningSlurm(2, {})  # n0: v100, n1: a100, 4 idle GPUs each
+def test_claiming_idle_gpus_keeps_the_answers_it_does_not_change(monkeypatch):
+    from slurm_gpushare.core.policy import idle_gpus_by_type
+    fake = ChurningSlurm(2, {})  # n0: v100, 4 idle GPUs; n1: a100
     monkeypatch.setattr(cmd, "run", fake.run)
     view = clusterview.SlurmClusterView(CONFIG)
     view.refresh()
     v100, a100 = CONFIG.gpu_types
-    assert idle_types([v100], ["gpu", "debug"], view) == ["v100"]
-    assert idle_types([a100], ["gpu", "debug"], view) == ["a100"]
-    for left in (3, 2, 1):
-        view.claim_idle(["v100"])
-        assert ("idle", ("v100",), ("gpu", "debug")) in dict.keys(view.nodes().checks)
+    assert idle_gpus_by_type([v100], ["gpu", "debug"], view) == {"v100": 4}
+    a100_idle = {n.name: n.idle_gpus for n in view.nodes()}["n1"]
+    assert idle_gpus_by_type([a100], ["gpu", "debug"], view) == {"a100": a100_idle}
+    for left in (3, 1):
+        view.claim_idle(["v100"], 1 if left == 3 else 2)  # one job, then an array of two
+        # The v100 count is asked again; the a100 answer carries over.
+        assert ("idle", ("v100",), ("gpu", "debug")) not in dict.keys(view.nodes().checks)
+        assert ("idle", ("a100",), ("gpu", "debug")) in dict.keys(view.nodes().checks)
         assert {n.name: n.idle_gpus for n in view.nodes()}["n0"] == left
-    view.claim_idle(["v100"])  # n0's last idle GPU: that answer is asked again
-    assert ("idle", ("v100",), ("gpu", "debug")) not in dict.keys(view.nodes().checks)
-    assert ("idle", ("a100",), ("gpu", "debug")) in dict.keys(view.nodes().checks)
-    assert idle_types([v100], ["gpu", "debug"], view) == []
+        assert idle_gpus_by_type([v100], ["gpu", "debug"], view) == {"v100": left}
+    view.claim_idle(["v100"], 5)  # more than are idle: all of them, no further
+    assert {n.name: n.idle_gpus for n in view.nodes()} == {"n0": 0, "n1": a100_idle}
+    assert idle_gpus_by_type([v100], ["gpu", "debug"], view) == {}
+    before = view.nodes()
+    view.claim_idle(["v100"])  # nothing idle left of that type: the snapshot stays
+    assert view.nodes() is before
 
 
 def test_health_says_how_many_nodes_take_jobs_and_when_the_view_was_read(monkeypatch):

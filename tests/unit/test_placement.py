@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from slurm_gpushare.core.config import parse_config
 from slurm_gpushare.core.policy import JobEstimate, NodeView, decide
-from slurm_gpushare.core.types import JobRequest
+from slurm_gpushare.core.types import MANY_ARRAY_TASKS, JobRequest
 from slurm_gpushare.daemon.clusterview import idle_gpus_per_node
 
 
@@ -70,6 +70,42 @@ def test_an_idle_gpu_of_a_fitting_type_keeps_the_job_whole():
     # The admin may share regardless.
     assert decide(request(), config(keep_whole_when_idle=False), estimate=estimate,
                   view=View(busy, idle_t4)).action == "share"
+
+
+def test_an_array_keeps_whole_gpus_only_when_all_its_tasks_find_an_idle_one():
+    # One decision covers every task: two idle GPUs keep an array of two whole, but an array
+    # of four would leave two tasks waiting for a whole GPU while they could share.
+    busy = NodeView("a1", "a100", ("gpu",), gpus=4, idle_gpus=0)
+    two_idle = View(busy, NodeView("t1", "t4", ("gpu",), gpus=2, idle_gpus=1),
+                    NodeView("v1", "v100", ("gpu",), gpus=2, idle_gpus=1))
+    estimate = history(t4=6, v100=6, a100=6)
+    two = decide(request(array_tasks=2), config(), estimate=estimate, view=two_idle)
+    assert (two.action, two.code) == ("keep", "idle-gpu"), two.reason
+    assert two.details["idle_gpus"] == 2 and two.details["tasks"] == 2
+    four = decide(request(array_tasks=4), config(), estimate=estimate, view=two_idle)
+    assert four.action == "share", four.reason
+    # An array whose size is not known counts as more tasks than any idle GPUs.
+    unknown = decide(request(array_tasks=MANY_ARRAY_TASKS), config(), estimate=estimate,
+                     view=two_idle)
+    assert unknown.action == "share", unknown.reason
+
+
+def test_an_array_kept_whole_claims_an_idle_gpu_per_task():
+    from slurm_gpushare.daemon.clusterview import SlurmClusterView, Snapshot
+
+    view = SlurmClusterView(config())
+    view._snapshot = Snapshot((NodeView("a1", "a100", ("gpu",), gpus=4, idle_gpus=0),
+                               NodeView("t1", "t4", ("gpu",), gpus=2, idle_gpus=1),
+                               NodeView("t2", "t4", ("gpu",), gpus=2, idle_gpus=2)))
+    estimate = history(t4=6, v100=6, a100=6)
+    array = decide(request(array_tasks=2), config(), estimate=estimate, view=view)
+    assert array.code == "idle-gpu", array.reason
+    view.claim_idle(array.details["idle_types"], array.details["tasks"])
+    assert sum(n.idle_gpus for n in view.nodes()) == 1
+    # The one idle GPU left is no room for a second array of two, but is for a single job.
+    assert decide(request(array_tasks=2), config(), estimate=estimate,
+                  view=view).action == "share"
+    assert decide(request(), config(), estimate=estimate, view=view).code == "idle-gpu"
 
 
 def test_unknown_idle_count_does_not_keep_the_job_whole():

@@ -661,22 +661,18 @@ def share_or_keep(request: JobRequest, config: Config, *, estimate: JobEstimate 
                                           "a whole GPU", source=estimate.source)
     tasks = (request.array_tasks or MANY_ARRAY_TASKS) if request.array else 1
     if config.policy.keep_whole_when_idle:
+        # One decision covers an array's tasks: whole GPUs only if each task finds an idle one
+        # (else the rest would wait for a whole GPU while they could share).
         idle = idle_gpus_by_type(fits, partitions, view)
-        idle_count = sum(idle.values())
-        # One decision covers an array's tasks: with fewer idle GPUs than tasks, they share
-        # where all of them start now; else whole GPUs, the rest taking the first GPU of any
-        # type to free (shares that wait would wait for the share's types only).
-        if idle and (idle_count >= tasks
-                     or share_slots(fits, units, partitions, view) < tasks):
+        if idle and sum(idle.values()) >= tasks:
             first = next(iter(idle))
             what = (f"a {first} GPU is idle" if tasks == 1 else
-                    f"{idle_count} GPUs of {', '.join(idle)} are idle for its "
-                    + (f"{tasks} array tasks" if tasks < MANY_ARRAY_TASKS else "array tasks")
-                    + ("" if idle_count >= tasks else ", and shares would not all start now"))
+                    f"{sum(idle.values())} GPUs of {', '.join(idle)} are idle for its "
+                    f"{tasks} array tasks")
             return keep_tagged("idle-gpu", f"{what}: runs on a whole GPU "
                                            "(shares only when GPUs are scarce)",
                                source=estimate.source, idle_types=list(idle),
-                               idle_gpus=idle_count, tasks=min(tasks, idle_count))
+                               idle_gpus=sum(idle.values()), tasks=tasks)
     if (room is not None and not too_big and len(fits) < len(eligible)
             and all(2 * units > capacity(g) for g in fits)):
         # A share that packs no second job like it on a GPU holds a GPU of fewer types as good

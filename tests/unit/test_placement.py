@@ -72,33 +72,22 @@ def test_an_idle_gpu_of_a_fitting_type_keeps_the_job_whole():
                   view=View(busy, idle_t4)).action == "share"
 
 
-def test_an_array_keeps_whole_gpus_while_all_its_tasks_find_an_idle_one_or_shares_would_wait():
-    # Two idle v100s, and room for 13 shares of 6 on the v100s (5 + 3 on v1, 5 on v2).
-    v1 = NodeView("v1", "v100", ("gpu",), gpus=2, idle_gpus=1, free_units=(32, 20),
-                  gpu_jobs=((), ("x",)))
-    v2 = NodeView("v2", "v100", ("gpu",), gpus=2, idle_gpus=1, free_units=(32, 0),
-                  gpu_jobs=((), ("y",)))
-    busy = NodeView("a1", "a100", ("gpu",), gpus=2, idle_gpus=0, free_units=(0, 0),
-                    gpu_jobs=(("z",), ("w",)))
-    view = View(busy, v1, v2)
+def test_an_array_keeps_whole_gpus_only_when_all_its_tasks_find_an_idle_one():
+    # One decision covers every task: two idle GPUs keep an array of two whole, but an array
+    # of four would leave two tasks waiting for a whole GPU while they could share.
+    busy = NodeView("a1", "a100", ("gpu",), gpus=4, idle_gpus=0)
+    two_idle = View(busy, NodeView("t1", "t4", ("gpu",), gpus=2, idle_gpus=1),
+                    NodeView("v1", "v100", ("gpu",), gpus=2, idle_gpus=1))
     estimate = history(t4=6, v100=6, a100=6)
-    # One decision covers every task: two idle GPUs keep an array of two whole.
-    two = decide(request(array_tasks=2), config(), estimate=estimate, view=view)
+    two = decide(request(array_tasks=2), config(), estimate=estimate, view=two_idle)
     assert (two.action, two.code) == ("keep", "idle-gpu"), two.reason
     assert two.details["idle_gpus"] == 2 and two.details["tasks"] == 2
-    # Four tasks: two would wait for a whole GPU; as shares all four start now.
-    four = decide(request(array_tasks=4), config(), estimate=estimate, view=view)
-    assert four.action == "share" and four.details["room_now"], four.reason
-    # Sixteen: as shares three would wait for a v100 or an a100, while as submitted they take
-    # the first GPU of any type to free: whole GPUs, the idle ones first.
-    many = decide(request(array_tasks=16), config(), estimate=estimate, view=view)
-    assert (many.action, many.code) == ("keep", "idle-gpu"), many.reason
-    assert "shares would not all start now" in many.reason
-    assert many.details["tasks"] == 2  # the idle GPUs it will take
-    # An array whose size is not known counts as more tasks than fit anywhere.
+    four = decide(request(array_tasks=4), config(), estimate=estimate, view=two_idle)
+    assert four.action == "share", four.reason
+    # An array whose size is not known counts as more tasks than any idle GPUs.
     unknown = decide(request(array_tasks=MANY_ARRAY_TASKS), config(), estimate=estimate,
-                     view=view)
-    assert unknown.code == "idle-gpu", unknown.reason
+                     view=two_idle)
+    assert unknown.action == "share", unknown.reason
 
 
 def test_an_array_kept_whole_claims_an_idle_gpu_per_task():
@@ -113,10 +102,10 @@ def test_an_array_kept_whole_claims_an_idle_gpu_per_task():
     assert array.code == "idle-gpu", array.reason
     view.claim_idle(array.details["idle_types"], array.details["tasks"])
     assert sum(n.idle_gpus for n in view.nodes()) == 1
-    single = decide(request(), config(), estimate=estimate, view=view)
-    assert single.code == "idle-gpu"
-    view.claim_idle(single.details["idle_types"], single.details["tasks"])
-    assert decide(request(), config(), estimate=estimate, view=view).action == "share"
+    # The one idle GPU left is no room for a second array of two, but is for a single job.
+    assert decide(request(array_tasks=2), config(), estimate=estimate,
+                  view=view).action == "share"
+    assert decide(request(), config(), estimate=estimate, view=view).code == "idle-gpu"
 
 
 def test_unknown_idle_count_does_not_keep_the_job_whole():

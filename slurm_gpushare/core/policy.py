@@ -192,6 +192,11 @@ def incompatible_nodes(job_class: int | None, fits: Sequence[GpuType], partition
     return answer(excluded, len(candidates))
 
 
+def in_partitions(node: NodeView, wanted: set[str]) -> bool:
+    """Whether a node serves one of the job's partitions (a node the view gives none serves all)."""
+    return not node.partitions or not wanted.isdisjoint(node.partitions)
+
+
 def idle_gpus_by_type(fits: Sequence[GpuType], partitions: Sequence[str],
                       view: ClusterView | None) -> dict[str, int]:
     """The job's fitting types with idle GPUs in one of its partitions, and how many (the
@@ -207,8 +212,7 @@ def idle_gpus_by_type(fits: Sequence[GpuType], partitions: Sequence[str],
     wanted = set(partitions)
     idle: dict[str, int] = {}
     for n in nodes:
-        if (n.idle_gpus and n.gpu_type in types
-                and (not n.partitions or not wanted.isdisjoint(n.partitions))):
+        if n.idle_gpus and n.gpu_type in types and in_partitions(n, wanted):
             idle[n.gpu_type] = idle.get(n.gpu_type, 0) + n.idle_gpus
     found = {g.name: idle[g.name] for g in fits if g.name in idle}
     if checks is not None:
@@ -664,15 +668,14 @@ def share_or_keep(request: JobRequest, config: Config, *, estimate: JobEstimate 
         # One decision covers an array's tasks: whole GPUs only if each task finds an idle one
         # (else the rest would wait for a whole GPU while they could share).
         idle = idle_gpus_by_type(fits, partitions, view)
-        if idle and sum(idle.values()) >= tasks:
-            first = next(iter(idle))
-            what = (f"a {first} GPU is idle" if tasks == 1 else
-                    f"{sum(idle.values())} GPUs of {', '.join(idle)} are idle for its "
-                    f"{tasks} array tasks")
+        idle_count = sum(idle.values())
+        if idle and idle_count >= tasks:
+            what = (f"a {next(iter(idle))} GPU is idle" if tasks == 1 else
+                    f"{idle_count} GPUs of {', '.join(idle)} are idle for its {tasks} array tasks")
             return keep_tagged("idle-gpu", f"{what}: runs on a whole GPU "
                                            "(shares only when GPUs are scarce)",
                                source=estimate.source, idle_types=list(idle),
-                               idle_gpus=sum(idle.values()), tasks=tasks)
+                               idle_gpus=idle_count, tasks=tasks)
     if (room is not None and not too_big and len(fits) < len(eligible)
             and all(2 * units > capacity(g) for g in fits)):
         # A share that packs no second job like it on a GPU holds a GPU of fewer types as good

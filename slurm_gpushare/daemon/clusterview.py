@@ -34,7 +34,7 @@ from slurm_gpushare.core.config import Config
 from slurm_gpushare.core import feasibility
 from slurm_gpushare.core.feasibility import state_usable
 from slurm_gpushare.core.hostlist import expand_hostlist
-from slurm_gpushare.core.policy import (NodeView, capacity, idle_gpus_by_type,
+from slurm_gpushare.core.policy import (NodeView, capacity, idle_gpus_by_type, in_partitions,
                                          incompatible_nodes, landing_gpu, room_types,
                                          share_gpus)
 from slurm_gpushare.core.tag import Tag
@@ -319,6 +319,17 @@ def place_pending(nodes: list[NodeView], entry: PendingShare,
     return best
 
 
+def _idle_less(key: tuple, answer: tuple, claimed: Sequence[tuple[NodeView, int]]) -> tuple:
+    """An idle_gpus_by_type answer (key ("idle", types, partitions)) with the claimed GPUs
+    taken off: what a fresh pass over the claimed snapshot would say."""
+    wanted = set(key[2])
+    counts = dict(answer)
+    for node, taken in claimed:
+        if node.gpu_type in counts and in_partitions(node, wanted):
+            counts[node.gpu_type] -= taken
+    return tuple((name, n) for name, n in counts.items() if n > 0)
+
+
 class _Fixed:
     """A ClusterView of one snapshot (and the reservations read with it)."""
 
@@ -378,11 +389,12 @@ class SlurmClusterView:
     def claim_idle(self, gpu_types: Sequence[str], count: int = 1) -> None:
         """A job (an array: ``count`` tasks) was kept whole for idle GPUs of these types: count
         that many such GPUs as taken until the next refresh, so a burst of submissions does not
-        send every job after the same idle GPUs (the rest share instead). The answers that do
-        not depend on idle GPUs carry over to the new snapshot; idle-GPU answers of other types
-        too."""
+        send every job after the same idle GPUs (the rest share instead). Every answer carries
+        over to the new snapshot, the idle-GPU counts with the claimed GPUs taken off (so the
+        next decision makes no pass over every node)."""
         old = self._snapshot
         nodes = list(old)
+        claimed = []  # (node as it was, GPUs taken on it)
         left = count
         for i, node in enumerate(nodes):
             if left <= 0:
@@ -390,15 +402,15 @@ class SlurmClusterView:
             if node.idle_gpus and node.gpu_type in gpu_types:
                 taken = min(left, node.idle_gpus)
                 nodes[i] = replace(node, idle_gpus=node.idle_gpus - taken)
+                claimed.append((node, taken))
                 left -= taken
-        if left == count:
+        if not claimed:
             return
-        claimed = {n.gpu_type for n, was in zip(nodes, old) if n.idle_gpus != was.idle_gpus}
         snapshot = Snapshot(nodes)
         dict.update(snapshot.memo, list(dict.items(old.memo)))
         dict.update(snapshot.checks, [
-            (key, answer) for key, answer in list(dict.items(old.checks))
-            if key[0] != "idle" or claimed.isdisjoint(key[1])])
+            (key, _idle_less(key, answer, claimed) if key[0] == "idle" else answer)
+            for key, answer in list(dict.items(old.checks))])
         snapshot.memo.asked, snapshot.checks.asked = old.memo.asked, old.checks.asked
         self._snapshot = snapshot
 

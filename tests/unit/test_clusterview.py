@@ -236,13 +236,20 @@ def test_claiming_idle_gpus_keeps_the_answers_it_does_not_change(monkeypatch):
     assert idle_gpus_by_type([v100], ["gpu", "debug"], view) == {"v100": 4}
     a100_idle = {n.name: n.idle_gpus for n in view.nodes()}["n1"]
     assert idle_gpus_by_type([a100], ["gpu", "debug"], view) == {"a100": a100_idle}
+    both = idle_gpus_by_type([v100, a100], ["gpu", "debug"], view)
     for left in (3, 1):
         view.claim_idle(["v100"], 1 if left == 3 else 2)  # one job, then an array of two
-        # The v100 count is asked again; the a100 answer carries over.
-        assert ("idle", ("v100",), ("gpu", "debug")) not in dict.keys(view.nodes().checks)
-        assert ("idle", ("a100",), ("gpu", "debug")) in dict.keys(view.nodes().checks)
+        # The v100 counts carry over with the claimed GPUs taken off (no pass over every node
+        # on the submit path); the a100 answer carries over as it was.
+        checks = view.nodes().checks
+        assert dict(checks[("idle", ("v100",), ("gpu", "debug"))]) == {"v100": left}
+        assert dict(checks[("idle", ("v100", "a100"), ("gpu", "debug"))]) == {
+            "v100": left, "a100": both["a100"]}
+        assert ("idle", ("a100",), ("gpu", "debug")) in dict.keys(checks)
         assert {n.name: n.idle_gpus for n in view.nodes()}["n0"] == left
-        assert idle_gpus_by_type([v100], ["gpu", "debug"], view) == {"v100": left}
+        # What a fresh pass over the same nodes says.
+        fresh = clusterview._Fixed(clusterview.Snapshot(list(view.nodes())), {})
+        assert idle_gpus_by_type([v100], ["gpu", "debug"], fresh) == {"v100": left}
     view.claim_idle(["v100"], 5)  # more than are idle: all of them, no further
     assert {n.name: n.idle_gpus for n in view.nodes()} == {"n0": 0, "n1": a100_idle}
     assert idle_gpus_by_type([v100], ["gpu", "debug"], view) == {}

@@ -17,7 +17,8 @@ import threading
 from collections import OrderedDict
 from typing import Any, Callable, NamedTuple, Sequence
 
-from slurm_gpushare.predict.pairs import PairModel, default_model, demand_of, prior_isd
+from slurm_gpushare.predict.pairs import (PairModel, collision_isd, default_model,
+                                          demand_of)
 
 CACHE_SIZE = 4096
 
@@ -217,8 +218,8 @@ class Pairing:
             _, side, run = rows[0]
             own = demand_of(self._profiles[run.keys[side]])
             longest = max((run.overlap_s or 0.0 for _, _, run in rows), default=0.0)
-            terms = [prior_isd(own, [demand_of(self._profiles[run.keys[1 - side]])],
-                               self.model.latency)[0] for _, side, run in rows]
+            terms = [collision_isd(own, [demand_of(self._profiles[run.keys[1 - side]])],
+                                   self.model.latency)[0] for _, side, run in rows]
             weights = [1.0 if not longest or run.overlap_s is None else run.overlap_s / longest
                        for _, _, run in rows]
             exposure = sum(w * t for w, t in zip(weights, terms))

@@ -360,7 +360,7 @@ class PairSpeedModel(BaseEstimator):
         groups = sides["group"].to_numpy() if "group" in sides else np.zeros(len(sides))
 
         def isd_for(latency: float) -> np.ndarray:
-            return np.array([prior_isd(o, [p], latency)[0] for o, p in zip(own, other)])
+            return np.array([prior_isd([o, p], latency)[0] for o, p in zip(own, other)])
 
         if self.latency is None:
             def score(latency: float) -> float:

@@ -257,7 +257,7 @@ def fresh_fit(name: str) -> dict[str, Any]:
 
 
 # -- the packaged pair prior (data/interference/pair_prior.json) ----------------------------
-PRIOR_FORMAT = "slurm-gpushare/pair-prior/2"
+PRIOR_FORMAT = "slurm-gpushare/pair-prior/3"  # 3: the prior saturates (fair shares)
 
 
 def prior_path() -> Path:

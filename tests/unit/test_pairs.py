@@ -11,7 +11,7 @@ from sklearn.exceptions import NotFittedError
 
 from conftest import cached_json
 from slurm_gpushare.predict.estimators import PairSpeedModel
-from slurm_gpushare.predict.pairs import (default_model, demand_of, fits_memory,
+from slurm_gpushare.predict.pairs import (default_model, demand_of, fair_shares, fits_memory,
                                           training_sides)
 
 GRID = np.linspace(0, 100, 11)
@@ -79,6 +79,18 @@ def test_the_prior_is_calibrated_in_absolute_speed(model):
     # the busy one barely notices the light one.
     light, heavy = model.predict_group([profile(10, 5), busy])
     assert 0.5 < light < heavy < 1.0
+
+
+def test_time_slicing_saturates_at_the_max_min_fair_share(model):
+    # Together the jobs ask for more than the GPU has: the light one gets what it asks (less
+    # than half), the busy one the rest and no more; measured on an H100, a recommendation job
+    # next to a launch-bound CNN ran at 0.71x against the 0.72x its fair share gives.
+    assert fair_shares([0.46, 0.9]) == pytest.approx([0.46, 0.54])
+    assert fair_shares([0.2, 0.9, 0.9]) == pytest.approx([0.2, 0.4, 0.4])
+    assert fair_shares([0.3, 0.3]) == [0.3, 0.3]
+    heavy, light = model.predict_group([profile(90, 45), profile(46, 20)])
+    assert heavy == pytest.approx(0.54 / 0.9)
+    assert light > heavy  # the light job only waits for the busy one's time slices
 
 
 def test_shrinkage_is_chosen_on_the_training_data():
@@ -188,3 +200,17 @@ def test_copies_allowed_is_the_largest_group_of_copies_the_safe_speeds_accept(ut
     assert 1 <= copies <= 60
     assert copies == 1 or min(model.safe_speeds([profile] * copies)) >= model.threshold
     assert copies == 60 or min(model.safe_speeds([profile] * (copies + 1))) < model.threshold
+
+
+@pytest.mark.parametrize("suffers,hurts", [(-1.5, -1.5), (-0.5, 0.2), (0.7, 0.4)])
+@pytest.mark.parametrize("util", [3.0, 12.0, 30.0, 55.0, 90.0])
+def test_copies_allowed_holds_with_corrections_where_saturation_decides(util, suffers, hurts):
+    # Corrections that make a job collide little leave the GPU's time as the limit:
+    # the closed form must still give the largest group the safe speeds accept.
+    model = default_model()
+    model.suffers, model.hurts = {"k": suffers}, {"k": hurts}
+    profile = {"gpu_util_pct": util, "mem_util_pct": util / 2}
+    copies = model.copies_allowed(profile, "k", limit=60)
+    group = lambda m: min(model.safe_speeds([profile] * m, ["k"] * m))  # noqa: E731
+    assert copies == 1 or group(copies) >= model.threshold
+    assert copies == 60 or group(copies + 1) < model.threshold

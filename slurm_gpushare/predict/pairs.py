@@ -16,15 +16,7 @@ A job waits whenever it needs the GPU while a partner holds it, so job ``a``'s s
     exposure_a = latency + (1 - latency) * occupancy_a
 
 with ``occupancy`` the share of time the job keeps the GPU busy (the larger of its mean SM and
-mean memory-controller utilisation, a fraction). That is the *collision* term: it holds while
-the GPU has time to spare. Where the co-runners together ask for more than all of it, time
-slicing gives each at most its max-min fair share of the GPU's time (a job asking less than an
-equal share gets what it asks; the rest is split equally among the others), so a job whose
-occupancy exceeds its share ``f`` runs at no more than ``f / occupancy``: its *saturation*
-slowdown ``occupancy / f - 1``. A job's slowdown is the larger of the two. On the project's own
-H100 pairs (``bench/pairs_eval.py``, ``held_out_measured``) the saturated jobs ran within a few
-percent of their fair share (0.71 against 0.72 for a recommendation job next to a launch-bound
-CNN), where the collision term alone made the light job the slower one. ``exposure`` is how much of ``a``'s time is
+mean memory-controller utilisation, a fraction). ``exposure`` is how much of ``a``'s time is
 stretched by a busy partner: its own busy share (the fluid limit, ``latency`` = 0: a job that
 rarely uses the GPU rarely waits) or all of it (``latency`` = 1: every GPU call of a
 latency-bound job waits for the partner's time slice, as host-bound jobs in the measured pairs
@@ -38,6 +30,17 @@ choice), where either limit falls to 0.59-0.63 and adding utilisations to 0.60
 0.7-1.0, with held-out figures no better). Every term is
 non-decreasing in every partner's demand (monotone: a busier partner never predicts a faster
 job); it is defined for a job next to a copy of itself and for any number of co-runners.
+
+**Saturation.** The term above is the *collision* slowdown: it holds while the GPU has time to
+spare. Where the co-runners together ask for more than all of it, time slicing gives each at
+most its max-min fair share of the GPU's time (a job asking less than an equal share gets what
+it asks; the rest is split equally among the others), so a job whose occupancy exceeds its share
+``f`` runs at no more than ``f / occupancy``: its *saturation* slowdown ``occupancy / f - 1``. A
+job's slowdown is the larger of the two, still monotone and still without a fitted scale. The
+term came from the project's own H100 pairs (``data/measured/h100``): the busy side of a
+saturated pair ran within a few percent of its fair share (0.71x against 0.72x for a
+recommendation job next to a launch-bound CNN), where collision alone made the light job the
+slower one. So those pairs, never fitted on, are no longer blind to the form.
 
 **Learning from the site's co-runs.** Each job (a key: a fingerprint in the daemon, a name in the
 CLI) gets two corrections in log space: ``suffers`` (how much more than the prior it slows down)

@@ -412,15 +412,16 @@ def _share_nodes(types: Sequence[GpuType], partitions: Sequence[str], view: Clus
 
 
 def share_slots(types: Sequence[GpuType], units: int, partitions: Sequence[str],
-                view: ClusterView) -> int:
+                view: ClusterView, excluded: Sequence[str] = ()) -> int:
     """How many shares of ``units`` fit now on the GPUs of ``types`` in the job's partitions, on
-    usable nodes (the room an array's tasks find at once)."""
+    usable nodes not ``excluded`` (the room an array's tasks find at once)."""
     checks = getattr(view.nodes(), "checks", None)  # a daemon snapshot: once per snapshot
-    key = ("slots", tuple(g.name for g in types), tuple(partitions), units)
+    key = ("slots", tuple(g.name for g in types), tuple(partitions), units, tuple(excluded))
     if checks is not None and key in checks:
         return checks[key]
+    away = set(excluded)
     count = sum(free // max(units, 1) for n in _share_nodes(types, partitions, view)
-                for free in n.free_units)
+                if n.name not in away for free in n.free_units)
     if checks is not None:
         checks[key] = count
     return count
@@ -451,15 +452,17 @@ def share_gpus(types: Sequence[GpuType], partitions: Sequence[str], view: Cluste
 
 def choose_offer(fits: Sequence[GpuType], needs: Mapping[str, int], estimate: JobEstimate,
                  partitions: Sequence[str], view: ClusterView | None,
-                 knowledge: Compatibility | PairCompatibility | None = None
+                 knowledge: Compatibility | PairCompatibility | None = None, tasks: int = 1
                  ) -> tuple[int, list[GpuType], list[GpuType], bool | None]:
     """The request (one sharing gres, one count) and the types it is offered on.
 
     A request suits a set of types: those where the anchor type's count covers the job's need
     and fits the GPU (GiB shards, MPS percent, GPU-time sized shards). Each is judged by expected completion: whether a type has room now (no wait; a
-    node the job would be kept away from for its partners is no room) first, then its run
-    time, run times within ``RUNTIME_TIE`` counting as equal; then the request usable on more
-    types. It is offered on every type of its set not slower than the fastest one with room
+    node the job would be kept away from for its partners is no room) first -- for an array of
+    ``tasks``, how many of its tasks would wait (one decision covers them all, so a request
+    with room for a few of them on a fast type leaves the rest waiting while another type has
+    room for all) -- then its run time, run times within ``RUNTIME_TIE`` counting as equal;
+    then the request usable on more types. It is offered on every type of its set not slower than the fastest one with room
     now (a faster type that is full is offered too: it may free first); where no type is known
     to have room, on every type of its set. Returns ``(units, types offered fastest first,
     types left out, whether an offered type has room now: None where the view does not say)``.
@@ -491,12 +494,16 @@ def choose_offer(fits: Sequence[GpuType], needs: Mapping[str, int], estimate: Jo
             continue
         seen.append(names)
         room = None if view is None else room_types(group, units, partitions, view)
+        waiting_tasks = None  # an array's tasks that would wait (None: a single job, or unknown)
         if room is not None:  # the view knows free units: a node to keep away from is no room
             away, _ = incompatible_nodes(estimate.job_class, group, partitions, view, knowledge,
                                          units, all_of_them=True)
             if away:
                 room = room_types(group, units, partitions, view, away)
-        offers.append((units, group, position, room))
+            if tasks > 1:
+                slots = share_slots(group, units, partitions, view, away) if room else 0
+                waiting_tasks = max(0, tasks - slots)
+        offers.append((units, group, position, room, waiting_tasks))
 
     known_runs = [r for r in run.values() if r is not None]
     fastest = min(known_runs) if known_runs else None
@@ -514,11 +521,13 @@ def choose_offer(fits: Sequence[GpuType], needs: Mapping[str, int], estimate: Jo
     # usable on more GPUs (a type with few GPUs for shares, such as MPS on one GPU per node,
     # would hold the job back while others free).
     waiting = view is not None and all(room is not None and not room
-                                       for _, _, _, room in offers)
+                                       for _, _, _, room, _ in offers)
 
     def score(offer) -> tuple:
-        units, group, position, room = offer
+        units, group, position, room, waiting_tasks = offer
         waits, runtime = min([completion(g, room) for g in group])
+        if waiting_tasks is not None:
+            waits = waiting_tasks
         if waiting:
             # A request whose every GPU is held whole may wait for as long as those jobs run:
             # it goes last; among the others, the faster, then the one with more GPUs.
@@ -526,7 +535,7 @@ def choose_offer(fits: Sequence[GpuType], needs: Mapping[str, int], estimate: Jo
             return (waits, gpus == 0, runtime, -gpus, -len(group), position)
         return (waits, runtime, -len(group), position)
 
-    units, group, _, room = offers[0] if len(offers) == 1 else min(offers, key=score)
+    units, group, _, room, _ = offers[0] if len(offers) == 1 else min(offers, key=score)
     # Without a view of free room, or with room on none of them, every type of the request is
     # offered: whichever frees first takes the job.
     known = ([run[g.name] for g in group if g.name in room and run[g.name] is not None]
@@ -653,8 +662,9 @@ def share_or_keep(request: JobRequest, config: Config, *, estimate: JobEstimate 
         needs = {g.name: max(needs[g.name], capacity(g) // (copies + 1) + 1) for g in fits}
     # Which request to make, and on which types: by expected completion.
     eligible = fits
+    tasks = (request.array_tasks or MANY_ARRAY_TASKS) if request.array else 1
     units, fits, slower, room = choose_offer(fits, needs, estimate, partitions, view,
-                                             knowledge)
+                                             knowledge, tasks)
     best = fits[0]
     if not too_big and all(units >= capacity(g) for g in fits):
         # A share of the whole GPU leaves room for no one and would narrow the job to these
@@ -663,7 +673,6 @@ def share_or_keep(request: JobRequest, config: Config, *, estimate: JobEstimate 
         return keep_tagged("whole-share", f"{estimate.detail or 'the estimate'} takes the whole "
                                           f"GPU on {', '.join(g.name for g in fits)}: runs on "
                                           "a whole GPU", source=estimate.source)
-    tasks = (request.array_tasks or MANY_ARRAY_TASKS) if request.array else 1
     if config.policy.keep_whole_when_idle:
         # One decision covers an array's tasks: whole GPUs only if each task finds an idle one
         # (else the rest would wait for a whole GPU while they could share).

@@ -212,3 +212,33 @@ def test_an_array_whose_tasks_would_not_all_start_keeps_them_as_submitted():
                                         free_units=(50, 50), gpu_jobs=(("z",), ("w",))))
     assert decide(four, config(), estimate=estimate, knowledge=OneCopyPerGpu(),
                   view=room).action == "share"
+
+
+class ThreeCopiesPerGpu(OneCopyPerGpu):
+    """A pair predictor's answer for a light job: at most three copies of it on a GPU."""
+
+    def copies_allowed(self, limit):
+        return min(limit, 3)
+
+
+def test_an_array_shares_where_most_of_its_tasks_start_now():
+    # At most three copies per GPU: 21 of 80 GiB on an a100, 9 of 32 on a v100 -- one count
+    # cannot mean the same on both. The a100s (faster) have room for 3 tasks now, the v100s
+    # for 9: an array of 8 goes where all of its tasks start, not where 5 would wait.
+    view = View(NodeView("a1", "a100", ("gpu",), gpus=2, idle_gpus=0, free_units=(63, 0),
+                         gpu_jobs=(("x",), ("y",))),
+                NodeView("v1", "v100", ("gpu",), gpus=3, idle_gpus=0, free_units=(27, 27, 27),
+                         gpu_jobs=(("x",), ("y",), ("z",))))
+    estimate = history(t4=2, v100=2, a100=2)
+    array = decide(request(array_tasks=8), config(), estimate=estimate,
+                   knowledge=ThreeCopiesPerGpu(), view=view)
+    assert array.action == "share", array.reason
+    assert (array.writes["tres_per_node"], array.gpu_types) == ("gres:shard:9", ("v100",))
+    # A single job starts at once on either: the faster type, as before.
+    single = decide(request(), config(), estimate=estimate, knowledge=ThreeCopiesPerGpu(),
+                    view=view)
+    assert (single.writes["tres_per_node"], single.gpu_types) == ("gres:shard:21", ("a100",))
+    # An array that fits on the a100s' room goes there too.
+    three = decide(request(array_tasks=3), config(), estimate=estimate,
+                   knowledge=ThreeCopiesPerGpu(), view=view)
+    assert three.gpu_types == ("a100",), three.reason

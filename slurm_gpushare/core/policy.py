@@ -427,6 +427,15 @@ def share_slots(types: Sequence[GpuType], units: int, partitions: Sequence[str],
     return count
 
 
+def mean_rounds(tasks: int, slots: int) -> float:
+    """Mean round in which ``tasks`` tasks finish where ``slots`` run at a time (1: all at once);
+    infinite without a slot."""
+    if slots <= 0:
+        return math.inf
+    full, rest = divmod(tasks, slots)
+    return (slots * full * (full + 1) / 2 + rest * (full + 1)) / tasks
+
+
 def share_gpus(types: Sequence[GpuType], partitions: Sequence[str], view: ClusterView) -> int:
     """GPUs of ``types`` in the job's partitions, on usable nodes, that a share may get when room
     frees there: those with room or shares now, not those held whole (when a whole-GPU job ends
@@ -458,11 +467,12 @@ def choose_offer(fits: Sequence[GpuType], needs: Mapping[str, int], estimate: Jo
 
     A request suits a set of types: those where the anchor type's count covers the job's need
     and fits the GPU (GiB shards, MPS percent, GPU-time sized shards). Each is judged by expected completion: whether a type has room now (no wait; a
-    node the job would be kept away from for its partners is no room) first -- for an array of
-    ``tasks``, how many of its tasks would wait (one decision covers them all, so a request
-    with room for a few of them on a fast type leaves the rest waiting while another type has
-    room for all) -- then its run time, run times within ``RUNTIME_TIE`` counting as equal;
-    then the request usable on more types. It is offered on every type of its set not slower than the fastest one with room
+    node the job would be kept away from for its partners is no room) first, then its run
+    time, run times within ``RUNTIME_TIE`` counting as equal; then the request usable on more
+    types. An array of ``tasks`` (one decision covers them all) is judged by its tasks' mean
+    completion instead: run time times the mean round in which they finish, where as many
+    start at once as shares fit now (``mean_rounds``): room for a few tasks on a fast type can
+    leave the rest waiting while a slower type has room for all. It is offered on every type of its set not slower than the fastest one with room
     now (a faster type that is full is offered too: it may free first); where no type is known
     to have room, on every type of its set. Returns ``(units, types offered fastest first,
     types left out, whether an offered type has room now: None where the view does not say)``.
@@ -494,7 +504,7 @@ def choose_offer(fits: Sequence[GpuType], needs: Mapping[str, int], estimate: Jo
             continue
         seen.append(names)
         room = None if view is None else room_types(group, units, partitions, view)
-        waiting_tasks = None  # an array's tasks that would wait (None: a single job, or unknown)
+        slots = None  # shares of an array's tasks that fit now (None: a single job, or unknown)
         if room is not None:  # the view knows free units: a node to keep away from is no room
             away, _ = incompatible_nodes(estimate.job_class, group, partitions, view, knowledge,
                                          units, all_of_them=True)
@@ -502,8 +512,7 @@ def choose_offer(fits: Sequence[GpuType], needs: Mapping[str, int], estimate: Jo
                 room = room_types(group, units, partitions, view, away)
             if tasks > 1:
                 slots = share_slots(group, units, partitions, view, away) if room else 0
-                waiting_tasks = max(0, tasks - slots)
-        offers.append((units, group, position, room, waiting_tasks))
+        offers.append((units, group, position, room, slots))
 
     known_runs = [r for r in run.values() if r is not None]
     fastest = min(known_runs) if known_runs else None
@@ -524,10 +533,14 @@ def choose_offer(fits: Sequence[GpuType], needs: Mapping[str, int], estimate: Jo
                                        for _, _, _, room, _ in offers)
 
     def score(offer) -> tuple:
-        units, group, position, room, waiting_tasks = offer
+        units, group, position, room, slots = offer
         waits, runtime = min([completion(g, room) for g in group])
-        if waiting_tasks is not None:
-            waits = waiting_tasks
+        if slots is not None and not waiting:
+            # An array: room for a few of its tasks on a fast type may finish them later than
+            # room for all of them on a slower one. Its mean completion in run times: the tasks
+            # start in rounds of the shares that fit now (no room at all goes last).
+            return (slots == 0, (runtime or fastest or 1.0) * mean_rounds(tasks, slots),
+                    -len(group), position)
         if waiting:
             # A request whose every GPU is held whole may wait for as long as those jobs run:
             # it goes last; among the others, the faster, then the one with more GPUs.

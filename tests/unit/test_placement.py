@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from slurm_gpushare.core.config import parse_config
-from slurm_gpushare.core.policy import JobEstimate, NodeView, decide
+from slurm_gpushare.core.policy import JobEstimate, NodeView, decide, mean_rounds
 from slurm_gpushare.core.types import MANY_ARRAY_TASKS, JobRequest
 from slurm_gpushare.daemon.clusterview import idle_gpus_per_node
 
@@ -221,24 +221,35 @@ class ThreeCopiesPerGpu(OneCopyPerGpu):
         return min(limit, 3)
 
 
-def test_an_array_shares_where_most_of_its_tasks_start_now():
+def test_an_array_shares_where_its_tasks_finish_first():
     # At most three copies per GPU: 21 of 80 GiB on an a100, 9 of 32 on a v100 -- one count
-    # cannot mean the same on both. The a100s (faster) have room for 3 tasks now, the v100s
-    # for 9: an array of 8 goes where all of its tasks start, not where 5 would wait.
-    view = View(NodeView("a1", "a100", ("gpu",), gpus=2, idle_gpus=0, free_units=(63, 0),
-                         gpu_jobs=(("x",), ("y",))),
-                NodeView("v1", "v100", ("gpu",), gpus=3, idle_gpus=0, free_units=(27, 27, 27),
-                         gpu_jobs=(("x",), ("y",), ("z",))))
-    estimate = history(t4=2, v100=2, a100=2)
-    array = decide(request(array_tasks=8), config(), estimate=estimate,
-                   knowledge=ThreeCopiesPerGpu(), view=view)
-    assert array.action == "share", array.reason
-    assert (array.writes["tres_per_node"], array.gpu_types) == ("gres:shard:9", ("v100",))
+    # cannot mean the same on both. With room for one task on the a100s (twice as fast) and
+    # for nine on the v100s, an array of 8 would finish its tasks in 4.5 a100 runs on average
+    # (one at a time) against one v100 run: it goes to the v100s.
+    def view(a100_free):
+        return View(NodeView("a1", "a100", ("gpu",), gpus=2, idle_gpus=0,
+                             free_units=(a100_free, 0), gpu_jobs=(("x",), ("y",))),
+                    NodeView("v1", "v100", ("gpu",), gpus=3, idle_gpus=0,
+                             free_units=(27, 27, 27), gpu_jobs=(("x",), ("y",), ("z",))))
+
+    def offer(tasks, a100_free):
+        decision = decide(request(array_tasks=tasks) if tasks > 1 else request(), config(),
+                          estimate=history(t4=2, v100=2, a100=2),
+                          knowledge=ThreeCopiesPerGpu(), view=view(a100_free))
+        assert decision.action == "share", decision.reason
+        return decision.writes["tres_per_node"], decision.gpu_types
+
+    assert offer(8, 21) == ("gres:shard:9", ("v100",))
     # A single job starts at once on either: the faster type, as before.
-    single = decide(request(), config(), estimate=estimate, knowledge=ThreeCopiesPerGpu(),
-                    view=view)
-    assert (single.writes["tres_per_node"], single.gpu_types) == ("gres:shard:21", ("a100",))
-    # An array that fits on the a100s' room goes there too.
-    three = decide(request(array_tasks=3), config(), estimate=estimate,
-                   knowledge=ThreeCopiesPerGpu(), view=view)
-    assert three.gpu_types == ("a100",), three.reason
+    assert offer(1, 21) == ("gres:shard:21", ("a100",))
+    # Room for three of the eight on the a100s: in rounds of three they finish in 1.9 a100
+    # runs on average, sooner than in one v100 run.
+    assert offer(8, 63) == ("gres:shard:21", ("a100",))
+    assert offer(3, 63) == ("gres:shard:21", ("a100",))
+
+
+def test_mean_rounds():
+    assert mean_rounds(8, 9) == 1.0
+    assert mean_rounds(8, 1) == 4.5
+    assert mean_rounds(8, 3) == (3 * 1 + 3 * 2 + 2 * 3) / 8
+    assert mean_rounds(4, 0) == float("inf")

@@ -38,9 +38,10 @@ it asks; the rest is split equally among the others), so a job whose occupancy e
 ``f`` runs at no more than ``f / occupancy``: its *saturation* slowdown ``occupancy / f - 1``. A
 job's slowdown is the larger of the two, still monotone and still without a fitted scale. The
 term came from the project's own H100 pairs (``data/measured/h100``): the busy side of a
-saturated pair ran within a few percent of its fair share (0.71x against 0.72x for a
-recommendation job next to a launch-bound CNN), where collision alone made the light job the
-slower one. So those pairs, never fitted on, are no longer blind to the form.
+saturated pair ran close to its fair share (ResNet-50 training, 93% busy, next to a launch-bound
+CNN at 46%: 0.59x measured, 0.58x from its fair share), where collision alone predicted 0.69x
+and made it the faster of the two (the CNN ran at 0.74x; both terms give it 0.60x). So those
+pairs, never fitted on, are no longer blind to the form.
 
 **Learning from the site's co-runs.** Each job (a key: a fingerprint in the daemon, a name in the
 CLI) gets two corrections in log space: ``suffers`` (how much more than the prior it slows down)

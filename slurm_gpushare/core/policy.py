@@ -184,8 +184,7 @@ def incompatible_nodes(job_class: int | None, fits: Sequence[GpuType], partition
         return bad > 0 and bad >= max(node.gpus, 1)
 
     wanted = set(partitions)
-    candidates = [n for n in nodes if n.gpu_type in types
-                  and (not n.partitions or not wanted.isdisjoint(n.partitions))]
+    candidates = [n for n in nodes if n.gpu_type in types and in_partitions(n, wanted)]
     excluded = tuple(sorted(n.name for n in candidates if residents(n) and blocked(n)))
     if memo is not None:
         memo[memo_key] = (knowledge, excluded, len(candidates))
@@ -389,7 +388,7 @@ def room_types(fits: Sequence[GpuType], units: int, partitions: Sequence[str],
     wanted, away = set(partitions), set(excluded)
     known, found = False, set()
     for node in nodes:
-        if node.gpu_type not in types or (node.partitions and wanted.isdisjoint(node.partitions)):
+        if node.gpu_type not in types or not in_partitions(node, wanted):
             continue
         if node.name in away:
             known = known or bool(node.free_units)
@@ -408,7 +407,7 @@ def _share_nodes(types: Sequence[GpuType], partitions: Sequence[str], view: Clus
     """The usable nodes of ``types`` in the job's partitions (a node without partitions: any)."""
     names, wanted = {g.name for g in types}, set(partitions)
     return [n for n in view.nodes() if n.gpu_type in names and feasibility.state_usable(n.state)
-            and not (n.partitions and wanted.isdisjoint(n.partitions))]
+            and in_partitions(n, wanted)]
 
 
 def share_slots(types: Sequence[GpuType], units: int, partitions: Sequence[str],

@@ -292,7 +292,7 @@ def place_pending(nodes: list[NodeView], entry: PendingShare,
         if (node.gpu_type not in entry.types or not node.free_units
                 or max(node.free_units) < units or node.name in entry.excluded
                 or not state_usable(node.state)
-                or (node.partitions and wanted.isdisjoint(node.partitions))):
+                or not in_partitions(node, wanted)):
             continue
         shared = any(0 < free < per_gpu.get(node.gpu_type, 0) or jobs
                      for free, jobs in zip(node.free_units, node.gpu_jobs))

@@ -184,6 +184,11 @@ def prior_isd(demands: Sequence[Demand], latency: float) -> list[float]:
             for i, own in enumerate(demands)]
 
 
+def corrected(isd: float, factor: float) -> float:
+    """A prior slowdown scaled by a correction factor in log(ISD + eps) space, as learned."""
+    return max(0.0, (isd + EPS) * factor - EPS)
+
+
 def fits_memory(profiles: Sequence[Mapping[str, Any]]) -> bool | None:
     """Whether the jobs' memory fits together on one GPU of the smallest memory among them;
     None when a figure is missing."""
@@ -261,15 +266,13 @@ class PairModel:
                     continue
                 hurts.append(self.hurts.get(keys[j], 0.0))
                 factor = math.exp(self.suffers.get(keys[i], 0.0) + hurts[-1])
-                term = collision_isd(own, [partner], self.latency)[0]
-                # Corrections scale the partner's term in log(ISD + eps) space, as learned.
-                collision += max(0.0, (term + EPS) * factor - EPS)
+                collision += corrected(collision_isd(own, [partner], self.latency)[0], factor)
             saturated = 0.0
             if saturation[i] > 0:
                 # The group's saturation is corrected by what this job suffers and what its
                 # partners hurt on average (constant in the demands: it stays monotone).
                 factor = math.exp(self.suffers.get(keys[i], 0.0) + sum(hurts) / len(hurts))
-                saturated = max(0.0, (saturation[i] + EPS) * factor - EPS)
+                saturated = corrected(saturation[i], factor)
             out.append(float(max(collision, saturated)))
         return out
 
@@ -300,13 +303,13 @@ class PairModel:
         allowed_isd = (1.0 / self.threshold - 1.0) / margin
         own = demand_of(profile)
         factor = math.exp(self.suffers.get(key, 0.0) + self.hurts.get(key, 0.0))
-        per_copy = max(0.0, (collision_isd(own, [own], self.latency)[0] + EPS) * factor - EPS)
+        per_copy = corrected(collision_isd(own, [own], self.latency)[0], factor)
         copies = float(limit)
         if per_copy > 0:
             copies = min(copies, 1 + math.floor(allowed_isd / per_copy + 1e-9))
         busy = occupancy(own)
         if busy > 0:
-            # Saturation (m * busy - 1, corrected like a term) at most allowed_isd.
+            # corrected(m * busy - 1, factor) at most allowed_isd, solved for m.
             most_busy = max(1.0, 1.0 + (allowed_isd + EPS) / factor - EPS)
             copies = min(copies, math.floor(most_busy / busy + 1e-9))
         return int(max(1, min(limit, copies)))

@@ -68,6 +68,8 @@ def checkpoint_path(state_dir: str | os.PathLike, job_id: str) -> Path:
 # How often a running collector saves its summaries so far (what a kill -9 can lose).
 CHECKPOINT_S = 30.0
 FIRST_CHECKPOINT_S = 2.0
+# How long a collector waits before asking slurmctld for its job's GPUs again (shards on 22.05).
+GPU_QUESTION_WAIT_S = 0.5
 
 
 def _log(state_dir: str | os.PathLike, message: str) -> None:
@@ -217,6 +219,18 @@ def parse_gpus(text: str | None, provider=None) -> list[int]:
     return sorted(set(out))
 
 
+def ask_for_gpus(job_id: str, node: str, stop: threading.Event) -> list[int]:
+    """Slurm set no GPU variables (shards on 22.05, file-backed GPUs): ask slurmctld, again
+    while the job runs if it does not answer (busy with a burst of submissions); [] once the
+    job has ended (the epilog sets ``stop``)."""
+    from slurm_gpushare.slurm import jobs
+
+    while True:
+        indices = jobs.gpu_indices(job_id, node)
+        if indices or stop.wait(GPU_QUESTION_WAIT_S):
+            return indices
+
+
 def collect(job_id: str, gpus: str | None, *, provider=None, deliver: Deliver,
             stop: threading.Event, cluster: str = "", interval_s: float = DEFAULT_INTERVAL_S,
             max_duration_s: float | None = DEFAULT_MAX_DURATION_S, keys: Iterable[str] = (),
@@ -239,10 +253,7 @@ def collect(job_id: str, gpus: str | None, *, provider=None, deliver: Deliver,
             return 0
         indices = parse_gpus(gpus, provider)
         if not indices and os.environ.get("SLURMD_NODENAME"):
-            # Slurm set no GPU variables (shards on 22.05, file-backed GPUs): ask slurmctld.
-            from slurm_gpushare.slurm.jobs import gpu_indices
-
-            indices = gpu_indices(job_id, os.environ["SLURMD_NODENAME"])
+            indices = ask_for_gpus(job_id, os.environ["SLURMD_NODENAME"], stop)
         if not indices:
             log(f"job {job_id}: no GPUs given; nothing collected")
             return 0

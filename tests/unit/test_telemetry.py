@@ -431,3 +431,39 @@ def test_an_exited_process_not_yet_reaped_is_not_alive():
     assert not pid_alive(child.pid)
     child.wait()
     assert pid_alive(os.getpid())
+
+
+def test_a_share_whose_first_question_to_slurmctld_goes_unanswered_is_still_collected(monkeypatch):
+    # Shards on 22.05 come with no GPU variables: the collector asks slurmctld. A busy slurmctld
+    # (a burst of submissions) may not answer the first time; while the job runs, ask again.
+    monkeypatch.setenv("SLURMD_NODENAME", "v100-1")
+    answers = iter([[], [], [0]])
+    asked = []
+
+    def gpu_indices(job_id, node, timeout=10.0):
+        asked.append((job_id, node))
+        return next(answers)
+
+    monkeypatch.setattr("slurm_gpushare.slurm.jobs.gpu_indices", gpu_indices)
+    monkeypatch.setattr(agent, "GPU_QUESTION_WAIT_S", 0.01)
+    got = []
+    stop = threading.Event()
+    threading.Timer(0.5, stop.set).start()
+    n = agent.collect("7", None, provider=ScenarioProvider(SHARED, job_id="7"),
+                      deliver=got.append, stop=stop, interval_s=0.05)
+    assert n == 1 and got[0]["gpu_index"] == 0 and got[0]["samples"] >= 1
+    assert asked == [("7", "v100-1")] * 3
+
+
+def test_a_share_that_ended_before_slurmctld_answered_stops_asking(monkeypatch):
+    monkeypatch.setenv("SLURMD_NODENAME", "v100-1")
+    asked = []
+    monkeypatch.setattr("slurm_gpushare.slurm.jobs.gpu_indices",
+                        lambda job_id, node, timeout=10.0: asked.append(job_id) or [])
+    monkeypatch.setattr(agent, "GPU_QUESTION_WAIT_S", 0.01)
+    stop = threading.Event()
+    threading.Timer(0.2, stop.set).start()
+    logs = []
+    assert agent.collect("7", None, provider=ScenarioProvider(ALONE), deliver=lambda s: None,
+                         stop=stop, log=logs.append) == 0
+    assert 1 < len(asked) < 200 and "no GPUs given" in logs[-1]

@@ -13,6 +13,13 @@ the daemon returns one).
     .venv/bin/python bench/daemon_cost.py --code /tmp/before --code . [--rounds 5]
         [--requests 2000] [--nodes 4] [--out bench/results/daemon_cost.json]
 
+``--pace-ms 6 --pace-ms 20`` also sends short-script requests one every 6 (20) ms, as
+sequential submissions reach the daemon (``sbatch`` in a loop: one every ~6 ms here), and
+``--echo`` measures a minimal Python server on the same socket pattern (a thread per
+connection, one JSON line each way, no work) beside the daemons: the cost of being woken for
+each request, which no change to the daemon's own work removes. CPU time is the scheduler's
+own account (``/proc/PID/task/*/schedstat``, nanoseconds), not tick-sampled.
+
 ``--nodes N`` gives every daemon a view of N GPU nodes (sinfo/squeue/scontrol stand-ins on its
 PATH, half v100, half a100, no running jobs), so that requests take the path of a real cluster:
 shares placed, the ledger of pending shares claimed, refreshes every second while shares
@@ -36,12 +43,38 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 SHORT = "#!/bin/sh\n#SBATCH --gres=gpu:1\npython train.py\n"
 LONG = "#!/bin/sh\n" + "echo a line of a long job script\n" * 2000  # ~64 KiB
-TICKS = os.sysconf("SC_CLK_TCK")
+
+
+IDLE_S = 3.0  # how long the background cost is measured after paced requests
 
 
 def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS  # utime + stime
+    """CPU time of every thread of ``pid`` so far, from the scheduler's own account."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            pass  # a thread that ended between listing and reading
+    return total / 1e9
+
+
+# A minimal server on the daemon's socket pattern: a thread per connection, one JSON line in,
+# one out, nothing decided.
+ECHO_SERVER = """
+import json, os, socketserver, sys
+class Handler(socketserver.StreamRequestHandler):
+    def handle(self):
+        for line in self.rfile:
+            request = json.loads(line)
+            self.wfile.write(json.dumps({"v": 1, "ok": True, "rid": request.get("rid"),
+                                         "decision": {"action": "keep", "code": "echo"}}
+                                        ).encode() + b"\\n")
+            self.wfile.flush()
+class Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+Server(sys.argv[1], Handler).serve_forever()
+"""
 
 
 def slurm_stand_ins(directory: Path, nodes: int) -> Path:
@@ -59,10 +92,16 @@ def slurm_stand_ins(directory: Path, nodes: int) -> Path:
 
 
 class Daemon:
-    def __init__(self, code: Path, tmp: Path, slurm_bin: Path | None = None):
+    def __init__(self, code: Path | None, tmp: Path, slurm_bin: Path | None = None):
+        """The daemon of checkout ``code``; with ``code`` None, the echo server."""
         self.code = code
         tmp.mkdir(parents=True)
         self.sock_path = tmp / "d.sock"
+        if code is None:
+            self.proc = subprocess.Popen([sys.executable, "-c", ECHO_SERVER, str(self.sock_path)],
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            self._connect()
+            return
         config = tmp / "gpushare.toml"
         config.write_text(
             f'[daemon]\nsocket = "{self.sock_path}"\nlog_file = "{tmp}/daemon.log"\n'
@@ -76,10 +115,13 @@ class Daemon:
             [sys.executable, "-m", "slurm_gpushare", "serve", "--config", str(config)],
             cwd=str(code), env=env,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self._connect()
+
+    def _connect(self) -> None:
         deadline = time.monotonic() + 180
         while not self.sock_path.exists():
             if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"daemon of {code} did not start")
+                raise SystemExit(f"daemon of {self.code or 'echo'} did not start")
             time.sleep(0.1)
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.connect(str(self.sock_path))
@@ -89,23 +131,38 @@ class Daemon:
         self.sock.sendall(json.dumps({"v": 1, "op": "decide", "job": job}).encode() + b"\n")
         return json.loads(self.reader.readline())
 
-    def measure(self, job: dict, requests: int) -> dict:
+    def measure(self, job: dict, requests: int, pace_s: float = 0.0) -> dict:
+        """Send ``requests`` decide requests back to back, or one every ``pace_s``."""
         line = json.dumps({"v": 1, "op": "decide", "job": job}).encode() + b"\n"
         times = []
-        cpu_before = cpu_seconds(self.proc.pid)
+        cpu_before, loop_started = cpu_seconds(self.proc.pid), time.perf_counter()
         for _ in range(requests):
             started = time.perf_counter()
             self.sock.sendall(line)
             self.reader.readline()
             times.append(time.perf_counter() - started)
+            if pace_s:
+                time.sleep(max(0.0, pace_s - (time.perf_counter() - started)))
         cpu = cpu_seconds(self.proc.pid) - cpu_before
+        elapsed = time.perf_counter() - loop_started
         time.sleep(0.3)  # let batched writes land, then count them too
         cpu_after_writes = cpu_seconds(self.proc.pid) - cpu_before
         ordered = sorted(times)
-        return {"cpu_us_per_request": round(cpu / requests * 1e6, 1),
-                "cpu_us_per_request_with_writes": round(cpu_after_writes / requests * 1e6, 1),
-                "p50_ms": round(ordered[len(ordered) // 2] * 1000, 4),
-                "p99_ms": round(ordered[int(0.99 * (len(ordered) - 1))] * 1000, 4)}
+        figures = {"cpu_us_per_request": round(cpu / requests * 1e6, 1),
+                   "cpu_us_per_request_with_writes": round(cpu_after_writes / requests * 1e6, 1),
+                   "p50_ms": round(ordered[len(ordered) // 2] * 1000, 4),
+                   "p99_ms": round(ordered[int(0.99 * (len(ordered) - 1))] * 1000, 4)}
+        if pace_s:
+            # What the daemon spends while no request comes (its view's refreshes: every
+            # second while shares it placed pend), over as long as the paced requests took:
+            # spread over few requests it is most of their cost, though no request causes it.
+            idle_before = cpu_seconds(self.proc.pid)
+            time.sleep(IDLE_S)
+            idle = (cpu_seconds(self.proc.pid) - idle_before) / IDLE_S
+            figures["idle_cpu_ms_per_s"] = round(idle * 1000, 2)
+            figures["cpu_us_per_request_less_idle"] = round(
+                max(cpu - idle * elapsed, 0.0) / requests * 1e6, 1)
+        return figures
 
     def stop(self) -> None:
         self.sock.close()
@@ -125,6 +182,10 @@ def main(argv=None) -> int:
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--nodes", type=int, default=0,
                         help="GPU nodes the daemons see (Slurm stand-ins); 0: no Slurm")
+    parser.add_argument("--pace-ms", type=float, action="append", default=[],
+                        help="also send short-script requests one every this many ms")
+    parser.add_argument("--echo", action="store_true",
+                        help="measure a minimal Python server beside the daemons")
     parser.add_argument("--out", default=str(REPO / "bench" / "results" / "daemon_cost.json"))
     args = parser.parse_args(argv)
 
@@ -133,6 +194,8 @@ def main(argv=None) -> int:
     slurm_bin = slurm_stand_ins(tmp / "bin", args.nodes) if args.nodes else None
     daemons = {code: Daemon(Path(code).resolve(), tmp / f"d{i}", slurm_bin)
                for i, code in enumerate(args.code)}
+    if args.echo:
+        daemons["echo"] = Daemon(None, tmp / "echo")
     results: dict[str, dict[str, list]] = {code: {} for code in daemons}
     actions: dict[str, set] = {}  # what the daemons decided (action:code), per checkout
     try:
@@ -153,6 +216,11 @@ def main(argv=None) -> int:
                     results[code].setdefault(shape, []).append(
                         daemon.measure(fields, args.requests if shape != "script_64k"
                                        else args.requests // 4))
+                for pace_ms in args.pace_ms:  # fewer requests: each takes pace_ms
+                    results[code].setdefault(f"short_script_every_{pace_ms:g}ms", []).append(
+                        daemon.measure(job(script=SHORT),
+                                       max(50, min(args.requests, int(3000 / pace_ms))),
+                                       pace_s=pace_ms / 1000))
             print(f"round {round_no + 1}/{args.rounds} done", flush=True)
     finally:
         for daemon in daemons.values():
@@ -167,7 +235,7 @@ def main(argv=None) -> int:
         return out
 
     commits = {}
-    for code in daemons:
+    for code in args.code:
         commits[code] = subprocess.run(["git", "-C", code, "rev-parse", "--short", "HEAD"],
                                        capture_output=True, text=True).stdout.strip() or None
     record = {
@@ -177,7 +245,9 @@ def main(argv=None) -> int:
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                     "python": platform.python_version(), "loadavg_before": load_before,
                     "loadavg_after": os.getloadavg()},
+        "cpu_time": "schedstat (scheduler's account of every thread, ns)",
         "rounds": args.rounds, "requests_per_round": args.requests, "nodes": args.nodes,
+        "pace_ms": args.pace_ms, "echo": args.echo,
         "actions": {code: sorted(seen) for code, seen in actions.items()},
         "commits": commits,
         "results": {code: {shape: summary(rounds) for shape, rounds in shapes.items()}

@@ -68,8 +68,10 @@ def checkpoint_path(state_dir: str | os.PathLike, job_id: str) -> Path:
 # How often a running collector saves its summaries so far (what a kill -9 can lose).
 CHECKPOINT_S = 30.0
 FIRST_CHECKPOINT_S = 2.0
-# How long a collector waits before asking slurmctld for its job's GPUs again (shards on 22.05).
+# A collector that gets no answer from slurmctld about its job's GPUs (shards on 22.05) asks
+# again after this long, at most this many times in all.
 GPU_QUESTION_WAIT_S = 0.5
+GPU_QUESTIONS = 20
 
 
 def _log(state_dir: str | os.PathLike, message: str) -> None:
@@ -220,15 +222,18 @@ def parse_gpus(text: str | None, provider=None) -> list[int]:
 
 
 def ask_for_gpus(job_id: str, node: str, stop: threading.Event) -> list[int]:
-    """Slurm set no GPU variables (shards on 22.05, file-backed GPUs): ask slurmctld, again
-    while the job runs if it does not answer (busy with a burst of submissions); [] once the
-    job has ended (the epilog sets ``stop``)."""
+    """Slurm set no GPU variables (shards on 22.05, file-backed GPUs): ask slurmctld. Its answer
+    is final, "none here" included (a multi-node job's other nodes); without one (slurmctld
+    busy with a burst of submissions) ask again while the job runs, a bounded number of times."""
     from slurm_gpushare.slurm import jobs
 
-    while True:
+    for _ in range(GPU_QUESTIONS):
         indices = jobs.gpu_indices(job_id, node)
-        if indices or stop.wait(GPU_QUESTION_WAIT_S):
+        if indices is not None:
             return indices
+        if stop.wait(GPU_QUESTION_WAIT_S):  # the job ended (the epilog's stop)
+            break
+    return []
 
 
 def collect(job_id: str, gpus: str | None, *, provider=None, deliver: Deliver,

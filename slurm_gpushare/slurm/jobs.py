@@ -104,16 +104,20 @@ def gres_placements(detail: str) -> list[tuple[str, list[int]]]:
     return out
 
 
-def gpu_indices(job_id: str, node: str, timeout: float = 10.0) -> list[int]:
-    """GPU indices a job holds on one node, from ``scontrol show job -d``.
+def gpu_indices(job_id: str, node: str, timeout: float = 10.0) -> list[int] | None:
+    """GPU indices a job holds on one node, from ``scontrol show job -d``; None when
+    slurmctld gave no record of the job (the command failed or timed out).
 
     The fallback when Slurm sets neither SLURM_JOB_GPUS nor CUDA_VISIBLE_DEVICES (shards on
     22.05, file-backed test GPUs): lines like ``Nodes=n1 CPU_IDs=0 Mem=0 GRES=shard:8(IDX:0)``
     (22.05) or ``GRES=shard:8(8/16,0/16)`` (24.11).
     """
-    out = cmd.output(["scontrol", "show", "job", "-d", job_id], timeout=timeout) or ""
+    records = own_records(
+        cmd.output(["scontrol", "show", "job", "-d", job_id], timeout=timeout) or "", job_id)
+    if not records:
+        return None
     indices: set[int] = set()
-    for nodes, found in gres_placements("\n".join(own_records(out, job_id))):
+    for nodes, found in gres_placements("\n".join(records)):
         if nodes == node or node in expand_hostlist(nodes):
             indices.update(found)
     return sorted(indices)

@@ -36,6 +36,12 @@ def test_an_array_id_gives_only_its_own_tasks_gpus(monkeypatch):
     assert jobs.gpu_indices("12", "t4-1") == []  # tasks 0 and 1 are other jobs
     assert jobs.gpu_indices("12_1", "t4-1") == [1]
     assert jobs.gpu_indices("13", "t4-1") == [0]
+    assert jobs.gpu_indices("15", "t4-1") is None  # no record of it: slurmctld did not say
+
+
+def test_no_answer_from_slurmctld_is_not_an_answer_of_no_gpus(monkeypatch):
+    monkeypatch.setattr(cmd, "output", lambda argv, **kw: None)  # failed or timed out
+    assert jobs.gpu_indices("12", "a100-1") is None
 
 
 def test_lookup_of_an_array_id_is_the_task_that_kept_it(monkeypatch):

@@ -437,7 +437,7 @@ def test_a_share_whose_first_question_to_slurmctld_goes_unanswered_is_still_coll
     # Shards on 22.05 come with no GPU variables: the collector asks slurmctld. A busy slurmctld
     # (a burst of submissions) may not answer the first time; while the job runs, ask again.
     monkeypatch.setenv("SLURMD_NODENAME", "v100-1")
-    answers = iter([[], [], [0]])
+    answers = iter([None, None, [0]])  # None: no answer (scontrol failed or timed out)
     asked = []
 
     def gpu_indices(job_id, node, timeout=10.0):
@@ -455,15 +455,33 @@ def test_a_share_whose_first_question_to_slurmctld_goes_unanswered_is_still_coll
     assert asked == [("7", "v100-1")] * 3
 
 
-def test_a_share_that_ended_before_slurmctld_answered_stops_asking(monkeypatch):
+def test_a_job_with_no_gpu_on_this_node_asks_slurmctld_once(monkeypatch):
+    # A multi-node job's prolog runs on every node; slurmctld's answer that the job holds no
+    # GPU here is final (asking again every 0.5 s for the job's life would load slurmctld).
     monkeypatch.setenv("SLURMD_NODENAME", "v100-1")
     asked = []
     monkeypatch.setattr("slurm_gpushare.slurm.jobs.gpu_indices",
                         lambda job_id, node, timeout=10.0: asked.append(job_id) or [])
     monkeypatch.setattr(agent, "GPU_QUESTION_WAIT_S", 0.01)
+    logs = []
+    assert agent.collect("7", None, provider=ScenarioProvider(ALONE), deliver=lambda s: None,
+                         stop=threading.Event(), log=logs.append) == 0
+    assert asked == ["7"] and "no GPUs given" in logs[-1]
+
+
+def test_asking_slurmctld_for_the_gpus_stops_when_the_job_ends_or_after_a_bound(monkeypatch):
+    monkeypatch.setenv("SLURMD_NODENAME", "v100-1")
+    asked = []
+    monkeypatch.setattr("slurm_gpushare.slurm.jobs.gpu_indices",
+                        lambda job_id, node, timeout=10.0: asked.append(job_id) or None)
+    monkeypatch.setattr(agent, "GPU_QUESTION_WAIT_S", 0.01)
     stop = threading.Event()
-    threading.Timer(0.2, stop.set).start()
+    threading.Timer(0.1, stop.set).start()  # the job ends (the epilog's stop)
     logs = []
     assert agent.collect("7", None, provider=ScenarioProvider(ALONE), deliver=lambda s: None,
                          stop=stop, log=logs.append) == 0
-    assert 1 < len(asked) < 200 and "no GPUs given" in logs[-1]
+    assert 1 < len(asked) <= agent.GPU_QUESTIONS and "no GPUs given" in logs[-1]
+    asked.clear()  # a job that runs on while slurmctld never answers: a bounded number of tries
+    assert agent.collect("7", None, provider=ScenarioProvider(ALONE), deliver=lambda s: None,
+                         stop=threading.Event(), log=logs.append) == 0
+    assert len(asked) == agent.GPU_QUESTIONS

@@ -176,17 +176,32 @@ def saturation_isd(occupancies: Sequence[float]) -> list[float]:
             for o, f in zip(occupancies, fair_shares(occupancies))]
 
 
-def prior_isd(demands: Sequence[Demand], latency: float) -> list[float]:
-    """Each co-runner's slowdown under the prior: the larger of its collision and saturation
-    slowdowns (see the module text)."""
-    saturation = saturation_isd([occupancy(d) for d in demands])
-    return [max(sum(collision_isd(own, demands[:i] + demands[i + 1:], latency)), saturation[i])
-            for i, own in enumerate(demands)]
-
-
 def corrected(isd: float, factor: float) -> float:
     """A prior slowdown scaled by a correction factor in log(ISD + eps) space, as learned."""
     return max(0.0, (isd + EPS) * factor - EPS)
+
+
+def prior_isd(demands: Sequence[Demand], latency: float, suffers: Sequence[float] = (),
+              hurts: Sequence[float] = ()) -> list[float]:
+    """Each co-runner's slowdown: the larger of its collision and saturation slowdowns (see the
+    module text), with each co-runner's learned corrections in log space where given
+    (``suffers``, ``hurts``: one per co-runner; none: the prior itself)."""
+    suffers = list(suffers) or [0.0] * len(demands)
+    hurts = list(hurts) or [0.0] * len(demands)
+    saturation = saturation_isd([occupancy(d) for d in demands])
+    out = []
+    for i, own in enumerate(demands):
+        others = [j for j in range(len(demands)) if j != i]
+        collision = sum(corrected(collision_isd(own, [demands[j]], latency)[0],
+                                  math.exp(suffers[i] + hurts[j])) for j in others)
+        saturated = 0.0
+        if saturation[i] > 0:
+            # The group's saturation is corrected by what this job suffers and what its
+            # partners hurt on average (constant in the demands: it stays monotone).
+            mean_hurts = sum(hurts[j] for j in others) / len(others)
+            saturated = corrected(saturation[i], math.exp(suffers[i] + mean_hurts))
+        out.append(float(max(collision, saturated)))
+    return out
 
 
 def fits_memory(profiles: Sequence[Mapping[str, Any]]) -> bool | None:
@@ -257,24 +272,8 @@ class PairModel:
         """Each co-runner's predicted slowdown (ISD) in a group of two or more."""
         demands = [demand_of(p) for p in profiles]
         keys = list(keys) if keys is not None else [None] * len(profiles)
-        saturation = saturation_isd([occupancy(d) for d in demands])
-        out = []
-        for i, own in enumerate(demands):
-            collision, hurts = 0.0, []
-            for j, partner in enumerate(demands):
-                if j == i:
-                    continue
-                hurts.append(self.hurts.get(keys[j], 0.0))
-                factor = math.exp(self.suffers.get(keys[i], 0.0) + hurts[-1])
-                collision += corrected(collision_isd(own, [partner], self.latency)[0], factor)
-            saturated = 0.0
-            if saturation[i] > 0:
-                # The group's saturation is corrected by what this job suffers and what its
-                # partners hurt on average (constant in the demands: it stays monotone).
-                factor = math.exp(self.suffers.get(keys[i], 0.0) + sum(hurts) / len(hurts))
-                saturated = corrected(saturation[i], factor)
-            out.append(float(max(collision, saturated)))
-        return out
+        return prior_isd(demands, self.latency, [self.suffers.get(k, 0.0) for k in keys],
+                         [self.hurts.get(k, 0.0) for k in keys])
 
     def predict_group(self, profiles: Sequence[Mapping[str, Any]],
                       keys: Sequence[str | None] | None = None) -> list[float]:

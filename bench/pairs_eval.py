@@ -15,6 +15,13 @@ cold model on the same pairs beside them; mean, min and max over the seeds.
 Baseline: "add the two jobs' GPU utilisations" (a side's score is -(u_a + u_b); a pair is
 recommended when the sum is at most 100%).
 Ryu & Chun (TITAN RTX, MPS): their two statements checked against the prior fitted on all sets.
+``--external NAME=PROFILES.csv,CORUNS.csv``: a public set kept for evaluation, never fitted on,
+judged like the H100 set (key ``held_out_public``); the recorded figures include Lucid's 1,388
+pairs on an RTX 3090 (files made by ``bench/lucid_pairs.py`` from a checkout of the Lucid
+artifact, which is not redistributed here):
+
+    .venv/bin/python bench/lucid_pairs.py LUCID_CHECKOUT /tmp/lucid
+    .venv/bin/python bench/pairs_eval.py --external lucid-rtx3090=/tmp/lucid/profiles.csv,/tmp/lucid/coruns.csv
 """
 
 from __future__ import annotations
@@ -86,11 +93,23 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     parser.add_argument("--out", default=str(ROOT / "bench" / "pairs_eval.json"))
+    parser.add_argument("--external", action="append", default=[], metavar="NAME=PROFILES,CORUNS",
+                        help="a public set kept for evaluation, in kb predict-pairs's files "
+                             "(e.g. made by bench/lucid_pairs.py); repeatable")
     args = parser.parse_args(argv)
+    external = []
+    for spec in args.external:
+        name, _, files = spec.partition("=")
+        profiles_csv, _, coruns_csv = files.partition(",")
+        if not (name and profiles_csv and coruns_csv):
+            parser.error(f"--external wants NAME=PROFILES.csv,CORUNS.csv, got {spec!r}")
+        external.append((name, profiles_csv, coruns_csv))
     started = time.perf_counter()
     model = default_model()
+    held_out = held_out_measured(args.seeds, external)
     result = {
-        "command": "python bench/pairs_eval.py --seeds " + " ".join(map(str, args.seeds)),
+        "command": "python bench/pairs_eval.py --seeds " + " ".join(map(str, args.seeds))
+                   + "".join(f" --external {n}=..." for n, *_ in external),
         "threshold": DEFAULT_THRESHOLD,
         "prior_all_data": {"parameters": dict(zip(PARAMETERS,
                                                   np.round([model.latency], 4).tolist())),
@@ -98,7 +117,8 @@ def main(argv=None) -> int:
                            "margin_learned": model.margin_learned,
                            "sides": model.n_train},
         "leave_one_data_set_out": leave_one_data_set_out(args.seeds),
-        "held_out_measured": held_out_measured(args.seeds),
+        "held_out_measured": {k: v for k, v in held_out.items() if k.startswith("measured-")},
+        "held_out_public": {k: v for k, v in held_out.items() if not k.startswith("measured-")},
         "ryu_chun": ryu_chun(),
         "shape_robustness": shape_robustness(),
     }
@@ -108,7 +128,8 @@ def main(argv=None) -> int:
     result["seconds"] = round(time.perf_counter() - started, 1)
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     for name, entry in [*result["leave_one_data_set_out"].items(),
-                        *result["held_out_measured"].items()]:
+                        *result["held_out_measured"].items(),
+                        *result["held_out_public"].items()]:
         cold, base, hist = entry["cold"], entry["baseline_sum_of_utilisations"], entry["with_history"]
         print(f"{name:12} cold rho {cold['spearman']:.3f} rec {cold['recommended_share']:.2f} "
               f"bad {cold['recommended_bad_share']} | baseline rho {base['spearman']:.3f} rec "

@@ -186,8 +186,16 @@ def load_measured(gpu: str = "h100") -> tuple[list[tuple[str, str, float, float]
     ``(job_a, job_b, speed_a, speed_b)`` (time slicing, normalised to the job alone), profiles
     by job (mean and max utilisations, peak memory, the GPU's memory)."""
     folder = package_path("measured", gpu)
-    coruns = _read_csv(folder / "coruns.csv", f"measured co-runs on {gpu}")
-    profiles = _read_csv(folder / "profiles.csv", f"measured profiles on {gpu}")
+    return load_pair_set(folder / "profiles.csv", folder / "coruns.csv", f"measured on {gpu}")
+
+
+def load_pair_set(profiles_csv: str | os.PathLike, coruns_csv: str | os.PathLike,
+                  what: str = "pair set") -> tuple[list[tuple[str, str, float, float]],
+                                                   dict[str, dict]]:
+    """A set of measured pairs in the files ``kb predict-pairs`` reads (PROFILES.csv, and
+    CORUNS.csv with both speeds): ``(pairs, profiles)`` as ``load_measured`` gives them."""
+    coruns = _read_csv(Path(coruns_csv), f"co-runs ({what})")
+    profiles = _read_csv(Path(profiles_csv), f"profiles ({what})")
     pairs = [(r.job_a, r.job_b, float(r.speed_a), float(r.speed_b))
              for r in coruns.itertuples(index=False)]
     by_job = {r["job"]: {k: v for k, v in r.items() if k != "job"}

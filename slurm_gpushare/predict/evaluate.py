@@ -445,16 +445,22 @@ def _figures(rows: pd.DataFrame, threshold: float = DEFAULT_THRESHOLD) -> dict:
     """The judged figures over measured pairs. ``rows``: one per measured pair with pred_a,
     pred_b (NaN where the table had no row), speed_a, speed_b, recommended. Spearman is over
     both sides of every pair (predicted vs measured speed, all pairs pooled); a recommended pair
-    is bad when either side was measured below ``threshold``."""
+    is bad when either side was measured below ``threshold``. ``spearman_pairs`` ranks the
+    pairs themselves: predicted vs measured sum of the two speeds (the pair's throughput)."""
     sides_pred = np.concatenate([rows["pred_a"], rows["pred_b"]]).astype(float)
     sides_true = np.concatenate([rows["speed_a"], rows["speed_b"]]).astype(float)
     known = ~np.isnan(sides_pred)
     worst = np.minimum(rows["speed_a"], rows["speed_b"])
     rec = rows["recommended"].fillna(False).astype(bool)
     missing = int(rows[["pred_a", "pred_b"]].isna().any(axis=1).sum())
+    pair_pred = (rows["pred_a"] + rows["pred_b"]).astype(float).to_numpy()
+    pair_true = (rows["speed_a"] + rows["speed_b"]).astype(float).to_numpy()
+    pair_known = ~np.isnan(pair_pred)
     return {
         "pairs": int(len(rows)), "missing": missing,
         "spearman": round(float(spearmanr(sides_pred[known], sides_true[known]).statistic), 4),
+        "spearman_pairs": round(float(spearmanr(pair_pred[pair_known],
+                                                pair_true[pair_known]).statistic), 4),
         "mae": round(float(np.abs(sides_pred[known] - sides_true[known]).mean()), 4),
         "recommended_share": round(float(rec.mean()), 4),
         "recommended_bad_share": round(float((worst[rec] < threshold).mean()), 4) if rec.any()
@@ -522,20 +528,21 @@ def leave_one_data_set_out(seeds: Sequence[int] = (0, 1, 2, 3, 4)) -> dict:
     return out
 
 
-def held_out_measured(seeds: Sequence[int] = (0, 1, 2, 3, 4)) -> dict:
-    """The project's own measurements (``data/measured``), which the prior never sees: the
-    packaged prior (fitted on every public set) against them, with the same figures as
-    ``leave_one_data_set_out``."""
-    from slurm_gpushare.predict.datasets import MEASURED_GPUS, load_measured
+def held_out_measured(seeds: Sequence[int] = (0, 1, 2, 3, 4),
+                      external: Sequence[tuple[str, str, str]] = ()) -> dict:
+    """The project's own measurements (``data/measured``), which the prior never sees, and any
+    ``external`` sets ``(name, PROFILES.csv, CORUNS.csv)`` in ``kb predict-pairs``'s format
+    (public sets kept for evaluation): the packaged prior (fitted on every public set) against
+    them, with the same figures as ``leave_one_data_set_out``."""
+    from slurm_gpushare.predict.datasets import MEASURED_GPUS, load_measured, load_pair_set
 
     sides = training_sides()
     model = PairSpeedModel().fit(sides)
-    out = {}
-    for gpu in MEASURED_GPUS:
-        pairs, profiles = load_measured(gpu)
-        out[f"measured-{gpu}"] = {"fitted_on": sorted(set(sides["group"])),
-                                  **_held_out_figures(model, pairs, profiles, seeds)}
-    return out
+    sets = [(f"measured-{gpu}", *load_measured(gpu)) for gpu in MEASURED_GPUS]
+    sets += [(name, *load_pair_set(p, c, name)) for name, p, c in external]
+    return {name: {"fitted_on": sorted(set(sides["group"])),
+                   **_held_out_figures(model, pairs, profiles, seeds)}
+            for name, pairs, profiles in sets}
 
 
 def _held_out_figures(model: PairSpeedModel, pairs, profiles, seeds: Sequence[int]) -> dict:

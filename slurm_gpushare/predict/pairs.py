@@ -50,7 +50,13 @@ and ``hurts`` (how much more it slows its partners). A measured pair gives resid
 ``r_ab ~ suffers_a + hurts_b`` with penalty ``shrinkage`` per correction (with ``n``
 observations a correction moves ``n / (n + shrinkage)`` of the way to the data), so they shrink
 towards the prior. ``shrinkage`` is chosen on the training data: each set is replayed with three
-co-runs per job as history and the value that ranks its other pairs best is kept. A partner's term is multiplied by ``exp(suffers_a + hurts_b)``.
+co-runs per job as history and the value that ranks its other pairs best is kept. A partner's
+collision term is multiplied by ``exp(suffers_a + hurts_b)``. The saturation term is not: it is
+the GPU's time running out, which no job's past lifts. (Corrections scaled it too until the
+public Lucid set, 1,388 pairs on an RTX 3090, was checked: jobs whose three co-runs had been
+next to light partners learned corrections of exp(-0.6) to exp(-1.4), which lifted saturated
+pairs measured at 0.5-0.7x to 0.7-0.97x predicted, and 3.1% of the pairs recommended with
+history had a side below 0.7x; see ``bench/pairs_eval.py``.)
 
 **Recommending a pair.** Both jobs fit in memory together, and each side's *pessimistic* speed,
 ``1 / (1 + margin * ISD)``, is at least the threshold (0.7). ``margin`` is the smallest factor
@@ -184,8 +190,8 @@ def corrected(isd: float, factor: float) -> float:
 def prior_isd(demands: Sequence[Demand], latency: float, suffers: Sequence[float] = (),
               hurts: Sequence[float] = ()) -> list[float]:
     """Each co-runner's slowdown: the larger of its collision and saturation slowdowns (see the
-    module text), with each co-runner's learned corrections in log space where given
-    (``suffers``, ``hurts``: one per co-runner; none: the prior itself)."""
+    module text), the collision terms with each co-runner's learned corrections in log space
+    where given (``suffers``, ``hurts``: one per co-runner; none: the prior itself)."""
     suffers = list(suffers) or [0.0] * len(demands)
     hurts = list(hurts) or [0.0] * len(demands)
     saturation = saturation_isd([occupancy(d) for d in demands])
@@ -194,13 +200,8 @@ def prior_isd(demands: Sequence[Demand], latency: float, suffers: Sequence[float
         others = [j for j in range(len(demands)) if j != i]
         collision = sum(corrected(collision_isd(own, [demands[j]], latency)[0],
                                   math.exp(suffers[i] + hurts[j])) for j in others)
-        saturated = 0.0
-        if saturation[i] > 0:
-            # The group's saturation is corrected by what this job suffers and what its
-            # partners hurt on average (constant in the demands: it stays monotone).
-            mean_hurts = sum(hurts[j] for j in others) / len(others)
-            saturated = corrected(saturation[i], math.exp(suffers[i] + mean_hurts))
-        out.append(float(max(collision, saturated)))
+        # Saturation is the GPU's time running out: no job's history lifts it.
+        out.append(float(max(collision, saturation[i])))
     return out
 
 
@@ -297,7 +298,7 @@ class PairModel:
         pessimistic speed (``safe_speeds``) stays at the threshold or above. Read off in closed
         form, not by trying every group size: ``m`` copies collide ``m - 1`` times as much as
         one pair does, and saturate once ``m * occupancy`` exceeds the GPU (each gets ``1 /
-        m``). At least 1."""
+        m``; corrections do not apply there). At least 1."""
         margin = self._margin([key])
         allowed_isd = (1.0 / self.threshold - 1.0) / margin
         own = demand_of(profile)
@@ -308,9 +309,8 @@ class PairModel:
             copies = min(copies, 1 + math.floor(allowed_isd / per_copy + 1e-9))
         busy = occupancy(own)
         if busy > 0:
-            # corrected(m * busy - 1, factor) at most allowed_isd, solved for m.
-            most_busy = max(1.0, 1.0 + (allowed_isd + EPS) / factor - EPS)
-            copies = min(copies, math.floor(most_busy / busy + 1e-9))
+            # m * busy - 1 (each copy's saturation) at most allowed_isd, solved for m.
+            copies = min(copies, math.floor((1.0 + allowed_isd) / busy + 1e-9))
         return int(max(1, min(limit, copies)))
 
     def recommend(self, profiles: Sequence[Mapping[str, Any]],

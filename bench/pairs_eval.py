@@ -3,10 +3,10 @@
     .venv/bin/python bench/pairs_eval.py [--seeds 0 1 2 3 4] [--out bench/pairs_eval.json]
 
 Data sets (each held out in turn, the prior fitted on the others): Gavel's measured pairs on
-K80, P100 and V100 (separate GPUs) and Ray et al.'s 34 pairs on a P100 (alnair). The
-project's own H100 measurements (``data/measured/h100``, ``bench/gpu_measure.py``) are never
-fitted on: the prior fitted on all public sets is checked against them, same figures. For the
-held-out set it records, over its sides (job, co-runner): Spearman's rank correlation of
+K80, P100 and V100 (separate GPUs), Ray et al.'s 34 pairs on a P100 (alnair) and the project's
+own H100 measurements (``data/measured/h100``, ``bench/gpu_measure.py``), which calibrate the
+margins where they are in the training data (``pairs.calibration_sets``). For the held-out set
+it records, over its sides (job, co-runner): Spearman's rank correlation of
 predicted vs measured speed; over its unordered pairs: how many got a prediction (missing), the
 share recommended and the share of recommended pairs with a side measured below 0.7x.
 "cold": no co-run of the held-out set is known. "history": for each job, 3 of its co-runs
@@ -16,7 +16,7 @@ Baseline: "add the two jobs' GPU utilisations" (a side's score is -(u_a + u_b); 
 recommended when the sum is at most 100%).
 Ryu & Chun (TITAN RTX, MPS): their two statements checked against the prior fitted on all sets.
 ``--external NAME=PROFILES.csv,CORUNS.csv``: a public set kept for evaluation, never fitted on,
-judged like the H100 set (key ``held_out_public``); the recorded figures include Lucid's 1,388
+judged like the held-out sets (key ``held_out_public``); the recorded figures include Lucid's 1,388
 pairs on an RTX 3090 (files made by ``bench/lucid_pairs.py`` from a checkout of the Lucid
 artifact, which is not redistributed here):
 
@@ -37,7 +37,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from slurm_gpushare.predict.evaluate import held_out_measured, leave_one_data_set_out  # noqa: E402
+from slurm_gpushare.predict.evaluate import held_out_public, leave_one_data_set_out  # noqa: E402
 from slurm_gpushare.predict.pairs import DEFAULT_THRESHOLD, PARAMETERS, default_model  # noqa: E402
 from slurm_gpushare.predict.datasets import MissingDataSet, load_ryu_chun  # noqa: E402
 
@@ -106,7 +106,6 @@ def main(argv=None) -> int:
         external.append((name, profiles_csv, coruns_csv))
     started = time.perf_counter()
     model = default_model()
-    held_out = held_out_measured(args.seeds, external)
     result = {
         "command": "python bench/pairs_eval.py --seeds " + " ".join(map(str, args.seeds))
                    + "".join(f" --external {n}=..." for n, *_ in external),
@@ -117,8 +116,7 @@ def main(argv=None) -> int:
                            "margin_learned": model.margin_learned,
                            "sides": model.n_train},
         "leave_one_data_set_out": leave_one_data_set_out(args.seeds),
-        "held_out_measured": {k: v for k, v in held_out.items() if k.startswith("measured-")},
-        "held_out_public": {k: v for k, v in held_out.items() if not k.startswith("measured-")},
+        "held_out_public": held_out_public(external, args.seeds),
         "ryu_chun": ryu_chun(),
         "shape_robustness": shape_robustness(),
     }
@@ -128,7 +126,6 @@ def main(argv=None) -> int:
     result["seconds"] = round(time.perf_counter() - started, 1)
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     for name, entry in [*result["leave_one_data_set_out"].items(),
-                        *result["held_out_measured"].items(),
                         *result["held_out_public"].items()]:
         cold, base, hist = entry["cold"], entry["baseline_sum_of_utilisations"], entry["with_history"]
         print(f"{name:12} cold rho {cold['spearman']:.3f} rec {cold['recommended_share']:.2f} "

@@ -363,25 +363,22 @@ def kb_predict_pairs(profiles_csv, coruns_csv, as_json) -> None:
 @kb_group.command("evaluate")
 @json_option
 def kb_evaluate(as_json) -> None:
-    """Held-out figures: the pair predictor (leave one data set out, and the project's own
-    measurements, which it is never fitted on; cold and with co-runs as history) and the class
-    lookup on the alnair pairs (leave one pair out)."""
+    """Held-out figures: the pair predictor (leave one data set out, the project's own
+    measurements included; cold and with co-runs as history) and the class lookup on the
+    alnair pairs (leave one pair out)."""
     from slurm_gpushare.predict.classes import default_classes
-    from slurm_gpushare.predict.evaluate import (evaluate_kb_on_alnair, held_out_measured,
-                                                 leave_one_data_set_out)
+    from slurm_gpushare.predict.evaluate import evaluate_kb_on_alnair, leave_one_data_set_out
 
     classes = default_classes()
     result = {
         "pair_predictor_leave_one_data_set_out": leave_one_data_set_out(),
-        "pair_predictor_held_out_measured": held_out_measured(),
         "class_kb_on_alnair_paper_ids": evaluate_kb_on_alnair(None),
         "class_kb_on_alnair_our_classes": evaluate_kb_on_alnair(classes),
     }
     if as_json:
         _echo_json(result)
         return
-    pair_sets = {**result.pop("pair_predictor_leave_one_data_set_out"),
-                 **result.pop("pair_predictor_held_out_measured")}
+    pair_sets = result.pop("pair_predictor_leave_one_data_set_out")
     for name, entry in pair_sets.items():
         cold, history = entry["cold"], entry["with_history"]
         base = entry["baseline_sum_of_utilisations"]

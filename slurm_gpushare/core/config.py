@@ -116,6 +116,12 @@ class PolicyConfig:
     # Share only under pressure: a job that would share keeps its whole GPU while a GPU of a
     # type it fits on is idle (the daemon's view of the cluster). false: share whenever it fits.
     keep_whole_when_idle: bool = True
+    # Pessimism for the pair predictor, at least this factor on every predicted slowdown
+    # (a pair shares a GPU when each job's 1 / (1 + margin x slowdown) stays >= 0.7). 0 (the
+    # default) uses the calibrated margins (1.0 cold, 1.15 with co-run history, from NVML
+    # measurements); 2.1 is what Ray et al.'s P100 pairs ask for, whose host-bound jobs slowed
+    # each other more than their GPU telemetry shows.
+    pair_margin: float = 0.0
     # A running share seen above its memory (shards set no hardware limit): "log" it, or also
     # "requeue" the job (scontrol requeue), so its co-runners keep their memory.
     on_share_exceeded: str = "log"
@@ -293,6 +299,7 @@ RANGES = (
     ("policy", "default_share_gib", 1, 4096),
     ("policy", "hint_margin", 0, 10),
     ("policy", "gpu_time_budget_pct", 0, 100),
+    ("policy", "pair_margin", 0, 6),
     ("policy", "max_requeues", 0, 100),
     # slurmctld holds its locks while the hook waits: a second is already far too long.
     ("hook", "timeout_ms", 1, 1000),

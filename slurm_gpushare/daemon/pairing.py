@@ -152,13 +152,18 @@ class Pairing:
         with self._lock:
             self._by_keys.clear()
 
-    def compatibility(self, keys: Sequence[str]) -> PairCompatibility | None:
+    def compatibility(self, keys: Sequence[str], margin_at_least: float = 0.0
+                      ) -> PairCompatibility | None:
         """The compatibility for a job with fingerprint ``keys``; None without a profile (the
-        class knowledge base decides then)."""
+        class knowledge base decides then). ``margin_at_least`` (``policy.pair_margin``)
+        raises both calibrated margins to at least that much pessimism."""
         found = self.profile(keys)
         if found is None:
             return None
-        return PairCompatibility(self.model, found[0], found[1], self.resident)
+        model = self.model
+        if margin_at_least > min(model.margin, model.margin_learned):
+            model = model.with_margin_at_least(margin_at_least)
+        return PairCompatibility(model, found[0], found[1], self.resident)
 
     # -- learning ---------------------------------------------------------------------------
     def load(self) -> "Pairing":

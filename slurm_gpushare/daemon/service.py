@@ -378,7 +378,8 @@ class Service:
         if self.pairing is not None and self.view is not None and estimate is not None:
             # Jobs with a telemetry profile are placed by the pair predictor; the class
             # knowledge base stays for tags, reports and explain.
-            knowledge = self.pairing.compatibility(keys.sizing_keys()) or knowledge
+            knowledge = self.pairing.compatibility(
+                keys.sizing_keys(), config.policy.pair_margin) or knowledge
         nodes = self.view.nodes() if self.view is not None else ()
         # Everything a decision reads besides the request and its estimate (a pair predictor
         # is made per request: those decisions are not memoised).

@@ -28,9 +28,13 @@ from slurm_gpushare.predict.memory import (MemoryModel, PairTransfer, PeakPredic
                                            _pair_key, conformal_upper)
 from slurm_gpushare.predict.pairs import (DEFAULT_LATENCY, DEFAULT_THRESHOLD, LATENCY_GRID,
                                           MAX_MARGIN, SHRINKAGE_GRID, Demand, PairModel,
-                                          history_split, prior_isd)
+                                          calibration_sets, history_split, prior_isd)
 from slurm_gpushare.predict.persist import load_json
 from slurm_gpushare.predict.runtime import RuntimeModel, SpeedTransfer
+
+# History draws per training set when calibrating the learned margin: one draw left the margin
+# to chance (on the H100 pairs, other draws then had 10% of recommended pairs bad).
+CALIBRATION_DRAWS = 5
 
 
 # -- memory (memory.py) ------------------------------------------------------------------------
@@ -353,7 +357,8 @@ class PairSpeedModel(BaseEstimator):
     def fit(self, sides: pd.DataFrame, y=None) -> "PairSpeedModel":
         """Set the prior's shape (``latency``; with ``latency=None`` the grid value whose
         predictions rank the training sides best, each data set weighing the same) and calibrate
-        both margins (cold, and with learned corrections)."""
+        both margins (cold, and with learned corrections) on the sets ``calibration_sets``
+        names, or on every set where none of them is in ``sides``."""
         own = [Demand(s, m) for s, m in zip(sides["own_sm"], sides["own_mem"])]
         other = [Demand(s, m) for s, m in zip(sides["other_sm"], sides["other_mem"])]
         speed = sides["speed"].to_numpy(float)
@@ -371,17 +376,21 @@ class PairSpeedModel(BaseEstimator):
         else:
             latency = float(self.latency)
         model = PairModel(latency=latency, threshold=self.threshold, n_train=len(sides))
-        model.margin = self._calibrate(isd_for(latency), speed, sides)
-        model.shrinkage, model.margin_learned = self._calibrate_learned(model, sides)
+        calibrating = set(calibration_sets(map(str, groups))) or set(map(str, groups))
+        on = np.isin(groups.astype(str), list(calibrating))
+        model.margin = self._calibrate(isd_for(latency)[on], speed[on],
+                                       sides[on].reset_index(drop=True))
+        model.shrinkage, model.margin_learned = self._calibrate_learned(model, sides, calibrating)
         self.model_ = model
         return self
 
-    def _calibrate_learned(self, model: PairModel, sides: pd.DataFrame) -> tuple[float, float]:
+    def _calibrate_learned(self, model: PairModel, sides: pd.DataFrame,
+                           calibrating: set[str]) -> tuple[float, float]:
         """``(shrinkage, margin)`` for pairs whose jobs have corrections: each training data set
         is replayed with ``HISTORY_PER_JOB`` co-runs per job as history (``random_state`` draws
         them); the shrinkage (``self.shrinkage``, or with None the grid value) whose corrections
         rank the other pairs best on average over the sets, and the margin calibrated on those
-        predictions."""
+        predictions for the sets in ``calibrating`` (``CALIBRATION_DRAWS`` draws each)."""
         if not {"group", "pair", "job", "other"} <= set(sides.columns):
             return (self.shrinkage or SHRINKAGE_GRID[-1]), model.margin
         rng = np.random.default_rng(self.random_state)
@@ -397,8 +406,9 @@ class PairSpeedModel(BaseEstimator):
                 back = rows[rows["job"] == first["other"]]
                 pairs.append((first["job"], first["other"], float(first["speed"]),
                               float(back["speed"].iloc[0]) if len(back) else float(first["speed"])))
-            history, test = history_split(pairs, int(rng.integers(1 << 31)))
-            replays.append((group, profiles, history, test))
+            for draw in range(CALIBRATION_DRAWS):
+                history, test = history_split(pairs, int(rng.integers(1 << 31)))
+                replays.append((f"{group}:{draw}", profiles, history, test))
 
         def replay(shrinkage: float) -> tuple[float, float]:
             model.shrinkage = shrinkage
@@ -409,11 +419,12 @@ class PairSpeedModel(BaseEstimator):
                 for k, (a, b, speed_a, speed_b) in enumerate(test):
                     predicted += model.predict_isd([profiles[a], profiles[b]], [a, b])
                     measured += [speed_a, speed_b]
-                    pair_ids += [f"{group}:{k}"] * 2
                 if len(test) > 2:
                     ranks.append(spearmanr(-np.array(predicted), measured).statistic)
-                isd_pred += predicted
-                speed += measured
+                if group.split(":")[0] in calibrating:
+                    pair_ids += [f"{group}:{k}" for k in range(len(test)) for _ in (0, 1)]
+                    isd_pred += predicted
+                    speed += measured
             model.suffers, model.hurts = {}, {}
             if not pair_ids:
                 return float("nan"), model.margin

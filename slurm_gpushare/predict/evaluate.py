@@ -528,21 +528,20 @@ def leave_one_data_set_out(seeds: Sequence[int] = (0, 1, 2, 3, 4)) -> dict:
     return out
 
 
-def held_out_measured(seeds: Sequence[int] = (0, 1, 2, 3, 4),
-                      external: Sequence[tuple[str, str, str]] = ()) -> dict:
-    """The project's own measurements (``data/measured``), which the prior never sees, and any
-    ``external`` sets ``(name, PROFILES.csv, CORUNS.csv)`` in ``kb predict-pairs``'s format
-    (public sets kept for evaluation): the packaged prior (fitted on every public set) against
-    them, with the same figures as ``leave_one_data_set_out``."""
-    from slurm_gpushare.predict.datasets import MEASURED_GPUS, load_measured, load_pair_set
+def held_out_public(external: Sequence[tuple[str, str, str]],
+                    seeds: Sequence[int] = (0, 1, 2, 3, 4)) -> dict:
+    """Public sets kept for evaluation, never fitted on, each ``(name, PROFILES.csv,
+    CORUNS.csv)`` in ``kb predict-pairs``'s files: the packaged prior (fitted on every packaged
+    set) against them, with the same figures as ``leave_one_data_set_out``."""
+    from slurm_gpushare.predict.datasets import load_pair_set
 
+    if not external:
+        return {}
     sides = training_sides()
     model = PairSpeedModel().fit(sides)
-    sets = [(f"measured-{gpu}", *load_measured(gpu)) for gpu in MEASURED_GPUS]
-    sets += [(name, *load_pair_set(p, c, name)) for name, p, c in external]
     return {name: {"fitted_on": sorted(set(sides["group"])),
-                   **_held_out_figures(model, pairs, profiles, seeds)}
-            for name, pairs, profiles in sets}
+                   **_held_out_figures(model, *load_pair_set(p, c, name), seeds)}
+            for name, p, c in external}
 
 
 def _held_out_figures(model: PairSpeedModel, pairs, profiles, seeds: Sequence[int]) -> dict:

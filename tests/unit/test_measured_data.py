@@ -1,5 +1,5 @@
 """The project's own H100 measurements (data/measured/h100): complete, derived as the harness
-derives them, read by ``kb predict-pairs``, and held-out figures as recorded."""
+derives them, read by ``kb predict-pairs``, and its figures when held out as recorded."""
 
 from __future__ import annotations
 
@@ -75,11 +75,15 @@ def test_kb_predict_pairs_reads_the_measured_profiles_and_co_runs(tmp_path, monk
 
 
 def test_held_out_figures_are_the_recorded_ones():
-    from slurm_gpushare.predict.evaluate import held_out_measured
+    from conftest import cached_json
+    from slurm_gpushare.predict.evaluate import leave_one_data_set_out
 
     recorded = json.loads((ROOT / "bench" / "pairs_eval.json").read_text())
-    figures = held_out_measured(seeds=(0,))["measured-h100"]
-    entry = recorded["held_out_measured"]["measured-h100"]
+    figures = cached_json("pairs-leave-one-data-set-out",
+                          lambda: leave_one_data_set_out(seeds=[0]))["measured-h100"]
+    entry = recorded["leave_one_data_set_out"]["measured-h100"]
     assert figures["cold"] == entry["cold"]
     assert figures["with_history"]["per_seed"][0] == entry["with_history"]["per_seed"][0]
     assert figures["cold"]["missing"] == 0 and figures["cold"]["pairs"] == 90
+    # Held out, the set cannot calibrate the margins it is judged by.
+    assert "measured-h100" not in figures["fitted_on"]

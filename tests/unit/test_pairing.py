@@ -83,6 +83,22 @@ def test_a_job_is_judged_with_all_the_shares_of_a_gpu_together(store):
     assert light.compatible_with_group(["dheavy", "dlight"]) is False
 
 
+def test_an_admin_can_ask_for_more_caution_than_the_calibrated_margin(store):
+    # policy.pair_margin: a site whose jobs slow each other more than the packaged calibration
+    # expects raises the pessimism for every pair judgement; it never lowers it.
+    store.ingest_summary(summary("13", "d" * 64, 45.0, 20.0))
+    store.record_decision({"decision_id": "dmid", "action": "share", "code": "x",
+                           "keys": ["d" * 64]})
+    pairing = Pairing(store).load()
+    calibrated = pairing.compatibility(["d" * 64])
+    cautious = pairing.compatibility(["d" * 64], margin_at_least=2.1)
+    assert calibrated.compatible_with("dmid") is True  # two jobs at 45%: about 0.75x each
+    assert cautious.compatible_with("dmid") is False
+    assert cautious.copies_allowed(8) < calibrated.copies_allowed(8)
+    assert pairing.compatibility(["d" * 64], margin_at_least=0.5).model is pairing.model
+    assert cautious.model.margin == 2.1 and pairing.model.margin < 2.1  # the shared one is kept
+
+
 def test_decide_excludes_nodes_by_the_pair_predictor(store):
     config = Config(policy=PolicyConfig(sharing_partitions=("gpu",)),
                     gpu_types=(GpuType("v100", 16),))

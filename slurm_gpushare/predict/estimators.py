@@ -416,7 +416,7 @@ class PairSpeedModel(BaseEstimator):
             for group, profiles, history, test in replays:
                 model.learn(history, profiles)
                 predicted, measured = [], []
-                for k, (a, b, speed_a, speed_b) in enumerate(test):
+                for a, b, speed_a, speed_b in test:
                     predicted += model.predict_isd([profiles[a], profiles[b]], [a, b])
                     measured += [speed_a, speed_b]
                 if len(test) > 2:

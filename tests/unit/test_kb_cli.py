@@ -205,3 +205,21 @@ def test_the_daemon_loads_the_classes_that_classes_fit_wrote(tmp_path):
         assert running.service.estimator.classes.k == 2  # not the packaged k = 3
     finally:
         running.stop()
+
+
+def test_kb_evaluate_prints_every_held_out_set(monkeypatch):
+    # The figures are bench/pairs_eval.py's (cached here; 5 seeds take half a minute): this
+    # checks the command's wiring and what it prints for each set.
+    from conftest import cached_json
+    from slurm_gpushare.predict import evaluate
+
+    held_out = cached_json("pairs-leave-one-data-set-out",
+                           lambda: evaluate.leave_one_data_set_out(seeds=[0]))
+    monkeypatch.setattr(evaluate, "leave_one_data_set_out", lambda: held_out)
+    result = run("kb", "evaluate")
+    assert result.exit_code == 0, result.output
+    for name in held_out:
+        assert f"pair predictor, {name} held out: Spearman" in result.output
+    assert "class_kb_on_alnair_paper_ids" in result.output
+    as_json = json.loads(run("kb", "evaluate", "--json").output)
+    assert as_json["pair_predictor_leave_one_data_set_out"].keys() == held_out.keys()

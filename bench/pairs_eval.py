@@ -128,9 +128,9 @@ def main(argv=None) -> int:
     for name, entry in [*result["leave_one_data_set_out"].items(),
                         *result["held_out_public"].items()]:
         cold, base, hist = entry["cold"], entry["baseline_sum_of_utilisations"], entry["with_history"]
-        print(f"{name:12} cold rho {cold['spearman']:.3f} rec {cold['recommended_share']:.2f} "
-              f"bad {cold['recommended_bad_share']} | baseline rho {base['spearman']:.3f} rec "
-              f"{base['recommended_share']:.2f} bad {base['recommended_bad_share']} | history rho "
+        print(f"{name:12} cold rho {cold['spearman']} rec {cold['recommended_share']} "
+              f"bad {cold['recommended_bad_share']} | baseline rho {base['spearman']} rec "
+              f"{base['recommended_share']} bad {base['recommended_bad_share']} | history rho "
               f"{hist['history_spearman']['mean']} (cold same pairs "
               f"{hist['cold_spearman']['mean']}) rec {hist['history_recommended_share']['mean']} "
               f"bad {hist['history_recommended_bad_share']['mean']}")

@@ -446,7 +446,12 @@ def _figures(rows: pd.DataFrame, threshold: float = DEFAULT_THRESHOLD) -> dict:
     pred_b (NaN where the table had no row), speed_a, speed_b, recommended. Spearman is over
     both sides of every pair (predicted vs measured speed, all pairs pooled); a recommended pair
     is bad when either side was measured below ``threshold``. ``spearman_pairs`` ranks the
-    pairs themselves: predicted vs measured sum of the two speeds (the pair's throughput)."""
+    pairs themselves: predicted vs measured sum of the two speeds (the pair's throughput).
+    A figure that needs more pairs than there are (none, or too few to rank) is None."""
+    if rows.empty:
+        return {"pairs": 0, "missing": 0, "spearman": None, "spearman_pairs": None,
+                "mae": None, "recommended_share": None, "recommended_bad_share": None,
+                "all_pairs_bad_share": None}
     sides_pred = np.concatenate([rows["pred_a"], rows["pred_b"]]).astype(float)
     sides_true = np.concatenate([rows["speed_a"], rows["speed_b"]]).astype(float)
     known = ~np.isnan(sides_pred)
@@ -458,15 +463,22 @@ def _figures(rows: pd.DataFrame, threshold: float = DEFAULT_THRESHOLD) -> dict:
     pair_known = ~np.isnan(pair_pred)
     return {
         "pairs": int(len(rows)), "missing": missing,
-        "spearman": round(float(spearmanr(sides_pred[known], sides_true[known]).statistic), 4),
-        "spearman_pairs": round(float(spearmanr(pair_pred[pair_known],
-                                                pair_true[pair_known]).statistic), 4),
+        "spearman": _rank(sides_pred[known], sides_true[known]),
+        "spearman_pairs": _rank(pair_pred[pair_known], pair_true[pair_known]),
         "mae": round(float(np.abs(sides_pred[known] - sides_true[known]).mean()), 4),
         "recommended_share": round(float(rec.mean()), 4),
         "recommended_bad_share": round(float((worst[rec] < threshold).mean()), 4) if rec.any()
         else None,
         "all_pairs_bad_share": round(float((worst < threshold).mean()), 4),
     }
+
+
+def _rank(predicted, measured) -> float | None:
+    """Spearman's rho, rounded; None where it is undefined (fewer than 3 values, or no spread)."""
+    if len(predicted) < 3:
+        return None
+    rho = spearmanr(predicted, measured).statistic
+    return None if np.isnan(rho) else round(float(rho), 4)
 
 
 def _evaluate(model: PairSpeedModel, measured, profiles, history=()) -> dict:

@@ -44,7 +44,7 @@ def convert(checkout: Path, out: Path) -> tuple[int, int]:
         "speed_a": pairs["speed1"], "speed_b": pairs["speed2"]})
     unknown = (set(coruns["job_a"]) | set(coruns["job_b"])) - set(profiles["job"])
     if unknown:
-        raise SystemExit(f"error: co-runs name jobs with no profile: {sorted(unknown)[:3]}")
+        raise ValueError(f"co-runs name jobs with no profile: {sorted(unknown)[:3]}")
     out.mkdir(parents=True, exist_ok=True)
     profiles.to_csv(out / "profiles.csv", index=False)
     coruns.to_csv(out / "coruns.csv", index=False)

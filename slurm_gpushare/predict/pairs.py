@@ -403,7 +403,7 @@ def training_sides() -> pd.DataFrame:
 
 @lru_cache(maxsize=1)
 def _data_sets() -> tuple:
-    from slurm_gpushare.predict.datasets import load_gavel_pairs
+    from slurm_gpushare.predict.datasets import MEASURED_GPUS, load_gavel_pairs, load_measured
     from slurm_gpushare.predict.knowledge import (GAVEL_MEM_MIB, alnair_pairs, gavel_profiles,
                                                   speed_of)
 
@@ -427,7 +427,6 @@ def _data_sets() -> tuple:
                        "mem_total_mib": GAVEL_MEM_MIB["p100"]}
         pairs.append((a, b, speed_of(r.isd_a), speed_of(r.isd_b)))
     out.append(("alnair-p100", tuple(pairs), profiles))
-    from slurm_gpushare.predict.datasets import MEASURED_GPUS, load_measured
     for gpu in MEASURED_GPUS:
         pairs, profiles = load_measured(gpu)
         out.append((f"measured-{gpu}", tuple(pairs), profiles))

@@ -86,3 +86,16 @@ def test_pairs_eval_rejects_a_malformed_external_set():
     with pytest.raises(SystemExit) as exited:
         _bench("pairs_eval").main(["--external", "lucid=/only/one/file.csv"])
     assert exited.value.code == 2
+
+
+def test_a_co_run_of_a_job_without_a_profile_is_a_one_line_error(tmp_path, capsys):
+    checkout = tmp_path / "Lucid"
+    (checkout / "simulation" / "data").mkdir(parents=True)
+    (checkout / "simulation" / "analyzer").mkdir(parents=True)
+    (checkout / "simulation" / "data" / "colocate_info.csv").write_text(
+        COLOCATED.replace("PPO,LunarLander", "TD3,BipedalWalker"))
+    (checkout / "simulation" / "analyzer" / "single_data.csv").write_text(ALONE)
+    assert _bench("lucid_pairs").main([str(checkout), str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: co-runs name jobs with no profile") and err.count("\n") == 1
+    assert not (tmp_path / "out").exists()  # nothing half-written

@@ -302,16 +302,29 @@ def collect(job_id: str, gpus: str | None, *, provider=None, deliver: Deliver,
                 pass
 
 
+def stop_on_signals(stop: threading.Event) -> None:
+    """Set ``stop`` when a stop signal arrives, from a thread that waits for it (``sigwait``),
+    not from a handler: a handler runs in the main thread between two bytecodes, possibly
+    inside ``stop.wait`` while it holds the event's own lock, and setting the event there
+    deadlocked the collector. The signals stay blocked in every thread (``start`` spawned us
+    with them blocked; threads inherit the mask), so an epilog's SIGTERM that came while we
+    were still importing waits, pending, for the watcher instead of killing us before we
+    deliver. Call it before any other thread starts (``run`` is the process's entry point)."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+
+    def watch() -> None:
+        signal.sigwait(STOP_SIGNALS)
+        stop.set()
+
+    threading.Thread(target=watch, name="stop-signals", daemon=True).start()
+
+
 def run(args: argparse.Namespace, deliver: Deliver | None = None) -> int:
     """The collector process itself (``agent run``): sample until SIGTERM, deliver, exit 0."""
     state_dir = args.state_dir
     pidfile = pid_path(state_dir, args.job_id)
     stop = threading.Event()
-    for signum in STOP_SIGNALS:
-        signal.signal(signum, lambda *_: stop.set())
-    # `start` spawned us with these blocked: an epilog's SIGTERM that came while we were still
-    # importing waited, pending, and is handled now instead of killing us before we deliver.
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+    stop_on_signals(stop)
     saved = checkpoint_path(state_dir, args.job_id)
     try:
         link = link_of(args)
@@ -423,7 +436,7 @@ def start(args: argparse.Namespace) -> int:
         else:
             return 0
         command = [sys.executable, "-m", "slurm_gpushare.node.agent", "run", *_forward(args)]
-        # The child inherits the blocked mask and unblocks once its handlers are in place.
+        # The child inherits the blocked mask; its signal watcher takes them from there.
         blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
         try:
             child = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,

@@ -485,3 +485,28 @@ def test_asking_slurmctld_for_the_gpus_stops_when_the_job_ends_or_after_a_bound(
     assert agent.collect("7", None, provider=ScenarioProvider(ALONE), deliver=lambda s: None,
                          stop=threading.Event(), log=logs.append) == 0
     assert len(asked) == agent.GPU_QUESTIONS
+
+
+def test_a_stop_signal_while_the_collector_holds_its_stop_event_lock_still_stops_it(tmp_path):
+    # The epilog's SIGTERM may come while the main thread is inside stop.wait, holding the
+    # event's own lock. A handler setting the event there deadlocked the collector: alive,
+    # asked to stop, its summary never delivered (a CI run lost a job's telemetry that way).
+    import subprocess
+    import sys
+
+    script = tmp_path / "probe.py"
+    script.write_text(
+        "import os, signal, threading, time\n"
+        "from slurm_gpushare.node import agent\n"
+        "stop = threading.Event()\n"
+        "agent.stop_on_signals(stop)\n"
+        "with stop._cond:  # what the main thread holds inside stop.wait\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    time.sleep(0.2)\n"
+        "print('stopped' if stop.wait(5) else 'not stopped', flush=True)\n")
+    probe = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        out, _ = probe.communicate(timeout=20)
+    finally:
+        probe.kill()  # a deadlocked probe ignores SIGTERM: only SIGKILL ends it
+    assert out.strip() == "stopped"

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_gpushare import __version__
+from slurm_gpushare.core import signals
 from slurm_gpushare.core.config import Config, ConfigError, load_config
 from slurm_gpushare.daemon.clusterview import SlurmClusterView
 from slurm_gpushare.daemon.fingerprint import Fingerprinter
@@ -298,9 +299,60 @@ def open_store(config: Config) -> Store:
     return Store(Path(config.daemon.state_dir) / STORE_FILE)
 
 
+def _reload(service: Service, view: SlurmClusterView) -> None:
+    """SIGHUP: read the configuration file again; one that fails to load or to check keeps
+    the running configuration."""
+    try:
+        new = load_config(service.config.path)
+    except ConfigError as exc:
+        event(logging.ERROR, "reload-failed", error=str(exc))
+        return
+    problem = config_problem(new, view.all_features, view.all_partitions)
+    if problem is not None:
+        event(logging.ERROR, "reload-refused", config=new.path, problem=problem,
+              detail="the running configuration stays")
+        return
+    if (new.daemon.socket, new.daemon.query_socket, new.daemon.state_dir,
+            new.daemon.listen_tcp) != (
+            service.config.daemon.socket, service.config.daemon.query_socket,
+            service.config.daemon.state_dir, service.config.daemon.listen_tcp):
+        event(logging.WARNING, "reload-needs-restart",
+              detail="socket paths, listen_tcp and state_dir change only on restart")
+    setup_logging(new)
+    service.config = new
+    service.fingerprinter = Fingerprinter.from_file(new.daemon.secret_file)
+    if service.estimator is not None:  # models refit by `models fit` / `classes fit`
+        service.estimator.set_predictor(load_memory_model(new))
+        service.estimator.set_classes(load_classes_model(new))
+    event(logging.INFO, "reloaded", config=new.path)
+
+
+DAEMON_SIGNALS = (signal.SIGHUP, signal.SIGTERM, signal.SIGINT)  # reload; stop; stop
+
+
 def serve(config_path: str | None) -> None:
     config = load_config(config_path)
     setup_logging(config)
+    stopping = threading.Event()
+    servers: list[socketserver.BaseServer] = []
+    service: Service | None = None  # None until the first view is read
+
+    def on_signal(signum: int) -> None:  # from a watcher thread: see core/signals.py
+        if signum != signal.SIGHUP:
+            event(logging.INFO, "stopping", signal=signal.Signals(signum).name)
+            stopping.set()  # before looking at `servers`: serve checks it after filling them
+            # shutdown() waits for serve_forever to return, so call it from other threads.
+            for server in list(servers):
+                threading.Thread(target=server.shutdown, daemon=True).start()
+        elif service is None:
+            event(logging.WARNING, "reload-ignored",
+                  detail="still starting: the configuration just read is the one used")
+        else:
+            _reload(service, view)
+
+    # First, so that a signal during start-up (the first view waits as long as sinfo does)
+    # is acted on, never fatal: a SIGHUP there used to kill the daemon.
+    signals.handle_in_thread(DAEMON_SIGNALS, on_signal, name="daemon-signals")
     view = SlurmClusterView(config, interval_s=config.daemon.view_refresh_s)
     # Read the nodes once before the sockets open: until then every decision would keep its
     # job ("not-checkable"). A Slurm that does not answer only delays this by sinfo's timeout.
@@ -308,64 +360,33 @@ def serve(config_path: str | None) -> None:
         view.refresh()
     except Exception:  # noqa: BLE001 -- the background refresh keeps trying
         log.exception("cluster-view-refresh-failed")
+    if stopping.is_set():
+        event(logging.INFO, "stopped")
+        return
     view.start()
     service = Service(config, store=open_store(config), reader=open_store(config), view=view)
-    stopping = threading.Event()
-    servers = [DaemonServer(service, stopping=stopping)]
+    servers.append(DaemonServer(service, stopping=stopping))
     if config.daemon.query_socket:
         servers.append(DaemonServer(service, public=True, stopping=stopping))
     if config.daemon.listen_tcp:
         from slurm_gpushare.daemon.netlistener import NetListener
 
         servers.append(NetListener(service, config.daemon.listen_tcp, stopping=stopping))
-
-    def reload(_signum, _frame):
-        try:
-            new = load_config(config.path)
-        except ConfigError as exc:
-            event(logging.ERROR, "reload-failed", error=str(exc))
-            return
-        problem = config_problem(new, view.all_features, view.all_partitions)
-        if problem is not None:
-            event(logging.ERROR, "reload-refused", config=new.path, problem=problem,
-                   detail="the running configuration stays")
-            return
-        if (new.daemon.socket, new.daemon.query_socket, new.daemon.state_dir,
-                new.daemon.listen_tcp) != (
-                service.config.daemon.socket, service.config.daemon.query_socket,
-                service.config.daemon.state_dir, service.config.daemon.listen_tcp):
-            event(logging.WARNING, "reload-needs-restart",
-                   detail="socket paths, listen_tcp and state_dir change only on restart")
-        setup_logging(new)
-        service.config = new
-        service.fingerprinter = Fingerprinter.from_file(new.daemon.secret_file)
-        if service.estimator is not None:  # models refit by `models fit` / `classes fit`
-            service.estimator.set_predictor(load_memory_model(new))
-            service.estimator.set_classes(load_classes_model(new))
-        event(logging.INFO, "reloaded", config=new.path)
-
-    def stop(signum, _frame):
-        event(logging.INFO, "stopping", signal=signal.Signals(signum).name)
-        stopping.set()
-        # shutdown() waits for serve_forever to return, so call it from other threads.
-        for server in servers:
-            threading.Thread(target=server.shutdown, daemon=True).start()
-
-    signal.signal(signal.SIGHUP, reload)
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    event(logging.INFO, "started", version=__version__, socket=config.daemon.socket,
-           query_socket=config.daemon.query_socket, listen_tcp=config.daemon.listen_tcp,
-           pid=os.getpid(), config=config.path)
     extra = [threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.5},
                               daemon=True) for server in servers[1:]]
-    for thread in extra:
-        thread.start()
     try:
-        servers[0].serve_forever(poll_interval=0.5)
+        # A stop that came while `servers` was being filled may have shut only some of them.
+        if not stopping.is_set():
+            event(logging.INFO, "started", version=__version__, socket=config.daemon.socket,
+                  query_socket=config.daemon.query_socket,
+                  listen_tcp=config.daemon.listen_tcp, pid=os.getpid(), config=config.path)
+            for thread in extra:
+                thread.start()
+            servers[0].serve_forever(poll_interval=0.5)
     finally:
         for thread in extra:
-            thread.join(5)
+            if thread.is_alive():
+                thread.join(5)
         for server in servers:
             server.server_close()
         service.records.close()

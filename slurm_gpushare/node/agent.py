@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from slurm_gpushare import PROTOCOL_VERSION
+from slurm_gpushare.core import signals
 from slurm_gpushare.core.config import DaemonConfig
 from slurm_gpushare.core.files import pid_alive, process_started, replace_atomically
 from slurm_gpushare.node.delivery import (DEFAULT_TIMEOUT_S, DeliveryError, Link, drain_loop,
@@ -303,20 +304,12 @@ def collect(job_id: str, gpus: str | None, *, provider=None, deliver: Deliver,
 
 
 def stop_on_signals(stop: threading.Event) -> None:
-    """Set ``stop`` when a stop signal arrives, from a thread that waits for it (``sigwait``),
-    not from a handler: a handler runs in the main thread between two bytecodes, possibly
-    inside ``stop.wait`` while it holds the event's own lock, and setting the event there
-    deadlocked the collector. The signals stay blocked in every thread (``start`` spawned us
-    with them blocked; threads inherit the mask), so an epilog's SIGTERM that came while we
-    were still importing waits, pending, for the watcher instead of killing us before we
-    deliver. Call it before any other thread starts (``run`` is the process's entry point)."""
-    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-
-    def watch() -> None:
-        signal.sigwait(STOP_SIGNALS)
-        stop.set()
-
-    threading.Thread(target=watch, name="stop-signals", daemon=True).start()
+    """Set ``stop`` when a stop signal arrives, from a watcher thread, not a handler: a handler
+    runs in the main thread, possibly inside ``stop.wait`` holding the event's own lock, and
+    setting the event there deadlocked the collector. ``start`` spawns us with the signals
+    blocked, so an epilog's SIGTERM that comes while we are still importing stays pending
+    until the watcher is there, instead of killing us before we deliver."""
+    signals.handle_in_thread(STOP_SIGNALS, lambda _signum: stop.set(), name="stop-signals")
 
 
 def run(args: argparse.Namespace, deliver: Deliver | None = None) -> int:

@@ -163,9 +163,13 @@ def test_a_hung_client_does_not_block_others(daemon):
         assert time.perf_counter() - started < 1
 
 
-@pytest.fixture
-def served(tmp_path):
-    """The real `slurm-gpushare serve` process."""
+ONE_V100_NODE = "#!/bin/sh\necho 'v100-1|v100|gpu*|gpu:v100:2|idle'\n"
+
+
+def serve_files(tmp_path, sinfo=ONE_V100_NODE):
+    """A config for `slurm-gpushare serve`, its writer, and an environment whose Slurm
+    commands are stand-ins (no Slurm here): sinfo gives the daemon's view one v100 node,
+    without which it would keep every job; squeue and scontrol (reservations) answer nothing."""
     config = tmp_path / "gpushare.toml"
     sock, log = tmp_path / "d.sock", tmp_path / "daemon.log"
 
@@ -178,19 +182,28 @@ def served(tmp_path):
             '[gpu_types.v100]\nmemory_gib = 16\n')
 
     write(8)
-    # No Slurm here: sinfo/squeue stand-ins give the daemon's view one v100 node, without
-    # which it would keep every job (it cannot check where a share could run); no reservations.
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "sinfo").write_text("#!/bin/sh\necho 'v100-1|v100|gpu*|gpu:v100:2|idle'\n")
+    (bin_dir / "sinfo").write_text(sinfo)
     (bin_dir / "squeue").write_text("#!/bin/sh\nexit 0\n")
-    (bin_dir / "scontrol").write_text("#!/bin/sh\nexit 0\n")  # no reservations
+    (bin_dir / "scontrol").write_text("#!/bin/sh\nexit 0\n")
     for tool in ("sinfo", "squeue", "scontrol"):
         (bin_dir / tool).chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
-    proc = subprocess.Popen([sys.executable, "-m", "slurm_gpushare", "serve", "--config",
+    return config, sock, log, write, env
+
+
+def start_serve(config, env):
+    return subprocess.Popen([sys.executable, "-m", "slurm_gpushare", "serve", "--config",
                              str(config)], cwd=str(REPO), stderr=subprocess.PIPE, text=True,
                             env=env)
+
+
+@pytest.fixture
+def served(tmp_path):
+    """The real `slurm-gpushare serve` process."""
+    config, sock, log, write, env = serve_files(tmp_path)
+    proc = start_serve(config, env)
     deadline = time.monotonic() + 90  # start-up is not what these tests time
     try:
         while not sock.exists():
@@ -250,6 +263,36 @@ def test_sigterm_stops_cleanly_and_removes_the_socket(served):
     assert proc.wait(10) == 0
     assert not os.path.exists(sock)
     assert json.loads(log.read_text().splitlines()[-1])["event"] == "stopped"
+
+
+@pytest.mark.parametrize("signum", [signal.SIGHUP, signal.SIGTERM])
+def test_a_signal_while_the_daemon_still_reads_the_cluster_is_handled_not_fatal(tmp_path, signum):
+    # Before its sockets open the daemon reads the nodes once, which waits as long as sinfo
+    # does. A SIGHUP then (logrotate's) must not kill it, and a SIGTERM stops it cleanly.
+    slow_sinfo = ("#!/bin/sh\n"
+                  f"[ -e {tmp_path}/asked ] || {{ touch {tmp_path}/asked; sleep 2; }}\n"
+                  + ONE_V100_NODE.split("\n", 1)[1])
+    config, sock, log, _write, env = serve_files(tmp_path, sinfo=slow_sinfo)
+    proc = start_serve(config, env)
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "asked").exists():
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.02)
+        proc.send_signal(signum)
+        if signum == signal.SIGTERM:
+            assert proc.wait(30) == 0
+            assert not sock.exists()
+            return
+        while not sock.exists():
+            assert proc.poll() is None, proc.stderr.read()
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert decide(str(sock))["share_gib"] == 8
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def test_logs_hold_no_script_name_or_comment(served):

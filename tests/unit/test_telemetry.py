@@ -510,3 +510,23 @@ def test_a_stop_signal_while_the_collector_holds_its_stop_event_lock_still_stops
     finally:
         probe.kill()  # a deadlocked probe ignores SIGTERM: only SIGKILL ends it
     assert out.strip() == "stopped"
+
+
+def test_what_the_collector_starts_can_still_be_stopped_by_a_signal(tmp_path):
+    # The collector starts the spool drainer. Keeping the stop signals blocked to wait for
+    # them passed that mask on: a drainer that SIGTERM could not stop.
+    import subprocess
+    import sys
+
+    script = tmp_path / "probe.py"
+    script.write_text(
+        "import subprocess, threading\n"
+        "from slurm_gpushare.node import agent\n"
+        "agent.stop_on_signals(threading.Event())\n"
+        "print(subprocess.run(['grep', 'SigBlk', '/proc/self/status'], capture_output=True,\n"
+        "                     text=True).stdout, flush=True)\n")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=20).stdout
+    blocked = int(out.split()[1], 16)
+    for signum in agent.STOP_SIGNALS:
+        assert not blocked & (1 << (signum - 1)), signum

@@ -65,7 +65,7 @@ def ryu_chun() -> dict:
 
 
 def shape_robustness(seeds=(0, 1, 2), jobs: int = 47) -> dict:
-    """Why ``latency`` is 0.5: synthetic pairs (``jobs`` jobs with occupancy drawn uniformly
+    """Why ``latency`` is 0.5 where no NVML-measured pairs choose it: synthetic pairs (``jobs`` jobs with occupancy drawn uniformly
     from 0.02-0.9, every ordered pair, log-normal noise of 0.3) whose true slowdown follows the
     prior's form with a true latency anywhere in [0, 1]; Spearman of each assumed latency (and of
     adding the utilisations) against that truth, mean over ``seeds``, and each choice's worst

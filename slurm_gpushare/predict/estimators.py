@@ -35,6 +35,7 @@ from slurm_gpushare.predict.runtime import RuntimeModel, SpeedTransfer
 # History draws per training set when calibrating the learned margin: one draw left the margin
 # to chance (on the H100 pairs, other draws then had 10% of recommended pairs bad).
 CALIBRATION_DRAWS = 5
+BOOTSTRAP_DRAWS = 200  # resamplings of the pairs for the shape's standard error
 
 
 # -- memory (memory.py) ------------------------------------------------------------------------
@@ -345,7 +346,7 @@ class PairSpeedModel(BaseEstimator):
     ``predict_group([profile, ...], keys)`` gives each co-runner's speed.
     """
 
-    def __init__(self, *, latency: float | None = DEFAULT_LATENCY,
+    def __init__(self, *, latency: float | None = None,
                  threshold: float = DEFAULT_THRESHOLD, max_bad_rate: float = 0.01,
                  shrinkage: float | None = None, random_state: int | None = 0):
         self.latency = latency
@@ -355,10 +356,9 @@ class PairSpeedModel(BaseEstimator):
         self.random_state = random_state
 
     def fit(self, sides: pd.DataFrame, y=None) -> "PairSpeedModel":
-        """Set the prior's shape (``latency``; with ``latency=None`` the grid value whose
-        predictions rank the training sides best, each data set weighing the same) and calibrate
-        both margins (cold, and with learned corrections) on the sets ``calibration_sets``
-        names, or on every set where none of them is in ``sides``."""
+        """Set the prior's shape (``latency``: fixed, or with None chosen by ``_choose_latency``)
+        and calibrate both margins (cold, and with learned corrections) on the sets
+        ``calibration_sets`` names, or on every set where none of them is in ``sides``."""
         own = [Demand(s, m) for s, m in zip(sides["own_sm"], sides["own_mem"])]
         other = [Demand(s, m) for s, m in zip(sides["other_sm"], sides["other_mem"])]
         speed = sides["speed"].to_numpy(float)
@@ -367,22 +367,50 @@ class PairSpeedModel(BaseEstimator):
         def isd_for(latency: float) -> np.ndarray:
             return np.array([prior_isd([o, p], latency)[0] for o, p in zip(own, other)])
 
-        if self.latency is None:
-            def score(latency: float) -> float:
-                isd = isd_for(latency)
-                return float(np.mean([spearmanr(-isd[groups == g], speed[groups == g]).statistic
-                                      for g in np.unique(groups)]))
-            latency = max(LATENCY_GRID, key=score)
-        else:
-            latency = float(self.latency)
+        calibrating = set(calibration_sets(map(str, groups)))
+        on = np.isin(groups.astype(str), list(calibrating))
+        pairs = sides["pair"].to_numpy() if "pair" in sides else np.arange(len(sides))
+        latency = (float(self.latency) if self.latency is not None else
+                   self._choose_latency(lambda v: isd_for(v)[on], speed[on],
+                                        groups[on].astype(str), pairs[on]))
         model = PairModel(latency=latency, threshold=self.threshold, n_train=len(sides))
-        calibrating = set(calibration_sets(map(str, groups))) or set(map(str, groups))
+        calibrating = calibrating or set(map(str, groups))
         on = np.isin(groups.astype(str), list(calibrating))
         model.margin = self._calibrate(isd_for(latency)[on], speed[on],
                                        sides[on].reset_index(drop=True))
         model.shrinkage, model.margin_learned = self._calibrate_learned(model, sides, calibrating)
         self.model_ = model
         return self
+
+    def _choose_latency(self, isd_by_latency, speed: np.ndarray, groups: np.ndarray,
+                        pairs: np.ndarray) -> float:
+        """The prior's shape from the sides of the sets whose telemetry is what the daemon
+        reads (the margins' ``calibration_sets``; ``isd_by_latency(v)`` gives the prior's
+        slowdowns of those sides): the largest grid value whose ranking of them (Spearman, each
+        set weighing the same) is within one standard error of the best -- the most cautious
+        shape the data cannot tell from the best (the one-standard-error rule; the error from
+        ``BOOTSTRAP_DRAWS`` resamplings of the pairs). A larger latency predicts more slowdown
+        for a light job next to a busy one. With no such set, ``DEFAULT_LATENCY``: the public
+        sets' telemetry cannot tell (Gavel's utilisation proxy, Ray et al.'s peaks)."""
+        if not len(speed):
+            return DEFAULT_LATENCY
+
+        def score(isd: np.ndarray, rows: np.ndarray) -> float:
+            return float(np.mean([spearmanr(-isd[rows][groups[rows] == g],
+                                            speed[rows][groups[rows] == g]).statistic
+                                  for g in np.unique(groups[rows])]))
+
+        every_side = np.arange(len(speed))
+        predicted = {float(v): isd_by_latency(float(v)) for v in LATENCY_GRID}
+        scores = {v: score(isd, every_side) for v, isd in predicted.items()}
+        best = max(scores, key=scores.get)
+        sides_of = list(pd.Series(every_side).groupby(pairs).apply(np.asarray))
+        rng = np.random.default_rng(self.random_state)
+        draws = [score(predicted[best], np.concatenate(
+                     [sides_of[k] for k in rng.integers(len(sides_of), size=len(sides_of))]))
+                 for _ in range(BOOTSTRAP_DRAWS)]
+        within = scores[best] - float(np.std(draws))
+        return max(v for v, value in scores.items() if value >= within)
 
     def _calibrate_learned(self, model: PairModel, sides: pd.DataFrame,
                            calibrating: set[str]) -> tuple[float, float]:

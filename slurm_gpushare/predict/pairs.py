@@ -21,13 +21,18 @@ stretched by a busy partner: its own busy share (the fluid limit, ``latency`` = 
 rarely uses the GPU rarely waits) or all of it (``latency`` = 1: every GPU call of a
 latency-bound job waits for the partner's time slice, as host-bound jobs in the measured pairs
 do). The scale is not fitted: two jobs that each keep the GPU busy all the time run at half speed
-(ISD 1), three at a third -- absolute speed, not one foreign GPU's contention level. ``latency``
-is 0.5 (``DEFAULT_LATENCY``), the middle of the two physical limits: on synthetic pairs whose
-true latency lies anywhere in [0, 1] its Spearman is at worst 0.82 (within 0.13 of the best
-choice), where either limit falls to 0.59-0.63 and adding utilisations to 0.60
-(``bench/pairs_eval.py``, ``shape_robustness``). ``fit`` can choose it on training data instead
-(``latency=None``); the benchmark reports that beside it (Gavel's utilisation proxy pulls it to
-0.7-1.0, with held-out figures no better). Every term is
+(ISD 1), three at a third -- absolute speed, not one foreign GPU's contention level.
+``latency`` is chosen where the margins are calibrated, on the sets whose telemetry is what the
+daemon reads (``calibration_sets``): the largest grid value that ranks their sides within one
+standard error of the best (``estimators.PairSpeedModel``). On the project's H100 pairs that is
+0.4 (Spearman 0.929; the best, 0.0, 0.939 with a standard error of 0.010; 0.5 0.916, 1.0
+0.45). With none of those sets it is 0.5 (``DEFAULT_LATENCY``), the middle of the two physical
+limits: on synthetic pairs whose true latency lies anywhere in [0, 1] its Spearman is at worst
+0.82 (within 0.13 of the best choice), where either limit falls to 0.59-0.63 and adding
+utilisations to 0.60 (``bench/pairs_eval.py``, ``shape_robustness``); the public sets'
+telemetry cannot tell (Gavel's utilisation proxy pulls it to 0.7-1.0, Ray et al.'s host-bound
+pairs to 1.0). On Lucid's public pairs (never fitted on) 0.4 recommends 64% of the pairs, none
+bad, where 0.5 recommended 56%: light jobs there barely wait for a busy partner. Every term is
 non-decreasing in every partner's demand (monotone: a busier partner never predicts a faster
 job); it is defined for a job next to a copy of itself and for any number of co-runners.
 
@@ -66,7 +71,7 @@ under ``max_bad_rate``, on the sets whose telemetry is what the daemon reads
 training data). The public sets' telemetry has errors of its own and asked for 2.1: Gavel's
 proxies cannot be calibrated at all, and two host-bound pairs of Ray et al.'s set with moderate
 peaks ran at 0.60-0.67x. On the H100 measurements 1.0 is enough (1.15 with corrections, over
-five history draws per set), and on Lucid's public set (never fitted on) it recommends 56% of the
+five history draws per set), and on Lucid's public set (never fitted on) it recommends 64% of the
 pairs with none bad, where 2.1 recommended 15%. Sites can ask for more (``policy.pair_margin``).
 
 Data (fitted only on ``slurm_gpushare/data``: copies of the public sets in ``../shared/data``
@@ -109,7 +114,7 @@ EPS = 0.05  # ISD offset for log residuals: a 0% slowdown is not an infinite rat
 MIN_SPEED = 0.02
 MAX_MARGIN = 6.0  # the most pessimism a calibration may ask for (ISD x 6)
 PARAMETERS = ("latency",)
-DEFAULT_LATENCY = 0.5  # the middle of the two physical limits (see the module text)
+DEFAULT_LATENCY = 0.5  # the middle of the two physical limits: without NVML-measured pairs
 LATENCY_GRID = np.round(np.linspace(0.0, 1.0, 21), 2)
 # Penalties per correction to choose from on training data (see ``_calibrate_learned``).
 SHRINKAGE_GRID = (0.25, 0.5, 1.0, 2.0)

@@ -27,7 +27,7 @@ def summary(job_id, key, util_mean, mem_mean, **extra):
 @pytest.fixture
 def store(tmp_path):
     with Store(tmp_path / "s.db") as s:
-        s.ingest_summary(summary("10", LIGHT, 5.0, 2.0))
+        s.ingest_summary(summary("10", LIGHT, 20.0, 8.0))
         s.ingest_summary(summary("11", HEAVY, 95.0, 60.0))
         s.ingest_summary(summary("12", OTHER_LIGHT, 6.0, 3.0))
         for decision_id, key in (("dheavy", HEAVY), ("dlight", OTHER_LIGHT)):
@@ -202,7 +202,7 @@ def test_a_share_lets_no_more_jobs_like_it_onto_a_gpu_than_may_run_together(arra
     heavy = array_decision(array_store, HEAVY, 2000, array_tasks=4)
     assert heavy.details["copies_per_gpu"] == 1 and units(heavy) == 9
     # Light jobs may all stack: the share stays sized by memory.
-    light = array_decision(array_store, LIGHT, 2000, array_tasks=2)
+    light = array_decision(array_store, OTHER_LIGHT, 2000, array_tasks=2)
     assert units(light) == 2 and "copies_per_gpu" not in light.details
 
 

@@ -1,8 +1,10 @@
 """Signals acted on by a thread, never inside a signal handler.
 
 A Python signal handler runs in the main thread between two bytecodes, possibly while that
-thread holds a lock the handler's own work needs (an Event's, the log queue's): the process
-deadlocks, alive and deaf to further signals (the node agent's collector did). So the handler
+thread holds a lock the handler's own work needs (an Event's; the thread registry's, which
+the daemon's main thread takes to start each connection's thread and a stop handler took to
+start the shutdown's): the process deadlocks, alive and deaf to further signals (the node
+agent's collector did). So the handler
 installed here does nothing; the interpreter's C-level handler writes the signal's number to a
 pipe (``signal.set_wakeup_fd``) and a watcher thread reads it and calls back, holding no lock of
 the code it interrupted. The signal mask is left unblocked, so processes started later

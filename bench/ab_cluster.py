@@ -188,6 +188,7 @@ def run_arm(cluster: TestCluster, arm: str, scale: float, gpu_types: dict,
             arrivals: float = 1.0) -> dict:
     partition = ARMS[arm]
     ids: list[str] = []
+    profile_of: dict[str, str] = {}  # job id (an array's base id) -> profile name
     started = time.monotonic()
     for offset, name, count, size in WORKLOAD:
         while time.monotonic() - started < offset * scale * arrivals:
@@ -198,6 +199,7 @@ def run_arm(cluster: TestCluster, arm: str, scale: float, gpu_types: dict,
             if size:
                 args.append(f"--array=0-{size - 1}")
             ids.append(cluster.sbatch(*args, script=script(cluster, name, scale)))
+            profile_of[ids[-1]] = name
     wait_done(cluster, ids, 900)
     records = sacct_records(cluster, ids)
     missing = wait_ingested(cluster, records)
@@ -229,7 +231,20 @@ def run_arm(cluster: TestCluster, arm: str, scale: float, gpu_types: dict,
         "failed": totals["failed_shared"] + totals["failed_exclusive"],
         "telemetry_missing": missing,
         "decisions": _codes(records),
+        "per_job": _per_job(records, profile_of),
     }
+
+
+def _per_job(records, profile_of: dict[str, str]) -> list[dict]:
+    """Each job's profile, decision and times (seconds from the first submission): where
+    the makespan and the tail come from."""
+    t0 = min(r.submit for r in records)
+    return [{"job": r.job_id, "profile": profile_of.get(r.job_id.split("_")[0], "?"),
+             "code": r.decision_code or "untouched", "shared": r.shared,
+             "gpu_type": r.gpu_type, "shards": r.shards, "nodes": r.nodes,
+             "submit_s": round(r.submit - t0, 1), "start_s": round(r.start - t0, 1),
+             "end_s": round(r.end - t0, 1)}
+            for r in sorted(records, key=lambda r: r.end)]
 
 
 def _codes(records) -> dict[str, int]:

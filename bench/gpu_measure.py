@@ -434,6 +434,64 @@ def pairs_phase(out: Path, log_dir: Path, args, paired, *, mode: str = "time-sli
             w.close()
 
 
+def pool_pairs_phase(out: Path, log_dir: Path, args, paired, done=frozenset()) -> None:
+    """The pairs of ``pairs_phase`` with every config loaded once in a worker of its own (and
+    a twin for its self-pair), so a pair costs its run and nothing else: for a GPU with room
+    for all of them at once (``--pool``). Each config is measured alone again, with every
+    other worker idle beside it, before its first pair."""
+    wanted = [(a, b) for i, a in enumerate(paired) for b in paired[i:] if (a, b) not in done]
+    started = time.monotonic()
+    path = out / "pairs.csv"
+    fresh = not path.exists()
+    workers: dict[str, Worker] = {}
+    loaded: dict[str, bool] = {}
+
+    def worker_for(config: str, twin: bool = False) -> Worker | None:
+        key = config + ("#twin" if twin else "")
+        if key not in workers:
+            workers[key] = Worker(str(9300 + len(workers)), log_dir)
+            reply = workers[key].call("load", config=config)
+            loaded[key] = bool(reply.get("ok"))
+            if not loaded[key]:
+                print(f"pool {key}: {reply.get('error')}", flush=True)
+        return workers[key] if loaded[key] and workers[key].proc.poll() is None else None
+
+    with open(path, "a", newline="") as f:
+        writer = csv.DictWriter(f, PAIR_FIELDS)
+        if fresh:
+            writer.writeheader()
+        alone_done: set[str] = set()
+        for a, b in wanted:
+            if args.deadline_s and time.monotonic() - started > args.deadline_s:
+                print(f"pool: deadline reached, {len(wanted)} pairs wanted", flush=True)
+                break
+            row = {"mode": "time-slicing", "job_a": a, "job_b": b}
+            first, second = worker_for(a), worker_for(b, twin=a == b)
+            if first is None or second is None:
+                row["status"] = "failed: " + ("a" if first is None else "b") + " did not load"
+                writer.writerow(row)
+                continue
+            if a not in alone_done:
+                (alone,), _, _ = run_together([first], args.warm_s, args.measure_s, sample=False)
+                row["solo_a_again"] = alone.get("its_per_s")
+                alone_done.add(a)
+            (ra, rb), (sa, sb), sampling = run_together([first, second], args.warm_s,
+                                                        args.measure_s)
+            ok = ra.get("ok") and rb.get("ok")
+            row["status"] = "ok" if ok else "failed: " + (ra.get("error") or rb.get("error") or "")[:150]
+            row.update({"its_a": ra.get("its_per_s"), "its_b": rb.get("its_per_s"),
+                        "attribution_a": sa["attribution"], "attribution_b": sb["attribution"],
+                        "device_util_mean": _device_util(sampling.readings)})
+            row["proc_util_mean_a"], row["proc_mem_peak_a"] = sampling.per_process(_gpu_pids(first))
+            row["proc_util_mean_b"], row["proc_mem_peak_b"] = sampling.per_process(_gpu_pids(second))
+            writer.writerow(row)
+            f.flush()
+            print(f"pool {a} + {b}: {row['its_a']} / {row['its_b']} it/s {row['status'][:60]}",
+                  flush=True)
+    for w in workers.values():
+        w.close()
+
+
 def _device_util(readings) -> float | None:
     values = [r.util_gpu for r in readings if r.util_gpu is not None]
     return round(statistics.mean(values), 1) if values else None
@@ -513,6 +571,12 @@ def _rows(path: Path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
+def gpu_type_of(name: str) -> str:
+    """A short GPU type from NVML's name: ``NVIDIA H100 80GB HBM3`` -> ``h100``."""
+    words = [w for w in name.lower().replace("nvidia", "").split() if w]
+    return words[0] if words else "gpu"
+
+
 def derive(out: Path) -> None:
     """profiles.csv and coruns.csv for ``kb predict-pairs``."""
     solo = {r["config"]: r for r in _rows(out / "solo.csv")}
@@ -530,11 +594,12 @@ def derive(out: Path) -> None:
         w = csv.writer(f)
         w.writerow(["job", "gpu_util_pct", "mem_util_pct", "mem_used_mib", "mem_total_mib",
                     "gpu_type", "gpu_util_max_pct", "mem_util_max_pct"])
-        total = json.loads((out / "env.json").read_text()).get("mem_total_mib", "")
+        env = json.loads((out / "env.json").read_text())
+        total, gpu_type = env.get("mem_total_mib", ""), gpu_type_of(env.get("gpu", ""))
         for config, r in solo.items():
             if r.get("gpu_util_mean"):
                 w.writerow([config, r["gpu_util_mean"], r["mem_util_mean"], r["nvml_peak_mib"],
-                            total, "h100", r["gpu_util_max"], r["mem_util_max"]])
+                            total, gpu_type, r["gpu_util_max"], r["mem_util_max"]])
     with open(out / "coruns.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["job_a", "job_b", "speed_a", "speed_b"])
@@ -558,12 +623,21 @@ def main() -> int:
     parser.add_argument("--warm-s", type=float, default=1.0)
     parser.add_argument("--measure-s", type=float, default=3.0)
     parser.add_argument("--configs", help="comma-separated subset (default: all)")
+    parser.add_argument("--paired", help="comma-separated configs measured in pairs "
+                        "(default: gpu_workloads.PAIRED among --configs)")
+    parser.add_argument("--pool", action="store_true",
+                        help="pairs with every paired config loaded at once (a GPU with room "
+                             "for all of them): no reloading between pairs")
     args = parser.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from gpu_workloads import PAIRED, WORKLOADS
 
     configs = args.configs.split(",") if args.configs else list(WORKLOADS)
-    paired = [c for c in PAIRED if c in configs]
+    paired = (args.paired.split(",") if args.paired else
+              [c for c in PAIRED if c in configs])
+    unknown = [c for c in configs + paired if c not in WORKLOADS]
+    if unknown:
+        parser.error(f"unknown configs: {', '.join(unknown)}")
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
     log_dir = Path(os.environ.get("GPU_MEASURE_LOGS", "/tmp/gpu-measure-logs"))
@@ -585,7 +659,10 @@ def main() -> int:
     if "pairs" in phases:
         done = frozenset((r["job_a"], r["job_b"]) for r in _rows(out / "pairs.csv")
                          if r["status"] == "ok")
-        pairs_phase(out, log_dir, args, paired, done=done)
+        if args.pool:
+            pool_pairs_phase(out, log_dir, args, paired, done=done)
+        else:
+            pairs_phase(out, log_dir, args, paired, done=done)
     if "mps" in phases:
         info["mps"] = mps_phase(out, log_dir, args)
         env_path.write_text(json.dumps(info, indent=1))

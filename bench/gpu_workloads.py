@@ -36,9 +36,15 @@ WORKLOADS = {
     "resnet18-b32": ("resnet18", 32, "small CNN training, small batch"),
     "gpt-small-b4": ("gpt-small", 4, "6-layer GPT-2, small batch"),
     "dlrm-b512": ("dlrm", 512, "recommendation, small batch"),
+    # host-bound: each step waits on the host afterwards (a data pipeline or a simulator that
+    # the GPU waits for), so the GPU is busy only part of the time; measured alone, and in pairs
+    # where named (``gpu_measure.py --paired``)
+    "host30-resnet50-b64": ("host30-resnet50", 64, "CNN training, then 30 ms on the host per step"),
+    "host90-resnet50-b64": ("host90-resnet50", 64, "CNN training, then 90 ms on the host per step"),
 }
 PAIRED = [name for name in WORKLOADS if name not in
-          ("resnet50-b16", "resnet18-b32", "gpt-small-b4", "dlrm-b512")]
+          ("resnet50-b16", "resnet18-b32", "gpt-small-b4", "dlrm-b512", "host30-resnet50-b64",
+           "host90-resnet50-b64")]
 
 
 def build(name: str):
@@ -202,6 +208,20 @@ def _infer_resnet50(batch: int):
     return step
 
 
+def _host_bound(arch: str, host_ms: float):
+    """A training step followed by ``host_ms`` of waiting on the host (the GPU idles)."""
+    def make(batch: int):
+        import time
+        train = _torchvision(arch)(batch)
+
+        def step() -> float:
+            loss = train()
+            time.sleep(host_ms / 1000.0)
+            return loss
+        return step
+    return make
+
+
 _BUILDERS = {
     "resnet50": _torchvision("resnet50"),
     "resnet50-amp": _torchvision("resnet50", amp=True),
@@ -216,4 +236,6 @@ _BUILDERS = {
     "lstm": _lstm,
     "loader-resnet18": _loader_resnet18,
     "infer-resnet50": _infer_resnet50,
+    "host30-resnet50": _host_bound("resnet50", 30),
+    "host90-resnet50": _host_bound("resnet50", 90),
 }

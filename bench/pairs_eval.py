@@ -4,8 +4,9 @@
 
 Data sets (each held out in turn, the prior fitted on the others): Gavel's measured pairs on
 K80, P100 and V100 (separate GPUs), Ray et al.'s 34 pairs on a P100 (alnair) and the project's
-own H100 measurements (``data/measured/h100``, ``bench/gpu_measure.py``), which calibrate the
-margins where they are in the training data (``pairs.calibration_sets``). For the held-out set
+own measurements on an H100 and an H200 (``data/measured/h100``, ``h200``,
+``bench/gpu_measure.py``), which choose the shape and calibrate the margins where they are in the
+training data (``pairs.calibration_sets``). For the held-out set
 it records, over its sides (job, co-runner): Spearman's rank correlation of
 predicted vs measured speed; over its unordered pairs: how many got a prediction (missing), the
 share recommended and the share of recommended pairs with a side measured below 0.7x.

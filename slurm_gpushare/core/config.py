@@ -118,7 +118,7 @@ class PolicyConfig:
     keep_whole_when_idle: bool = True
     # Pessimism for the pair predictor, at least this factor on every predicted slowdown
     # (a pair shares a GPU when each job's 1 / (1 + margin x slowdown) stays >= 0.7). 0 (the
-    # default) uses the calibrated margins (1.0 cold, 1.15 with co-run history, from NVML
+    # default) uses the calibrated margins (1.45 cold, 1.25 with co-run history, from NVML
     # measurements); 2.1 is what Ray et al.'s P100 pairs ask for, whose host-bound jobs slowed
     # each other more than their GPU telemetry shows.
     pair_margin: float = 0.0

@@ -176,7 +176,7 @@ def load_ryu_chun(data_dir: str | os.PathLike | None = None) -> "pd.DataFrame":
 
 
 # -- measured here: the workload set of bench/gpu_measure.py on a real GPU -------------------
-MEASURED_GPUS = ("h100",)
+MEASURED_GPUS = ("h100", "h200")
 
 
 def load_measured(gpu: str = "h100") -> tuple[list[tuple[str, str, float, float]],

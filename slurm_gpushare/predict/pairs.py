@@ -24,15 +24,18 @@ do). The scale is not fitted: two jobs that each keep the GPU busy all the time 
 (ISD 1), three at a third -- absolute speed, not one foreign GPU's contention level.
 ``latency`` is chosen where the margins are calibrated, on the sets whose telemetry is what the
 daemon reads (``calibration_sets``): the largest grid value that ranks their sides within one
-standard error of the best (``estimators.PairSpeedModel``). On the project's H100 pairs that is
-0.4 (Spearman 0.929; the best, 0.0, 0.939 with a standard error of 0.010; 0.5 0.916, 1.0
-0.45). With none of those sets it is 0.5 (``DEFAULT_LATENCY``), the middle of the two physical
+standard error of the best (``estimators.PairSpeedModel``; each set weighs the same). On the
+project's H100 pairs alone that was 0.4 (Spearman 0.929; the best, 0.0, 0.939 with a standard
+error of 0.010); its H200 pairs, where light jobs next to busy ones barely wait (0.87-0.99x),
+rank 0.868 at 0.0 and 0.732 at 0.4, and with both sets it is 0.1 (0.934 and 0.843). With none
+of those sets it is 0.5 (``DEFAULT_LATENCY``), the middle of the two physical
 limits: on synthetic pairs whose true latency lies anywhere in [0, 1] its Spearman is at worst
 0.82 (within 0.13 of the best choice), where either limit falls to 0.59-0.63 and adding
 utilisations to 0.60 (``bench/pairs_eval.py``, ``shape_robustness``); the public sets'
 telemetry cannot tell (Gavel's utilisation proxy pulls it to 0.7-1.0, Ray et al.'s host-bound
-pairs to 1.0). On Lucid's public pairs (never fitted on) 0.4 recommends 64% of the pairs, none
-bad, where 0.5 recommended 56%: light jobs there barely wait for a busy partner. Every term is
+pairs to 1.0). On Lucid's public pairs (never fitted on) 0.1 recommends 66% of the pairs, 0.1%
+of them bad, where 0.5 recommended 56%: light jobs there barely wait for a busy partner either.
+Every term is
 non-decreasing in every partner's demand (monotone: a busier partner never predicts a faster
 job); it is defined for a job next to a copy of itself and for any number of co-runners.
 
@@ -70,16 +73,19 @@ under ``max_bad_rate``, on the sets whose telemetry is what the daemon reads
 (``calibration_sets``: the project's own NVML measurements; every set where none is in the
 training data). The public sets' telemetry has errors of its own and asked for 2.1: Gavel's
 proxies cannot be calibrated at all, and two host-bound pairs of Ray et al.'s set with moderate
-peaks ran at 0.60-0.67x. On the H100 measurements 1.0 is enough (1.15 with corrections, over
-five history draws per set), and on Lucid's public set (never fitted on) it recommends 64% of the
-pairs with none bad, where 2.1 recommended 15%. Sites can ask for more (``policy.pair_margin``).
+peaks ran at 0.60-0.67x. On the H100 measurements alone 1.0 was enough (1.15 with corrections,
+over five history draws per set), but held out the H200 pairs then had 1 of 15 recommended
+pairs at 0.698x: the busy side of a busy-light pair pays more than its fair share there. Both
+sets ask for 1.45 cold and 1.25 with corrections; on Lucid's public set (never fitted on) that
+recommends 66% of the pairs with 0.1% bad, where 2.1 recommended 15%. Sites can ask for more
+(``policy.pair_margin``).
 
 Data (fitted only on ``slurm_gpushare/data``: copies of the public sets in ``../shared/data``
 and the project's own measurements): Gavel's measured pairs on K80, P100 and V100 (telemetry:
 the Amdahl utilisation proxy derived from isolated throughputs, see ``knowledge.py``; no
 memory-controller figure), Ray et al.'s 34 pairs on a P100 (peak utilisation and peak memory
-access per job) and 90 pairs on an H100 (``data/measured/h100``: means and peaks from the node
-agent's sampler). ``bench/pairs_eval.py`` evaluates it leaving one data set out, and on public
+access per job), 90 pairs on an H100 and 53 on an H200 (``data/measured/h100``, ``h200``:
+means and peaks from the node agent's sampler). ``bench/pairs_eval.py`` evaluates it leaving one data set out, and on public
 sets kept for evaluation (``--external``).
 
 The fit is ``estimators.PairSpeedModel``; what it produces, and what the daemon loads (the

@@ -246,18 +246,20 @@ def test_a_requeued_job_is_learned_from_its_later_run(cluster):
     assert all(e["linked"] and e["peak_mib"] == 3000 for e in ingested())
 
 
-def test_a_light_job_keeps_off_nodes_full_of_heavy_shares(cluster):
+def test_a_lighter_job_keeps_off_nodes_full_of_heavy_shares(cluster):
     from slurm_gpushare.core.hostlist import expand_hostlist
 
-    # The pair predictor, from both jobs' own telemetry: a light job next to a GPU-bound one
-    # would run below 0.7x. Once every GPU of both v100 nodes holds a heavy share, the light
-    # job's share is kept off those nodes (Slurm excludes by node, not by GPU).
+    # The pair predictor, from both jobs' own telemetry: a job busy a third of the time next
+    # to a GPU-bound one would run below 0.7x, and so would the GPU-bound one (a job busy 8% of
+    # the time would not: measured on an H200, such jobs barely wait). Once every GPU of both
+    # v100 nodes holds a heavy share, the lighter job's share is kept off those nodes (Slurm
+    # excludes by node, not by GPU).
     # 13 GiB each: one share per 16 GiB v100 GPU (shares are sized by memory), so the four
     # heavy shares hold every GPU of both v100 nodes.
     heavy = unique_script(cluster, work_s=1, util=95, mem_util=60,
                           mem_mib={"v100": 13000, "a100": 13000})
     heavy = heavy.replace("--work 1 ", "--work ${WORK:-1} ")
-    light = unique_script(cluster, work_s=1, util=8, mem_util=3,
+    light = unique_script(cluster, work_s=1, util=35, mem_util=15,
                           mem_mib={"v100": 2000, "a100": 2000})
     profile(cluster, heavy, "--gres=gpu:v100:1")
     profile(cluster, light, "--gres=gpu:v100:1")

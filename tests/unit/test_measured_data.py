@@ -1,5 +1,6 @@
-"""The project's own H100 measurements (data/measured/h100): complete, derived as the harness
-derives them, read by ``kb predict-pairs``, and its figures when held out as recorded."""
+"""The project's own measurements on an H100 and an H200 (data/measured/<gpu>): complete, derived
+as the harness derives them, read by ``kb predict-pairs``, and their figures when held out as
+recorded."""
 
 from __future__ import annotations
 
@@ -45,12 +46,34 @@ def test_the_set_has_every_job_alone_and_nearly_every_pair_with_self_pairs():
     assert env["gpu"].startswith("NVIDIA H100") and env["mps"]["available"] is True
 
 
-def test_shipped_speeds_are_what_the_harness_derives_from_the_raw_figures(tmp_path):
+def test_the_h200_set_has_its_jobs_alone_and_the_pairs_measured_before_the_deadline():
+    # 12 configs, 4 of them light or host-bound, all loaded at once (--pool); the pairs phase
+    # stopped at its deadline after 53 of the 78 unordered pairs, self-pairs included.
+    folder = package_path("measured", "h200")
+    pairs, profiles = load_measured("h200")
+    solo = list(csv.DictReader(open(folder / "solo.csv")))
+    assert set(profiles) == {r["config"] for r in solo} and len(profiles) == 12
+    unordered = {tuple(sorted(p[:2])) for p in pairs}
+    assert len(unordered) == len(pairs) == 53
+    assert sum(a == b for a, b, *_ in pairs) == 6
+    assert {job for pair in pairs for job in pair[:2]} == set(profiles)
+    for profile in profiles.values():
+        assert profile["mem_total_mib"] == 143771 and profile["gpu_type"] == "h200"
+        assert 0 <= profile["gpu_util_pct"] <= profile["gpu_util_max_pct"] <= 100
+    light = [job for job, p in profiles.items() if p["gpu_util_pct"] < 45]
+    assert len(light) >= 3  # the jobs that barely wait for a busy partner
+    env = json.loads((folder / "env.json").read_text())
+    assert env["gpu"] == "NVIDIA H200" and "--pool" in env["command"]
+
+
+@pytest.mark.parametrize("gpu", ["h100", "h200"])
+def test_shipped_speeds_are_what_the_harness_derives_from_the_raw_figures(tmp_path, gpu):
+    folder = package_path("measured", gpu)
     for name in ("solo.csv", "pairs.csv", "env.json"):
-        shutil.copy(MEASURED / name, tmp_path / name)
+        shutil.copy(folder / name, tmp_path / name)
     _bench("gpu_measure").derive(tmp_path)
     for name in ("coruns.csv", "profiles.csv"):
-        assert (tmp_path / name).read_text() == (MEASURED / name).read_text(), name
+        assert (tmp_path / name).read_text() == (folder / name).read_text(), name
 
 
 def test_timed_run_counts_iterations_between_completions_inside_the_window(monkeypatch):
@@ -74,16 +97,17 @@ def test_kb_predict_pairs_reads_the_measured_profiles_and_co_runs(tmp_path, monk
     assert all(0 < r["pred_speed_a"] <= 1 and r["fits_memory"] for r in rows)
 
 
-def test_held_out_figures_are_the_recorded_ones():
+@pytest.mark.parametrize("gpu,pairs", [("h100", 90), ("h200", 53)])
+def test_held_out_figures_are_the_recorded_ones(gpu, pairs):
     from conftest import cached_json
     from slurm_gpushare.predict.evaluate import leave_one_data_set_out
 
     recorded = json.loads((ROOT / "bench" / "pairs_eval.json").read_text())
     figures = cached_json("pairs-leave-one-data-set-out",
-                          lambda: leave_one_data_set_out(seeds=[0]))["measured-h100"]
-    entry = recorded["leave_one_data_set_out"]["measured-h100"]
+                          lambda: leave_one_data_set_out(seeds=[0]))[f"measured-{gpu}"]
+    entry = recorded["leave_one_data_set_out"][f"measured-{gpu}"]
     assert figures["cold"] == entry["cold"]
     assert figures["with_history"]["per_seed"][0] == entry["with_history"]["per_seed"][0]
-    assert figures["cold"]["missing"] == 0 and figures["cold"]["pairs"] == 90
+    assert figures["cold"]["missing"] == 0 and figures["cold"]["pairs"] == pairs
     # Held out, the set cannot calibrate the margins it is judged by.
-    assert "measured-h100" not in figures["fitted_on"]
+    assert f"measured-{gpu}" not in figures["fitted_on"]

@@ -27,7 +27,7 @@ def summary(job_id, key, util_mean, mem_mean, **extra):
 @pytest.fixture
 def store(tmp_path):
     with Store(tmp_path / "s.db") as s:
-        s.ingest_summary(summary("10", LIGHT, 20.0, 8.0))
+        s.ingest_summary(summary("10", LIGHT, 35.0, 8.0))
         s.ingest_summary(summary("11", HEAVY, 95.0, 60.0))
         s.ingest_summary(summary("12", OTHER_LIGHT, 6.0, 3.0))
         for decision_id, key in (("dheavy", HEAVY), ("dlight", OTHER_LIGHT)):
@@ -72,7 +72,7 @@ def test_a_job_is_judged_with_all_the_shares_of_a_gpu_together(store):
     # A decision's keys are known before its record is written (a burst's next decision).
     pairing.remember("dpending", [HEAVY])
     assert pairing.resident("dpending")[1] == HEAVY
-    compat = pairing.compatibility([OTHER_LIGHT])
+    compat = pairing.compatibility([LIGHT])
     assert compat.compatible_with_group([]) is True
     assert compat.compatible_with_group(["dlight"]) is True
     assert compat.compatible_with_group(["dlight", "dpending"]) is False  # the heavy one

@@ -412,15 +412,7 @@ def pairs_phase(out: Path, log_dir: Path, args, paired, *, mode: str = "time-sli
                 writer.writerow(row)
                 f.flush()
                 continue
-            (ra, rb), (sa, sb), sampling = run_together([first, second], args.warm_s,
-                                                        args.measure_s)
-            ok = ra.get("ok") and rb.get("ok")
-            row["status"] = "ok" if ok else "failed: " + (ra.get("error") or rb.get("error") or "")[:150]
-            row.update({"its_a": ra.get("its_per_s"), "its_b": rb.get("its_per_s"),
-                        "attribution_a": sa["attribution"], "attribution_b": sb["attribution"],
-                        "device_util_mean": _device_util(sampling.readings)})
-            row["proc_util_mean_a"], row["proc_mem_peak_a"] = sampling.per_process(_gpu_pids(first))
-            row["proc_util_mean_b"], row["proc_mem_peak_b"] = sampling.per_process(_gpu_pids(second))
+            ok = measure_pair(first, second, row, args)
             writer.writerow(row)
             f.flush()
             print(f"{mode} {a} + {b}: {row['its_a']} / {row['its_b']} it/s {row['status'][:60]}",
@@ -432,6 +424,20 @@ def pairs_phase(out: Path, log_dir: Path, args, paired, *, mode: str = "time-sli
     for w in (first, second):
         if w is not None:
             w.close()
+
+
+def measure_pair(first: Worker, second: Worker, row: dict, args) -> bool:
+    """Both workers' loaded jobs run together: each side's it/s, NVML's attribution and
+    per-process figures, into ``row``; whether both ran."""
+    (ra, rb), (sa, sb), sampling = run_together([first, second], args.warm_s, args.measure_s)
+    ok = bool(ra.get("ok") and rb.get("ok"))
+    row["status"] = "ok" if ok else "failed: " + (ra.get("error") or rb.get("error") or "")[:150]
+    row.update({"its_a": ra.get("its_per_s"), "its_b": rb.get("its_per_s"),
+                "attribution_a": sa["attribution"], "attribution_b": sb["attribution"],
+                "device_util_mean": _device_util(sampling.readings)})
+    row["proc_util_mean_a"], row["proc_mem_peak_a"] = sampling.per_process(_gpu_pids(first))
+    row["proc_util_mean_b"], row["proc_mem_peak_b"] = sampling.per_process(_gpu_pids(second))
+    return ok
 
 
 def pool_pairs_phase(out: Path, log_dir: Path, args, paired, done=frozenset()) -> None:
@@ -475,15 +481,7 @@ def pool_pairs_phase(out: Path, log_dir: Path, args, paired, done=frozenset()) -
                 (alone,), _, _ = run_together([first], args.warm_s, args.measure_s, sample=False)
                 row["solo_a_again"] = alone.get("its_per_s")
                 alone_done.add(a)
-            (ra, rb), (sa, sb), sampling = run_together([first, second], args.warm_s,
-                                                        args.measure_s)
-            ok = ra.get("ok") and rb.get("ok")
-            row["status"] = "ok" if ok else "failed: " + (ra.get("error") or rb.get("error") or "")[:150]
-            row.update({"its_a": ra.get("its_per_s"), "its_b": rb.get("its_per_s"),
-                        "attribution_a": sa["attribution"], "attribution_b": sb["attribution"],
-                        "device_util_mean": _device_util(sampling.readings)})
-            row["proc_util_mean_a"], row["proc_mem_peak_a"] = sampling.per_process(_gpu_pids(first))
-            row["proc_util_mean_b"], row["proc_mem_peak_b"] = sampling.per_process(_gpu_pids(second))
+            ok = measure_pair(first, second, row, args)
             writer.writerow(row)
             f.flush()
             print(f"pool {a} + {b}: {row['its_a']} / {row['its_b']} it/s {row['status'][:60]}",

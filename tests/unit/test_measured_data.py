@@ -111,3 +111,49 @@ def test_held_out_figures_are_the_recorded_ones(gpu, pairs):
     assert figures["cold"]["missing"] == 0 and figures["cold"]["pairs"] == pairs
     # Held out, the set cannot calibrate the margins it is judged by.
     assert f"measured-{gpu}" not in figures["fitted_on"]
+
+
+def test_the_pool_measures_every_pair_once_with_a_twin_for_self_pairs(tmp_path, monkeypatch):
+    # --pool: every config loaded once in its own worker, a second worker only for its
+    # self-pair; a config that does not load fails its pairs and nothing else.
+    import argparse
+    import types
+
+    bench = _bench("gpu_measure")
+    started, runs = [], []
+
+    class FakeWorker:
+        def __init__(self, job_id, log_dir, extra_env=None):
+            self.job_id, self.config = job_id, None
+            self.proc = types.SimpleNamespace(poll=lambda: None, pid=0)
+            started.append(self)
+
+        def call(self, op, **args):
+            self.config = args.get("config", self.config)
+            return {"ok": self.config != "broken"}
+
+        def close(self):
+            pass
+
+    def fake_run_together(workers, warm_s, measure_s, sample=True):
+        runs.append(tuple(w.config for w in workers))
+        sampling = types.SimpleNamespace(readings=[], per_process=lambda pids: (50.0, 1000))
+        return ([{"ok": True, "its_per_s": 10.0 / len(workers)} for _ in workers],
+                [{"attribution": "process"} for _ in workers], sampling)
+
+    monkeypatch.setattr(bench, "Worker", FakeWorker)
+    monkeypatch.setattr(bench, "run_together", fake_run_together)
+    monkeypatch.setattr(bench, "_device_util", lambda readings: None)
+    args = argparse.Namespace(deadline_s=0, warm_s=1.0, measure_s=3.0)
+    bench.pool_pairs_phase(tmp_path, tmp_path, args, ["x", "y", "broken"],
+                           done=frozenset({("x", "y")}))
+    rows = list(csv.DictReader(open(tmp_path / "pairs.csv")))
+    assert [(r["job_a"], r["job_b"], r["status"]) for r in rows] == [
+        ("x", "x", "ok"), ("x", "broken", "failed: b did not load"), ("y", "y", "ok"),
+        ("y", "broken", "failed: b did not load"), ("broken", "broken", "failed: a did not load")]
+    # x, its twin, broken, y, y's twin, broken's twin: each loaded once.
+    assert sorted(w.config for w in started) == ["broken", "broken", "x", "x", "y", "y"]
+    # Each config alone once before its first pair, then the pairs themselves.
+    assert runs == [("x",), ("x", "x"), ("y",), ("y", "y")]
+    assert rows[0]["solo_a_again"] == "10.0" and rows[0]["its_a"] == "5.0"
+    assert rows[2]["solo_a_again"] == "10.0"

@@ -450,17 +450,18 @@ def pool_pairs_phase(out: Path, log_dir: Path, args, paired, done=frozenset()) -
     path = out / "pairs.csv"
     fresh = not path.exists()
     workers: dict[str, Worker] = {}
-    loaded: dict[str, bool] = {}
+    failed: set[str] = set()  # workers whose config did not load
 
     def worker_for(config: str, twin: bool = False) -> Worker | None:
         key = config + ("#twin" if twin else "")
         if key not in workers:
             workers[key] = Worker(str(9300 + len(workers)), log_dir)
             reply = workers[key].call("load", config=config)
-            loaded[key] = bool(reply.get("ok"))
-            if not loaded[key]:
+            if not reply.get("ok"):
+                failed.add(key)
                 print(f"pool {key}: {reply.get('error')}", flush=True)
-        return workers[key] if loaded[key] and workers[key].proc.poll() is None else None
+        worker = workers[key]
+        return None if key in failed or worker.proc.poll() is not None else worker
 
     with open(path, "a", newline="") as f:
         writer = csv.DictWriter(f, PAIR_FIELDS)

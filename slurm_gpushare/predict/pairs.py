@@ -35,9 +35,9 @@ utilisations to 0.60 (``bench/pairs_eval.py``, ``shape_robustness``); the public
 telemetry cannot tell (Gavel's utilisation proxy pulls it to 0.7-1.0, Ray et al.'s host-bound
 pairs to 1.0). On Lucid's public pairs (never fitted on) 0.1 recommends 66% of the pairs, 0.1%
 of them bad, where 0.5 recommended 56%: light jobs there barely wait for a busy partner either.
-Every term is
-non-decreasing in every partner's demand (monotone: a busier partner never predicts a faster
-job); it is defined for a job next to a copy of itself and for any number of co-runners.
+Every term is non-decreasing in every partner's demand (monotone: a busier partner never
+predicts a faster job); it is defined for a job next to a copy of itself and for any number of
+co-runners.
 
 **Saturation.** The term above is the *collision* slowdown: it holds while the GPU has time to
 spare. Where the co-runners together ask for more than all of it, time slicing gives each at
@@ -85,8 +85,8 @@ and the project's own measurements): Gavel's measured pairs on K80, P100 and V10
 the Amdahl utilisation proxy derived from isolated throughputs, see ``knowledge.py``; no
 memory-controller figure), Ray et al.'s 34 pairs on a P100 (peak utilisation and peak memory
 access per job), 90 pairs on an H100 and 53 on an H200 (``data/measured/h100``, ``h200``:
-means and peaks from the node agent's sampler). ``bench/pairs_eval.py`` evaluates it leaving one data set out, and on public
-sets kept for evaluation (``--external``).
+means and peaks from the node agent's sampler). ``bench/pairs_eval.py`` evaluates it leaving
+one data set out, and on public sets kept for evaluation (``--external``).
 
 The fit is ``estimators.PairSpeedModel``; what it produces, and what the daemon loads (the
 packaged prior, ``data/interference/pair_prior.json``), is ``PairModel`` here (pure Python).

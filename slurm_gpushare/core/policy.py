@@ -281,6 +281,17 @@ def _combine_features(user: str, types: Sequence[GpuType]) -> str:
     return f"{user}&({ours})" if len(types) > 1 else f"{user}&{ours}"
 
 
+def narrow_features(features: str, types: Sequence[GpuType], narrower: Sequence[GpuType]
+                    ) -> str | None:
+    """``features`` as ``_combine_features`` wrote it for ``types``, rewritten for ``narrower``
+    (the user's constraint kept); None where it is not in that form (changed since)."""
+    ours = "|".join(g.feature for g in types)
+    for form in (f"&({ours})", f"&{ours}") if len(types) > 1 else (f"&{ours}",):
+        if features.endswith(form):
+            return _combine_features(features[:-len(form)], narrower)
+    return _combine_features("", narrower) if features == ours else None
+
+
 MPS_PER_GPU = 100  # gres/mps Count per GPU: percent of one GPU
 
 

@@ -22,6 +22,7 @@ class SlurmJob:
     state: str = ""
     nodes: str = ""
     restarts: int = 0  # times Slurm requeued it (scontrol's Restarts=)
+    features: str = ""  # its constraint (scontrol's Features=; "" where none or unknown)
 
     @property
     def tag(self) -> Tag | None:
@@ -63,13 +64,15 @@ def lookup_job(job_id: str, timeout: float = 5.0) -> SlurmJob | None:
         state = re.search(r"\bJobState=(\S+)", line)
         nodes = re.search(r"\bNodeList=(\S+)", line)
         restarts = re.search(r"\bRestarts=(\d+)", line)
+        features = re.search(r"\bFeatures=(\S+)", line)
         # AdminComment is free text; in -o output it runs to the next " Key=" field.
         comment = re.search(r"\bAdminComment=(.*?)(?= \w+=|$)", line)
         return SlurmJob(job_id, int(uid.group(1)) if uid else None,
                         comment.group(1).strip() if comment else "",
                         state.group(1) if state else "",
                         nodes.group(1) if nodes and nodes.group(1) != "(null)" else "",
-                        int(restarts.group(1)) if restarts else 0)
+                        int(restarts.group(1)) if restarts else 0,
+                        features.group(1) if features and features.group(1) != "(null)" else "")
     out = cmd.output(["sacct", "-n", "-P", "-X", "-j", job_id, "-o",
                       "JobID,UID,State,NodeList,AdminComment"], timeout=timeout, epoch_times=True)
     if out and out.strip():

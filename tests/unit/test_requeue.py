@@ -19,13 +19,28 @@ def test_a_share_is_resized_to_its_peak_plus_margin(tmp_path):
     assert plan.tag.shard == 12 and plan.tag.decision_id == "ab12" and plan.tag.shared
 
 
-def test_a_peak_that_fits_no_share_becomes_a_whole_gpu(tmp_path):
-    plan = requeuemod.resize(SHARE, 20_000, make_config(tmp_path))  # > a v100's 16 GiB
-    assert plan.tres_per_node == "gres:gpu:1" and plan.whole_gpu
+def test_a_peak_that_outgrew_the_smallest_type_moves_to_the_types_that_hold_it(tmp_path):
+    """Slurm 22.05 refuses TresPerNode=gres:gpu:1 for a queued share (tests/cluster): the share
+    stays a share, re-sized, on the types whose GPUs hold it, the user's constraint kept."""
+    config = make_config(tmp_path)
+    plan = requeuemod.resize(SHARE, 20_000, config, "v100|a100")  # 22 GiB > a v100's 16
+    assert plan.tres_per_node == "gres:shard:22" and not plan.whole_gpu
+    assert plan.features == "a100" and plan.tag.types == ("a100",) and plan.tag.shard == 22
+    user = requeuemod.resize(SHARE, 20_000, config, "ib&(v100|a100)")
+    assert user.features == "ib&a100"
+    # A constraint changed since the decision: not guessed at.
+    assert "constraint" in requeuemod.resize(SHARE, 20_000, config, "ib")
+
+
+def test_a_peak_no_share_holds_gets_all_of_the_largest_gpu(tmp_path):
+    config = make_config(tmp_path)
+    plan = requeuemod.resize(SHARE, 100_000, config, "v100|a100")  # 107 GiB > an a100's 80
+    assert plan.tres_per_node == "gres:shard:80" and plan.whole_gpu and plan.features == "a100"
     assert not plan.tag.shared and plan.tag.limit_mib is None  # no more overrun reports
-    single = requeuemod.resize(Tag("share", "x", "cd34", shard=8, types=("v100",)), 20_000,
-                               make_config(tmp_path))
-    assert single.tres_per_node == "gres:gpu:v100:1"
+    mps = requeuemod.resize(Tag("share", "x", "cd34", mps=40, mem_mib=6000, types=("a100",)),
+                            9_000, config, "a100")
+    assert mps.tres_per_node == "gres:mps:100" and mps.whole_gpu and mps.features is None
+    assert not mps.tag.shared
 
 
 @pytest.mark.parametrize("restarts,expected", [(0, True), (1, True), (2, False)])

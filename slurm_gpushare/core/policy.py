@@ -446,6 +446,48 @@ def mean_rounds(tasks: int, slots: int) -> float:
     return (slots * full * (full + 1) / 2 + rest * (full + 1)) / tasks
 
 
+def queued_completion(tasks: int, runtime: float, start_now: int, pool: int,
+                      length: float) -> float:
+    """Mean completion of ``tasks`` tasks of ``runtime`` each where ``start_now`` start at once
+    and the rest take places in a pool of ``pool`` as they free, one every ``length / pool``
+    on average (a running job's end is not known: each place frees once per ``length``, the
+    job's own run time standing in for its neighbours'); infinite without a place."""
+    waiting = max(tasks - start_now, 0)
+    if not waiting:
+        return runtime
+    if pool <= 0:
+        return math.inf
+    return runtime + waiting * (waiting + 1) / (2 * tasks) * length / pool
+
+
+def array_completions(offered: Sequence[GpuType], units: int, eligible: Sequence[GpuType],
+                      tasks: int, estimate: JobEstimate, partitions: Sequence[str],
+                      view: ClusterView) -> tuple[float, float] | None:
+    """An array's tasks' mean completion (``queued_completion``) as shares of ``units`` on the
+    ``offered`` types, and as submitted (a whole GPU each, on any ``eligible`` type): the share
+    starts as many tasks as fit now and queues the rest on the GPUs that take shares; whole, as
+    many as GPUs are idle, the rest queued on every GPU of its types. In the job's fastest run
+    times; None where the view does not know the GPUs."""
+    nodes = _share_nodes(eligible, partitions, view)
+    if not nodes or any(n.gpus <= 0 for n in nodes):
+        return None
+    gpus_of: dict[str, int] = {}
+    for n in nodes:
+        gpus_of[n.gpu_type] = gpus_of.get(n.gpu_type, 0) + n.gpus
+    runs = {g.name: estimate.runtime_s.get(g.name) for g in eligible}
+    known = [r for r in runs.values() if r and r > 0]
+    length = min(known) if known else 1.0
+    run = lambda g: runs[g.name] if runs[g.name] and runs[g.name] > 0 else length  # noqa: E731
+    share_run = min(run(g) for g in offered)
+    copies = max(1, min(capacity(g) // max(units, 1) for g in offered))
+    share = queued_completion(tasks, share_run, share_slots(offered, units, partitions, view),
+                              share_gpus(offered, partitions, view) * copies, length)
+    pool = sum(gpus_of.values())
+    whole_run = sum(run(g) * gpus_of.get(g.name, 0) for g in eligible) / pool
+    idle = sum(idle_gpus_by_type(eligible, partitions, view).values())
+    return share / length, queued_completion(tasks, whole_run, idle, pool, length) / length
+
+
 def share_gpus(types: Sequence[GpuType], partitions: Sequence[str], view: ClusterView) -> int:
     """GPUs of ``types`` in the job's partitions, on usable nodes, that a share may get when room
     frees there: those with room or shares now, not those held whole (when a whole-GPU job ends
@@ -723,6 +765,25 @@ def share_or_keep(request: JobRequest, config: Config, *, estimate: JobEstimate 
                                               "submitted, on the first GPU to free of "
                                               f"{', '.join(g.name for g in eligible)}",
                                source=estimate.source)
+    if tasks > 1 and room is not None and not too_big:
+        # One decision covers every task: a share narrows all of them to its types. Where its
+        # tasks would queue on a few GPUs that take shares (one MPS GPU per node, say) while
+        # the job as submitted could take any GPU of its types as they free, as submitted they
+        # finish sooner (a share's completion within RUNTIME_TIE of it: the share, which saves
+        # GPUs).
+        completions = array_completions(fits, units, eligible, tasks, estimate, partitions,
+                                        view)
+        if completions and completions[1] * (1 + RUNTIME_TIE) < completions[0]:
+            share_done, whole_done = completions
+            many = f"{tasks} array tasks" if tasks < MANY_ARRAY_TASKS else "array tasks"
+            return keep_tagged("array-queues", f"{estimate.detail}: its {many} would queue for "
+                                               f"shares on {', '.join(g.name for g in fits)} "
+                                               f"(mean completion {share_done:.2f} run times "
+                                               f"against {whole_done:.2f} on a whole GPU of "
+                                               f"{', '.join(g.name for g in eligible)}): runs "
+                                               "as submitted", source=estimate.source,
+                               share_completion=round(share_done, 3),
+                               whole_completion=round(whole_done, 3), tasks=tasks)
     features = _combine_features(placement.constraint, fits)
 
     share = tresmod.TresToken(gpu.prefix or "gres:", best.sharing, None, units)

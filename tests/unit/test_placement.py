@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from slurm_gpushare.core.config import parse_config
-from slurm_gpushare.core.policy import JobEstimate, NodeView, decide, mean_rounds
+from slurm_gpushare.core.policy import (JobEstimate, NodeView, decide, mean_rounds,
+                                         queued_completion)
 from slurm_gpushare.core.types import MANY_ARRAY_TASKS, JobRequest
 from slurm_gpushare.daemon.clusterview import idle_gpus_per_node
 
@@ -246,6 +247,43 @@ def test_an_array_shares_where_its_tasks_finish_first():
     # runs on average, sooner than in one v100 run.
     assert offer(8, 63) == ("gres:shard:21", ("a100",))
     assert offer(3, 63) == ("gres:shard:21", ("a100",))
+
+
+def test_an_array_that_would_queue_on_a_few_share_gpus_runs_as_submitted():
+    # The cluster A/B's tail (bench/results/ab_cluster_congested_f01276c.json, per_job): an
+    # array of four arrived while every v100 and a100 was busy; the one t4 GPU taking MPS
+    # shares had room for one task, so all four were narrowed to it and ran one or two at a
+    # time until long after the v100s had freed. As submitted they take any GPU as it frees.
+    mixed = parse_config({
+        "policy": {"sharing_partitions": ["gpu"], "gpu_time_budget_pct": 0},
+        "gpu_types": {"t4": {"memory_gib": 16, "sharing": "mps"}, "v100": {"memory_gib": 16},
+                      "a100": {"memory_gib": 80}}})
+    same = JobEstimate(source="history", job_class=0,
+                       memory_mib={"t4": 6000, "v100": 6000, "a100": 6600},
+                       runtime_s={"t4": 36.0, "v100": 36.0, "a100": 36.0})
+    whole = lambda name, t: NodeView(name, t, ("gpu",), gpus=2, idle_gpus=0,  # noqa: E731
+                                     free_units=(0, 0), gpu_jobs=((), ()))
+    busy = View(whole("v1", "v100"), whole("v2", "v100"), whole("a1", "a100"),
+                whole("a2", "a100"),
+                NodeView("t1", "t4", ("gpu",), gpus=2, idle_gpus=0, free_units=(63, 0),
+                         gpu_jobs=(("s",), ())))
+    decision = decide(request(array_tasks=4), mixed, estimate=same, view=busy)
+    assert decision.code == "array-queues", decision.reason
+    assert decision.writes.keys() == {"admin_comment"}  # the request as submitted
+    assert "its 4 array tasks would queue for shares on t4" in decision.reason
+    assert decision.details["share_completion"] == 1.75  # 1 now, 3 as the 2 places free
+    assert decision.details["whole_completion"] == 1.25  # 4 as 10 GPUs free
+    # Two tasks: one starts now, the other soon: they share.
+    two = decide(request(array_tasks=2), mixed, estimate=same, view=busy)
+    assert two.action == "share" and two.gpu_types == ("t4",), two.reason
+    # A single job is not an array: it shares where it starts now.
+    assert decide(request(), mixed, estimate=same, view=busy).action == "share"
+
+
+def test_queued_completion():
+    assert queued_completion(4, 1.0, 4, 0, 1.0) == 1.0  # all start now
+    assert queued_completion(4, 1.0, 1, 2, 1.0) == 1.0 + 3 * 4 / 8 / 2
+    assert queued_completion(4, 1.0, 0, 0, 1.0) == float("inf")
 
 
 def test_mean_rounds():

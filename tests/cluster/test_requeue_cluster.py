@@ -62,5 +62,6 @@ def test_a_share_that_outgrew_its_smallest_type_moves_to_the_types_that_hold_it(
         # What Slurm will allocate: the shards alone (no whole GPU beside them), on an a100.
         # (A requeued job is not eligible again for two minutes: it is not waited for here.)
         cluster.wait_state(job_id, {"PENDING"}, 60)
-        queued = cluster.job(job_id)["TRES"]
+        record = cluster.job(job_id)
+        queued = record.get("ReqTRES") or record["TRES"]  # 24.11: ReqTRES; 22.05: TRES
         assert queued.endswith("gres/shard=22") and "gres/gpu" not in queued, queued

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from slurm_gpushare.core.config import parse_config
 from slurm_gpushare.core.policy import (JobEstimate, NodeView, decide, mean_rounds,
                                          queued_completion)
@@ -278,6 +280,10 @@ def test_an_array_that_would_queue_on_a_few_share_gpus_runs_as_submitted():
     assert two.action == "share" and two.gpu_types == ("t4",), two.reason
     # A single job is not an array: it shares where it starts now.
     assert decide(request(), mixed, estimate=same, view=busy).action == "share"
+    # Where the view does not know a node's GPUs, nothing is compared: the array shares.
+    unknown = View(*busy.nodes()[:-1], replace(busy.nodes()[-1], gpus=0))
+    assert decide(request(array_tasks=4), mixed, estimate=same, view=unknown).code != \
+        "array-queues"
 
 
 def test_queued_completion():

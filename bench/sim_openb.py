@@ -7,10 +7,12 @@ a pod that cannot be placed on arrival fails (one that overflows dies before the
 requested by placed pods when the pods that arrived so far request ``load`` x the GPUs
 (FGD: 95.39% at 130% for FGD, 93.08% BestFit, 87.47% Random; mean of 10 seeds). Here each
 policy places pods as it would place jobs (shares in GiB: gpu_milli x 16 GiB), on the openb
-node mix (``slurm_gpushare/data/clusters/openb.toml``). gpushare runs twice: at its defaults
-(a whole GPU while one of the job's types has an idle GPU) and as ``gpushare-share-always``
-(``keep_whole_when_idle = false``: FGD's setting, where a pod asks for its fraction of a GPU
-whatever is idle). Every policy runs at each shard size of ``--shard-mib`` (the site's
+node mix (``slurm_gpushare/data/clusters/openb.toml``). A pod with gpu_milli below 1000 asks
+for its fraction of a GPU itself: submitted to Slurm it is a share already (a percent of
+whichever GPU, as ``--gres=mps:N``), which gpushare keeps as submitted ("already-shared"), so
+its keep-whole-when-idle rule applies to whole-GPU pods only. gpushare runs twice: at its
+defaults and as ``gpushare-share-always`` (``keep_whole_when_idle = false``); on openb the two
+place every pod alike. Every policy runs at each shard size of ``--shard-mib`` (the site's
 ``[shares] shard_mib``; shares round up to whole shards): 1 GiB, the product's default, and
 256 MiB (labelled ``@256MiB``), which openb's exactly known memory (no estimate error) allows.
 Figures per seed, and mean/min/max over the seeds.

@@ -444,6 +444,8 @@ class GpuShare(Policy):
                                  map(np.ndarray.tobytes, work.allowed)))
         self.mem_rows, self.runtime_rows = work.mem_safe.tolist(), work.runtime_pred.tolist()
         self.class_rows, self.kind_rows = work.job_class.tolist(), work.kind.tolist()
+        # Jobs that ask for part of a GPU themselves (openb's gpu_milli below 1000).
+        self.explicit_share = (work.gpu_request < work.n_gpus).tolist()
         self._requests: dict = {}
         self._type_masks: dict = {}
         self._shards: dict = {}
@@ -486,6 +488,12 @@ class GpuShare(Policy):
             detail="simulated history")
 
     def admit(self, j, engine):
+        if self.explicit_share[j]:
+            # Submitted to Slurm as a share of its own: a percent of whichever GPU it lands on
+            # (--gres=mps:N; openb's reading of gpu_milli), which the hook keeps as submitted
+            # ("already-shared"), never a whole GPU. Sized on each type as the workload gives
+            # its memory there (its fraction of that GPU).
+            return self.share(j, engine, "mem_safe", "already-shared")
         decision = daemon_policy.decide(self.request(j, engine), self.config,
                                         estimate=self.estimate(j, engine), view=self.view,
                                         knowledge=self.compat, decision_id=f"sim-{j}")
@@ -496,13 +504,18 @@ class GpuShare(Policy):
         if not any(flags):  # the user's own constraint and the decision's types do not meet
             return self.whole(j, engine, "no-common-type", nice)
         units = math.ceil(decision.share_gib * 1024 / engine.unit_mib - 1e-9)  # shards
-        shards = self._shards.get(units)
-        if shards is None:  # one array per share size (requests only read it)
-            shards = self._shards[units] = np.full(len(self.type_names), units, np.int64)
+        shards = self._shard_row(units)
         exclude = self._node_set(decision.writes.get("exc_nodes", ""))
         # Its longest predicted run time on those types (0 where a type is not one of them).
         est = max([r if ok else 0.0 for r, ok in zip(self.runtime_rows[j], flags)])
         return Request(False, types, shards, exclude, est, decision.code, nice)
+
+    def _shard_row(self, units: int) -> np.ndarray:
+        """``units`` shards on every type (one array per share size; requests only read it)."""
+        shards = self._shards.get(units)
+        if shards is None:
+            shards = self._shards[units] = np.full(len(self.type_names), units, np.int64)
+        return shards
 
     def _type_mask(self, gpu_types: tuple[str, ...], j: int) -> tuple[np.ndarray, list[bool]]:
         """The decision's GPU types that job j allows, as a mask over the cluster's types and

@@ -355,10 +355,16 @@ def test_gpushare_places_openb_pods_on_every_type_they_fit():
     p = policies.GpuShare(table(), keep_whole_when_idle=False)
     r = Engine(cl, w, p, Constant(1.0), options=EngineOptions(drop_unplaced=True)).run()
     # The whole pods run whole, the halves share the second T4 (8 GiB each), the third whole
-    # pod takes the V100M32; only the last pod finds no GPU.
-    assert r.codes == {"whole-share": 3, "history-share": 2}
+    # pod takes the V100M32; only the last pod finds no GPU. A half pod asks for its share
+    # itself: the hook keeps it as submitted ("already-shared"), at any setting.
+    assert r.codes == {"whole-share": 3, "already-shared": 2}
     assert list(r.jobs["state"]) == ["cutoff"] * 4 + ["dropped"]
     assert list(r.jobs["gpu_type"]) == ["t4", "t4", "t4", "v100m32", ""]
+    # At the defaults (a whole GPU while one is idle) the halves still get their shares: a
+    # whole GPU is what the product gives a job that asked for one, not one that asked for half.
+    default = Engine(cl, w, policies.GpuShare(table()), Constant(1.0),
+                     options=EngineOptions(drop_unplaced=True)).run()
+    assert default.codes == r.codes and list(default.jobs["gpu_type"]) == list(r.jobs["gpu_type"])
 
 
 def test_shares_round_up_to_the_sites_shard_size():

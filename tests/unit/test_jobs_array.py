@@ -49,3 +49,15 @@ def test_lookup_of_an_array_id_is_the_task_that_kept_it(monkeypatch):
     job = jobs.lookup_job("12")
     assert (job.uid, job.nodes, job.decision_id) == (0, "a100-1", "aa")
     assert jobs.lookup_job("12_1").uid == 1001
+
+
+def test_lookup_reads_the_jobs_constraint(monkeypatch):
+    # The requeue narrows it (daemon/requeue.py); "(null)" is no constraint.
+    line = ("JobId=20 JobName=wrap UserId=bob(1001) JobState=RUNNING NodeList=a100-1 "
+            "Features=ib&(v100|a100) DelayBoot=00:00:00 AdminComment=gpushare:v1:share:id=bb:"
+            "shard=5:types=v100+a100:why=hint-share\n")
+    monkeypatch.setattr(cmd, "output", lambda argv, **kw: line)
+    assert jobs.lookup_job("20").features == "ib&(v100|a100)"
+    monkeypatch.setattr(cmd, "output",
+                        lambda argv, **kw: line.replace("ib&(v100|a100)", "(null)"))
+    assert jobs.lookup_job("20").features == ""

@@ -75,7 +75,7 @@ class Policy:
         return Request(True, engine.work.allowed[j], None, frozenset(), float(self.est[j]), code,
                        nice)
 
-    def share(self, j: int, engine, estimate: str, code: str = "share") -> Request:
+    def share(self, j: int, engine, estimate: str, code: str = "share", nice: int = 0) -> Request:
         """A share sized by the job's memory estimate ``estimate`` (a ``Workload`` field:
         ``mem_safe`` or ``mem_pred``), on the allowed types it fits."""
         work = engine.work
@@ -84,7 +84,7 @@ class Policy:
         types, fits, shards = self._shares(engine, estimate)
         if not fits[j]:
             return self.whole(j, engine, "whole-no-fit")
-        return Request(False, types[j], shards[j], frozenset(), float(self.est[j]), code)
+        return Request(False, types[j], shards[j], frozenset(), float(self.est[j]), code, nice)
 
     def _shares(self, engine, estimate: str) -> tuple:
         """For every job at once: the types its share fits, whether any, units per type."""
@@ -444,8 +444,9 @@ class GpuShare(Policy):
                                  map(np.ndarray.tobytes, work.allowed)))
         self.mem_rows, self.runtime_rows = work.mem_safe.tolist(), work.runtime_pred.tolist()
         self.class_rows, self.kind_rows = work.job_class.tolist(), work.kind.tolist()
-        # Jobs that ask for part of a GPU themselves (openb's gpu_milli below 1000).
-        self.explicit_share = (work.gpu_request < work.n_gpus).tolist()
+        # The percent of a GPU a job asks for itself (openb's gpu_milli below 1000; 0: none).
+        self.percent_asked = np.where(work.gpu_request < work.n_gpus,
+                                      np.ceil(100 * work.gpu_request), 0).astype(int).tolist()
         self._requests: dict = {}
         self._type_masks: dict = {}
         self._shards: dict = {}
@@ -455,10 +456,11 @@ class GpuShare(Policy):
                      if self.gpu_time_budget_pct > 0 else {})
 
     def request(self, j: int, engine) -> JobRequest:
-        """The job as the hook would send it: ``sbatch -p <sharing partition> --gres=gpu:N``
+        """The job as the hook would send it: ``sbatch -p <sharing partition> --gres=gpu:N`` (or
+        ``--gres=mps:P``: a job asking for P% of a GPU itself)
         (one frozen value per shape of job, made once)."""
         work = engine.work
-        key = (self.shape_of[j], engine.j_kills[j] > 0)
+        key = (self.shape_of[j], engine.j_kills[j] > 0, self.percent_asked[j])
         request = self._requests.get(key)
         if request is None:
             request = self._requests[key] = self._request(j, engine)
@@ -473,8 +475,12 @@ class GpuShare(Policy):
         allowed = work.allowed[j]
         features = "" if allowed.all() else "|".join(
             self.type_names[t] for t in np.flatnonzero(allowed))
+        # A job that asks for part of a GPU itself sends a share: a percent of whichever GPU
+        # (openb's reading of gpu_milli).
+        gres = (f"gres:mps:{self.percent_asked[j]}" if self.percent_asked[j]
+                else f"gres:gpu:{math.ceil(n / k)}")
         return JobRequest(uid=1000, partition=engine.cluster.partition,
-                          tres_per_node=f"gres:gpu:{math.ceil(n / k)}", min_nodes=k,
+                          tres_per_node=gres, min_nodes=k,
                           features=features, opt_out=engine.j_kills[j] > 0)
 
     def estimate(self, j: int, engine) -> daemon_policy.JobEstimate:
@@ -488,34 +494,27 @@ class GpuShare(Policy):
             detail="simulated history")
 
     def admit(self, j, engine):
-        if self.explicit_share[j]:
-            # Submitted to Slurm as a share of its own: a percent of whichever GPU it lands on
-            # (--gres=mps:N; openb's reading of gpu_milli), which the hook keeps as submitted
-            # ("already-shared"), never a whole GPU. Sized on each type as the workload gives
-            # its memory there (its fraction of that GPU).
-            return self.share(j, engine, "mem_safe", "already-shared")
         decision = daemon_policy.decide(self.request(j, engine), self.config,
                                         estimate=self.estimate(j, engine), view=self.view,
                                         knowledge=self.compat, decision_id=f"sim-{j}")
         nice = int(decision.writes.get("nice", 0))
+        if decision.code == "already-shared":
+            # Kept as submitted: the share it asked for, its fraction of whichever GPU it
+            # lands on (its memory there, as the workload gives it).
+            return self.share(j, engine, "mem_safe", decision.code, nice)
         if decision.action == "keep":
             return self.whole(j, engine, decision.code, nice)
         types, flags = self._type_mask(decision.gpu_types, j)
         if not any(flags):  # the user's own constraint and the decision's types do not meet
             return self.whole(j, engine, "no-common-type", nice)
         units = math.ceil(decision.share_gib * 1024 / engine.unit_mib - 1e-9)  # shards
-        shards = self._shard_row(units)
+        shards = self._shards.get(units)
+        if shards is None:  # one array per share size (requests only read it)
+            shards = self._shards[units] = np.full(len(self.type_names), units, np.int64)
         exclude = self._node_set(decision.writes.get("exc_nodes", ""))
         # Its longest predicted run time on those types (0 where a type is not one of them).
         est = max([r if ok else 0.0 for r, ok in zip(self.runtime_rows[j], flags)])
         return Request(False, types, shards, exclude, est, decision.code, nice)
-
-    def _shard_row(self, units: int) -> np.ndarray:
-        """``units`` shards on every type (one array per share size; requests only read it)."""
-        shards = self._shards.get(units)
-        if shards is None:
-            shards = self._shards[units] = np.full(len(self.type_names), units, np.int64)
-        return shards
 
     def _type_mask(self, gpu_types: tuple[str, ...], j: int) -> tuple[np.ndarray, list[bool]]:
         """The decision's GPU types that job j allows, as a mask over the cluster's types and

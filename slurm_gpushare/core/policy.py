@@ -460,6 +460,28 @@ def queued_completion(tasks: int, runtime: float, start_now: int, pool: int,
     return runtime + waiting * (waiting + 1) / (2 * tasks) * length / pool
 
 
+def gpus_by_type(types: Sequence[GpuType], partitions: Sequence[str],
+                 view: ClusterView) -> dict[str, int] | None:
+    """GPUs of ``types`` on usable nodes in the job's partitions, per type; None where the view
+    does not know a node's GPUs (or there is no such node)."""
+    nodes = view.nodes()
+    checks = getattr(nodes, "checks", None)  # a daemon snapshot: answered once per snapshot
+    key = ("gpus", tuple(g.name for g in types), tuple(partitions))
+    if checks is not None and key in checks:
+        found = checks[key]
+        return None if found is None else dict(found)
+    counts: dict[str, int] | None = {}
+    for n in _share_nodes(types, partitions, view):
+        if n.gpus <= 0:
+            counts = None
+            break
+        counts[n.gpu_type] = counts.get(n.gpu_type, 0) + n.gpus
+    counts = counts or None
+    if checks is not None:
+        checks[key] = None if counts is None else tuple(counts.items())
+    return counts
+
+
 def array_completions(offered: Sequence[GpuType], units: int, eligible: Sequence[GpuType],
                       tasks: int, estimate: JobEstimate, partitions: Sequence[str],
                       view: ClusterView) -> tuple[float, float] | None:
@@ -468,12 +490,9 @@ def array_completions(offered: Sequence[GpuType], units: int, eligible: Sequence
     starts as many tasks as fit now and queues the rest on the GPUs that take shares; whole, as
     many as GPUs are idle, the rest queued on every GPU of its types. In the job's fastest run
     times; None where the view does not know the GPUs."""
-    nodes = _share_nodes(eligible, partitions, view)
-    if not nodes or any(n.gpus <= 0 for n in nodes):
+    gpus_of = gpus_by_type(eligible, partitions, view)
+    if gpus_of is None:
         return None
-    gpus_of: dict[str, int] = {}
-    for n in nodes:
-        gpus_of[n.gpu_type] = gpus_of.get(n.gpu_type, 0) + n.gpus
     runs = {g.name: estimate.runtime_s.get(g.name) for g in eligible}
     known = [r for r in runs.values() if r and r > 0]
     length = min(known) if known else 1.0

@@ -34,9 +34,9 @@ from slurm_gpushare.core.config import Config
 from slurm_gpushare.core import feasibility
 from slurm_gpushare.core.feasibility import state_usable
 from slurm_gpushare.core.hostlist import expand_hostlist
-from slurm_gpushare.core.policy import (NodeView, capacity, idle_gpus_by_type, in_partitions,
-                                         incompatible_nodes, landing_gpu, room_types,
-                                         share_gpus)
+from slurm_gpushare.core.policy import (NodeView, capacity, gpus_by_type, idle_gpus_by_type,
+                                         in_partitions, incompatible_nodes, landing_gpu,
+                                         room_types, share_gpus, share_slots)
 from slurm_gpushare.core.tag import Tag
 from slurm_gpushare.core.types import JobRequest
 from slurm_gpushare.daemon.validity import partition_features
@@ -622,13 +622,18 @@ def _answer(kind: str, key: tuple, knowledge, view: _Fixed, by_name: Mapping) ->
         _, types, partitions, units, excluded = key
         if all(name in by_name for name in types):
             room_types([by_name[n] for n in types], units, list(partitions), view, excluded)
+    elif key[0] == "slots":
+        _, types, partitions, units, excluded = key
+        if all(name in by_name for name in types):
+            share_slots([by_name[n] for n in types], units, list(partitions), view, excluded)
     elif key[0] == "idle":
         _, types, partitions = key
         if all(name in by_name for name in types):
             idle_gpus_by_type([by_name[n] for n in types], list(partitions), view)
-    elif key[0] == "share-gpus":
+    elif key[0] in ("share-gpus", "gpus"):
         _, types, partitions = key
         if all(name in by_name for name in types):
-            share_gpus([by_name[n] for n in types], list(partitions), view)
+            ask = share_gpus if key[0] == "share-gpus" else gpus_by_type
+            ask([by_name[n] for n in types], list(partitions), view)
     elif key[0] == "partition-features":
         partition_features(view.nodes(), key[1])

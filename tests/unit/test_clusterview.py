@@ -176,7 +176,8 @@ def test_a_refresh_pre_answers_what_decisions_asked_with_the_same_answers(monkey
     requests = [JobRequest(**base), JobRequest(**{**base, "partition": "gpu,debug"}),
                 JobRequest(**base, features="ib1"), JobRequest(**base, features="ib0|ib2"),
                 JobRequest(**base, exc_nodes="n[1-5]"), JobRequest(**base, req_nodes="n6"),
-                JobRequest(**base, reservation="maint"), JobRequest(**base, features="ib7")]
+                JobRequest(**base, reservation="maint"), JobRequest(**base, features="ib7"),
+                JobRequest(**base, array_tasks=4)]
     estimates = [JobEstimate(source="history", memory_mib={"v100": 9000, "a100": 9000},
                              job_class=c, detail="test") for c in (0, 1, 2)]
     estimates.append(JobEstimate(source="history", memory_mib={"a100": 30000}, job_class=2,
@@ -186,6 +187,7 @@ def test_a_refresh_pre_answers_what_decisions_asked_with_the_same_answers(monkey
     asked = set(view.nodes().checks) | set(view.nodes().memo)
     assert any(k[0] == "feasibility" for k in asked) and any(k[0] == "idle" for k in asked)
     assert any(k[0] == "partition-features" for k in asked)
+    assert any(k[0] == "gpus" for k in asked)  # an array's tasks as shares against whole
 
     # Shares end and start, nodes drain and come back, the reservation moves, GPUs go idle.
     for step in range(4):

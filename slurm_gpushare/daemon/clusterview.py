@@ -378,6 +378,9 @@ class SlurmClusterView:
         self._recent: dict[tuple, tuple[int, object]] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # Called with the view after each good background refresh, on its thread (work that
+        # must follow the cluster but never run on a decision's path: exclusions.py).
+        self.after_refresh: list = []
 
     def nodes(self) -> Snapshot:
         return self._snapshot
@@ -596,9 +599,15 @@ class SlurmClusterView:
     def _loop(self) -> None:
         while not self._stop.is_set():
             try:
-                self.refresh()
+                refreshed = self.refresh()
             except Exception:  # noqa: BLE001 -- a bad snapshot keeps the previous one
                 log.exception("cluster-view-refresh-failed")
+                refreshed = False
+            for follow in list(self.after_refresh) if refreshed else ():
+                try:
+                    follow(self)
+                except Exception:  # noqa: BLE001 -- the next refresh tries again
+                    log.exception("cluster-view-follow-up-failed")
             # Until the nodes are known every decision keeps its job: ask again soon; while
             # shares are pending, soon too (to see where Slurm put them).
             soon = not self._snapshot or self._pending

@@ -20,6 +20,7 @@ from slurm_gpushare.core.config import Config
 from slurm_gpushare.core.policy import decide
 from slurm_gpushare.core.tag import Tag
 from slurm_gpushare.core.types import Decision, JobRequest
+from slurm_gpushare.daemon.exclusions import Exclusion, ExclusionWatch
 from slurm_gpushare.daemon.fingerprint import Fingerprinter
 from slurm_gpushare.daemon.learning import Learner
 from slurm_gpushare.daemon.logs import event, log
@@ -246,6 +247,10 @@ class Service:
         self.learner: Learner | None = None
         self.pairing = None  # the pair predictor for node exclusion (daemon.pairing)
         self.view = view
+        # Node exclusions of pending shares, lifted once their reason has gone.
+        self.exclusions = ExclusionWatch()
+        if hasattr(view, "after_refresh"):
+            view.after_refresh.append(self.exclusions.review)
         if store is not None:
             from slurm_gpushare.predict.knowledge import KnowledgeBase
 
@@ -424,6 +429,16 @@ class Service:
                                   decision.details.get("excluded_nodes", ()),
                                   decision.details.get("job_class"),
                                   decision.details.get("room_now"))
+            away = decision.details.get("excluded_nodes") or ()
+            if away:
+                self.exclusions.add(Exclusion(
+                    decision_id, decision.admin_comment, request.exc_nodes, tuple(away),
+                    blockers={node.name: frozenset(node.resident_jobs) for node in nodes
+                              if node.name in away},
+                    fits=tuple(g for g in map(config.gpu_type, decision.gpu_types) if g),
+                    partitions=tuple(p for p in request.partition.split(",") if p),
+                    units=decision.details.get("units", 1),
+                    job_class=decision.details.get("job_class"), knowledge=knowledge))
         if op == "decide" and problem is None:
             self.records.put_decision({
                 **decision.to_dict(), "ts": time.time(), "uid": request.uid,

@@ -246,23 +246,32 @@ def test_a_requeued_job_is_learned_from_its_later_run(cluster):
     assert all(e["linked"] and e["peak_mib"] == 3000 for e in ingested())
 
 
+def profiled_pair(cluster, *, heavy_mib: float, other_util: float, other_mem_util: float
+                  ) -> tuple[str, str]:
+    """Two scripts with telemetry from a first run on a v100: a GPU-bound one of ``heavy_mib``
+    whose run time is its WORK variable, and another of 2 GB at ``other_util``."""
+    heavy = unique_script(cluster, work_s=1, util=95, mem_util=60,
+                          mem_mib={"v100": heavy_mib, "a100": heavy_mib})
+    heavy = heavy.replace("--work 1 ", "--work ${WORK:-1} ")
+    other = unique_script(cluster, work_s=1, util=other_util, mem_util=other_mem_util,
+                          mem_mib={"v100": 2000, "a100": 2000})
+    profile(cluster, heavy, "--gres=gpu:v100:1")
+    profile(cluster, other, "--gres=gpu:v100:1")
+    return heavy, other
+
+
 def test_a_lighter_job_keeps_off_nodes_full_of_heavy_shares(cluster):
     from slurm_gpushare.core.hostlist import expand_hostlist
 
-    # The pair predictor, from both jobs' own telemetry: a job busy a third of the time next
-    # to a GPU-bound one would run below 0.7x, and so would the GPU-bound one (a job busy 8% of
-    # the time would not: measured on an H200, such jobs barely wait). Once every GPU of both
-    # v100 nodes holds a heavy share, the lighter job's share is kept off those nodes (Slurm
-    # excludes by node, not by GPU).
+    # Once every GPU of both v100 nodes holds a heavy share, the lighter job's share does not
+    # land next to them: either the v100s are not offered (the a100s, faster, have room) or,
+    # where the pair predictor says they should not share, both nodes are excluded (Slurm
+    # excludes by node, not by GPU). (With the means its 1 s first runs measure, about 28% and
+    # 76% busy, the predictor lets them share; the exclusion itself, and its lifting, are in
+    # test_an_exclusion_is_lifted_once_the_shares_that_caused_it_end.)
     # 13 GiB each: one share per 16 GiB v100 GPU (shares are sized by memory), so the four
     # heavy shares hold every GPU of both v100 nodes.
-    heavy = unique_script(cluster, work_s=1, util=95, mem_util=60,
-                          mem_mib={"v100": 13000, "a100": 13000})
-    heavy = heavy.replace("--work 1 ", "--work ${WORK:-1} ")
-    light = unique_script(cluster, work_s=1, util=35, mem_util=15,
-                          mem_mib={"v100": 2000, "a100": 2000})
-    profile(cluster, heavy, "--gres=gpu:v100:1")
-    profile(cluster, light, "--gres=gpu:v100:1")
+    heavy, light = profiled_pair(cluster, heavy_mib=13000, other_util=35, other_mem_util=15)
     heavy_jobs: list[str] = []
     try:
         for _ in range(4):
@@ -295,4 +304,66 @@ def test_a_lighter_job_keeps_off_nodes_full_of_heavy_shares(cluster):
             assert job["Features"] == "a100" and "not offered on v100" in decision["reason"]
     finally:
         for job_id in heavy_jobs:
+            cluster.slurm("scancel", job_id, check=False)
+
+
+
+def test_an_exclusion_is_lifted_once_the_shares_that_caused_it_end(cluster):
+    import os
+
+    from slurm_gpushare.daemon.protocol import request
+
+    # A job kept off v100-1 (each of its GPUs holds a busy share it should not join) while
+    # v100-2, the only other node of its type, is taken whole: once the busy shares end, the
+    # daemon takes v100-1 off the job's ExcNodeList and the job starts there, instead of
+    # waiting for v100-2 (Slurm keeps an ExcNodeList for the job's whole life).
+    # 10 GiB busy shares: room for the other job's share beside each.
+    heavy, medium = profiled_pair(cluster, heavy_mib=9000, other_util=55, other_mem_util=20)
+    jobs: list[str] = []
+    try:
+        blocker = cluster.sbatch("--gres=gpu:v100:2", "-w", "v100-2", "--comment=gpushare=off",
+                                 script=cluster.training_script(work_s=300))
+        jobs.append(blocker)
+        assert cluster.wait_state(blocker, {"RUNNING"}, timeout=60) == "RUNNING"
+        heavy_jobs = [cluster.sbatch("--gres=gpu:v100:1", script=heavy, env={"WORK": "300"})
+                      for _ in range(2)]
+        jobs += heavy_jobs
+        for job_id in heavy_jobs:
+            assert cluster.job(job_id)["TresPerNode"].startswith(f"{cluster.gres_prefix}shard:")
+            assert cluster.wait_state(job_id, {"RUNNING"}, timeout=60) == "RUNNING"
+            assert cluster.job(job_id)["NodeList"] == "v100-1"
+        # Until the daemon's view shows both busy shares running (a what-if question claims
+        # nothing, unlike a submission).
+        job = {"uid": os.getuid(), "user": cluster.job(blocker)["UserId"].split("(")[0],
+               "partition": "gpu", "tres_per_node": "gres:gpu:v100:1", "script": medium,
+               "argv": ["job.sh"], "batch": True}
+        deadline = time.monotonic() + 30
+        while True:
+            reply = request(str(cluster.run / "gpushare-query.sock"),
+                            {"v": 1, "op": "explain", "job": job}) or {}
+            writes = (reply.get("decision") or {}).get("writes", {})
+            if writes.get("exc_nodes") == "v100-1" or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert writes.get("exc_nodes") == "v100-1", reply
+        waiting = cluster.job(cluster.sbatch("--gres=gpu:v100:1", script=medium))
+        jobs.append(waiting["JobId"])
+        decision = decision_of(cluster, waiting)
+        assert decision["writes"].get("exc_nodes") == "v100-1", decision
+        assert waiting["ExcNodeList"] == "v100-1"
+        time.sleep(3)  # a few refreshes: nothing is lifted while the busy shares run
+        now = cluster.job(waiting["JobId"])
+        assert now["JobState"] == "PENDING" and now["ExcNodeList"] == "v100-1", now
+        for job_id in heavy_jobs:
+            cluster.slurm("scancel", job_id)
+        assert cluster.wait_state(waiting["JobId"], {"RUNNING"}, timeout=60) == "RUNNING"
+        started = cluster.job(waiting["JobId"])
+        assert started["NodeList"] == "v100-1" and started["ExcNodeList"] == "(null)", started
+        assert started["AdminComment"] == waiting["AdminComment"]
+        lifted = [e for e in map(json.loads, (cluster.log / "gpushare.log").read_text()
+                                 .splitlines())
+                  if e.get("event") == "exclusion-lifted" and e.get("job_id") == waiting["JobId"]]
+        assert [(e["lifted"], e["still"]) for e in lifted] == [(["v100-1"], [])], lifted
+    finally:
+        for job_id in jobs:
             cluster.slurm("scancel", job_id, check=False)

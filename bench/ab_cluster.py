@@ -231,6 +231,7 @@ def run_arm(cluster: TestCluster, arm: str, scale: float, gpu_types: dict,
         "failed": totals["failed_shared"] + totals["failed_exclusive"],
         "telemetry_missing": missing,
         "decisions": _codes(records),
+        **_exclusions(cluster, since, until),
         "per_job": _per_job(records, profile_of),
     }
 
@@ -247,6 +248,25 @@ def _per_job(records, profile_of: dict[str, str]) -> list[dict]:
             for r in sorted(records, key=lambda r: r.end)]
 
 
+def _exclusions(cluster: TestCluster, since: float, until: float) -> dict[str, int]:
+    """From the daemon's log, within the arm: decisions that kept their share off nodes, and
+    the nodes lifted from waiting jobs' exclusions once their reason had gone."""
+    excluded = lifted = 0
+    path = cluster.log / "gpushare.log"
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if not since <= entry.get("ts", 0) <= until:
+            continue
+        if entry.get("event") == "decision" and entry.get("writes", {}).get("exc_nodes"):
+            excluded += 1
+        elif entry.get("event") == "exclusion-lifted":
+            lifted += len(entry.get("lifted", ()))
+    return {"decisions_with_exclusions": excluded, "exclusions_lifted": lifted}
+
+
 def _codes(records) -> dict[str, int]:
     codes: dict[str, int] = {}
     for r in records:
@@ -256,7 +276,8 @@ def _codes(records) -> dict[str, int]:
 
 
 METRICS = ("makespan_s", "mean_jct_s", "p95_jct_s", "mean_queue_s", "gpu_hours_used",
-           "shared_jobs", "isd_mean", "isd_median", "isd_max", "ps", "oom", "failed")
+           "shared_jobs", "isd_mean", "isd_median", "isd_max", "ps", "oom", "failed",
+           "decisions_with_exclusions", "exclusions_lifted")
 
 
 def summary(runs: list[dict]) -> dict:
@@ -265,7 +286,7 @@ def summary(runs: list[dict]) -> dict:
         mine = [r for r in runs if r["arm"] == arm]
         out[arm] = {}
         for m in METRICS:
-            values = [r[m] for r in mine if r[m] is not None]
+            values = [r[m] for r in mine if r.get(m) is not None]
             out[arm][m] = ({"mean": statistics.fmean(values), "min": min(values),
                             "max": max(values), "n": len(values)} if values else None)
     out["on_vs_off"] = {m: out["on"][m]["mean"] / out["off"][m]["mean"] - 1

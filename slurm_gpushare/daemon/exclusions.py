@@ -15,8 +15,9 @@ submitted with. The user's own ``--exclude`` is kept as written. The tag goes wi
 unchanged: ``job_submit.lua`` refuses updates of a share's node lists unless they carry a
 gpushare tag (only operators and SlurmUser can set AdminComment). Which nodes were the daemon's
 is kept in memory only: after a restart of the daemon, jobs decided before it keep their
-exclusions, as Slurm alone would. Reading which shares are pending is one ``squeue`` call per
-refresh, made only while the daemon has such jobs.
+exclusions, as Slurm alone would. Slurm is asked which of those jobs are still pending (one
+``squeue -t PD`` call) only after a refresh that frees a node of some job's exclusions: a job
+found not pending then is forgotten.
 """
 
 from __future__ import annotations
@@ -38,10 +39,10 @@ log = logging.getLogger("slurm_gpushare.daemon.exclusions")
 # Pending jobs with their gpushare tag (free text: last; a field size of 0 prints it uncut).
 # JobArrayID names an array's pending tasks as scontrol update takes them (1234_[2-9]).
 SQUEUE_PENDING = ["squeue", "-h", "-t", "PD", "-O", "JobArrayID:0|,admin_comment:0"]
-# A decision not seen pending for this long is done with: it runs, ended, or never became a
-# job (a refused submission); its entry goes.
-UNSEEN_S = 120.0
+# A decision younger than this is not looked for in Slurm's queue (its job may not be there yet).
+SETTLE_S = 2.0
 MAX_ENTRIES = 10_000  # the oldest go first: memory stays bounded whatever happens
+YIELD_EVERY = 500  # squeue lines read between handing the GIL to a waiting decision
 
 
 @dataclass
@@ -58,7 +59,7 @@ class Exclusion:
     units: int
     job_class: int | None
     knowledge: Any  # the judgement made at submission (class knowledge or pair predictor)
-    seen_at: float = field(default_factory=time.monotonic)  # last decided or seen pending
+    decided_at: float = field(default_factory=time.monotonic)
 
 
 def exc_node_list(user_exc_nodes: str, away: Sequence[str]) -> str:
@@ -82,7 +83,11 @@ def parse_pending(out: str) -> dict[str, list[str]]:
     """decision id -> the job ids (as scontrol update takes them) of pending jobs carrying a
     gpushare tag, from ``SQUEUE_PENDING`` output."""
     found: dict[str, list[str]] = {}
-    for line in out.splitlines():
+    for number, line in enumerate(out.splitlines()):
+        if number % YIELD_EVERY == 0:
+            time.sleep(0)  # a long queue: let a waiting decision have the GIL now
+        if "gpushare:" not in line:
+            continue
         job_id, _, comment = line.partition("|")
         tag = Tag.decode(comment.strip())
         if tag is not None and tag.decision_id and job_id.strip():
@@ -107,28 +112,26 @@ class ExclusionWatch:
                 self._entries.pop(next(iter(self._entries)))
 
     def review(self, view, *, now: float | None = None) -> list[dict[str, Any]]:
-        """One pass (on the view's thread, after a refresh): for each share still pending,
-        take off the exclusions whose reason has gone. Returns what was done, one dict per
-        job updated or failed."""
+        """One pass (on the view's thread, after a refresh): take off the exclusions whose
+        reason has gone from the jobs still pending. Slurm is asked which jobs those are only
+        when there is something to lift. Returns one dict per job updated or refused."""
+        now = time.monotonic() if now is None else now
         with self._lock:
             entries = list(self._entries.values())
-        if not entries:
+        # A decision made this instant may not be a job in Slurm's queue yet.
+        liftable = [(e, still) for e in entries if now - e.decided_at >= SETTLE_S
+                    for still in [still_blocked(e, view)] if still != e.away]
+        if not liftable:
             return []
         out = cmd.output(SQUEUE_PENDING, timeout=20.0)
         if out is None:
-            return []  # Slurm did not answer: next refresh
+            return []  # Slurm did not answer: after the next refresh
         pending = parse_pending(out)
-        now = time.monotonic() if now is None else now
         done = []
-        for entry in entries:
+        for entry, still in liftable:
             jobs = pending.get(entry.decision_id)
-            if not jobs:
-                if now - entry.seen_at > UNSEEN_S:
-                    self._drop(entry.decision_id)
-                continue
-            entry.seen_at = now
-            still = still_blocked(entry, view)
-            if still == entry.away:
+            if not jobs:  # it started, ended or was cancelled: nothing to lift any more
+                self._drop(entry.decision_id)
                 continue
             lifted = [n for n in entry.away if n not in still]
             new_list = exc_node_list(entry.user_exc_nodes, still)
@@ -143,8 +146,8 @@ class ExclusionWatch:
                     record["error"] = result.message[:200]
                     event(logging.WARNING, "exclusion-lift-failed", **record)
                 done.append(record)
-            # Failed or not, the job is not updated again for the same nodes: a refusal
-            # (the job started meanwhile, an operator's hold) does not go away by retrying.
+            # Refused or not, the job is not updated again for the same nodes: a refusal (the
+            # job started meanwhile, an operator's hold) does not go away by retrying.
             entry.away = still
             if not still:
                 self._drop(entry.decision_id)

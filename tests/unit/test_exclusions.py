@@ -102,49 +102,68 @@ def updates_recorded(monkeypatch, squeue_out: str, ok: bool = True):
     return calls
 
 
+LATER = 1e9  # a review long after every decision (monotonic seconds)
+
+
 def test_review_updates_pending_jobs_and_keeps_the_rest(monkeypatch):
     calls = updates_recorded(monkeypatch, f"17|{TAG}\n")
     watch = ExclusionWatch()
     watch.add(entry(away=("n1", "n2"), user="n9",
                     blockers={"n1": frozenset({"busy"}), "n2": frozenset({"busy2"})}))
     view = View(node("n1", (16, 16), ((), ())), node("n2", (12, 16), (("busy2",), ())))
-    done = watch.review(view)
+    done = watch.review(view, now=LATER)
     assert calls[0][0] == "squeue" and "PD" in calls[0]
     assert calls[1] == ["scontrol", "update", "JobId=17", "ExcNodeList=n9,n2",
                         f"AdminComment={TAG}"]
     assert done == [{"id": "d1", "job_id": "17", "lifted": ["n1"], "still": ["n2"]}]
     assert len(watch) == 1
-    # Nothing changed since: no update.
-    assert watch.review(view) == [] and len(calls) == 3
+    # Nothing to lift since: Slurm is not asked.
+    assert watch.review(view, now=LATER) == [] and len(calls) == 2
     # The second node frees: its exclusion goes too, and so does the entry.
-    watch.review(View(node("n1", (16, 16), ((), ())), node("n2", (16, 16), ((), ()))))
+    watch.review(View(node("n1", (16, 16), ((), ())), node("n2", (16, 16), ((), ()))),
+                 now=LATER)
     assert calls[-1][3] == "ExcNodeList=n9" and len(watch) == 0
+
+
+def test_every_pending_part_of_an_array_is_updated(monkeypatch):
+    calls = updates_recorded(monkeypatch, f"19_[2-5]|{TAG}\n20_1|{TAG}\n")
+    watch = ExclusionWatch()
+    watch.add(entry())
+    watch.review(View(node("n1", (16, 16), ((), ()))), now=LATER)
+    assert [c[2] for c in calls[1:]] == ["JobId=19_[2-5]", "JobId=20_1"]
 
 
 def test_a_refused_update_is_not_retried_for_the_same_nodes(monkeypatch):
     calls = updates_recorded(monkeypatch, f"17|{TAG}\n", ok=False)
     watch = ExclusionWatch()
     watch.add(entry())
-    done = watch.review(View(node("n1", (16, 16), ((), ()))))
+    done = watch.review(View(node("n1", (16, 16), ((), ()))), now=LATER)
     assert done[0]["error"] == "Job is no longer pending"
     assert len(watch) == 0
-    watch.review(View(node("n1", (16, 16), ((), ()))))
+    watch.review(View(node("n1", (16, 16), ((), ()))), now=LATER)
     assert [c[0] for c in calls] == ["squeue", "scontrol"]
 
 
-def test_without_entries_slurm_is_not_asked(monkeypatch):
+def test_slurm_is_asked_only_when_something_can_be_lifted(monkeypatch):
     calls = updates_recorded(monkeypatch, "")
-    assert ExclusionWatch().review(View()) == [] and calls == []
-
-
-def test_an_entry_never_seen_pending_is_forgotten(monkeypatch):
-    updates_recorded(monkeypatch, "")
+    assert ExclusionWatch().review(View(), now=LATER) == []
     watch = ExclusionWatch()
     watch.add(entry())
-    watch.review(View(), now=watch._entries["d1"].seen_at + 1)
-    assert len(watch) == 1  # its job may not be in Slurm's queue yet
-    watch.review(View(), now=watch._entries["d1"].seen_at + exclusions.UNSEEN_S + 1)
-    assert len(watch) == 0
+    watch.review(View(node("n1", (12, 16), (("busy",), ()))), now=LATER)  # still blocked
+    assert calls == []
+
+
+def test_a_decision_just_made_is_not_looked_for_yet(monkeypatch):
+    calls = updates_recorded(monkeypatch, "")
+    watch = ExclusionWatch()
+    watch.add(entry())
+    free = View(node("n1", (16, 16), ((), ())))
+    decided = watch._entries["d1"].decided_at
+    watch.review(free, now=decided + exclusions.SETTLE_S / 2)
+    assert calls == [] and len(watch) == 1
+    # Later, a job not pending (started, ended, cancelled) is forgotten.
+    watch.review(free, now=decided + exclusions.SETTLE_S)
+    assert [c[0] for c in calls] == ["squeue"] and len(watch) == 0
 
 
 def test_memory_stays_bounded(monkeypatch):

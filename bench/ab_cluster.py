@@ -231,7 +231,7 @@ def run_arm(cluster: TestCluster, arm: str, scale: float, gpu_types: dict,
         "failed": totals["failed_shared"] + totals["failed_exclusive"],
         "telemetry_missing": missing,
         "decisions": _codes(records),
-        **_exclusions(cluster, since, until),
+        **_waiting(cluster, since, until),
         "per_job": _per_job(records, profile_of),
     }
 
@@ -248,10 +248,10 @@ def _per_job(records, profile_of: dict[str, str]) -> list[dict]:
             for r in sorted(records, key=lambda r: r.end)]
 
 
-def _exclusions(cluster: TestCluster, since: float, until: float) -> dict[str, int]:
+def _waiting(cluster: TestCluster, since: float, until: float) -> dict[str, int]:
     """From the daemon's log, within the arm: decisions that kept their share off nodes, and
-    the nodes lifted from waiting jobs' exclusions once their reason had gone."""
-    excluded = lifted = 0
+    what was changed for waiting shares as the cluster moved on (daemon/waiting.py)."""
+    excluded = lifted = widened = 0
     path = cluster.log / "gpushare.log"
     for line in path.read_text().splitlines() if path.exists() else []:
         try:
@@ -262,9 +262,11 @@ def _exclusions(cluster: TestCluster, since: float, until: float) -> dict[str, i
             continue
         if entry.get("event") == "decision" and entry.get("writes", {}).get("exc_nodes"):
             excluded += 1
-        elif entry.get("event") == "exclusion-lifted":
+        elif entry.get("event") == "waiting-share-updated":
             lifted += len(entry.get("lifted", ()))
-    return {"decisions_with_exclusions": excluded, "exclusions_lifted": lifted}
+            widened += bool(entry.get("added_types"))
+    return {"decisions_with_exclusions": excluded, "exclusions_lifted": lifted,
+            "shares_widened": widened}
 
 
 def _codes(records) -> dict[str, int]:
@@ -277,7 +279,7 @@ def _codes(records) -> dict[str, int]:
 
 METRICS = ("makespan_s", "mean_jct_s", "p95_jct_s", "mean_queue_s", "gpu_hours_used",
            "shared_jobs", "isd_mean", "isd_median", "isd_max", "ps", "oom", "failed",
-           "decisions_with_exclusions", "exclusions_lifted")
+           "decisions_with_exclusions", "exclusions_lifted", "shares_widened")
 
 
 def summary(runs: list[dict]) -> dict:

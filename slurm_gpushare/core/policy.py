@@ -281,15 +281,16 @@ def _combine_features(user: str, types: Sequence[GpuType]) -> str:
     return f"{user}&({ours})" if len(types) > 1 else f"{user}&{ours}"
 
 
-def narrow_features(features: str, types: Sequence[GpuType], narrower: Sequence[GpuType]
+def retype_features(features: str, types: Sequence[GpuType], new_types: Sequence[GpuType]
                     ) -> str | None:
-    """``features`` as ``_combine_features`` wrote it for ``types``, rewritten for ``narrower``
-    (the user's constraint kept); None where it is not in that form (changed since)."""
+    """``features`` as ``_combine_features`` wrote it for ``types``, rewritten for
+    ``new_types`` (the user's constraint kept); None where it is not in that form (changed
+    since). A requeue narrows a share's types, a waiting share is widened."""
     ours = "|".join(g.feature for g in types)
     for form in (f"&({ours})", f"&{ours}") if len(types) > 1 else (f"&{ours}",):
         if features.endswith(form):
-            return _combine_features(features[:-len(form)], narrower)
-    return _combine_features("", narrower) if features == ours else None
+            return _combine_features(features[:-len(form)], new_types)
+    return _combine_features("", new_types) if features == ours else None
 
 
 MPS_PER_GPU = 100  # gres/mps Count per GPU: percent of one GPU
@@ -546,7 +547,8 @@ def choose_offer(fits: Sequence[GpuType], needs: Mapping[str, int], estimate: Jo
     leave the rest waiting while a slower type has room for all. It is offered on every type of its set not slower than the fastest one with room
     now (a faster type that is full is offered too: it may free first); where no type is known
     to have room, on every type of its set. Returns ``(units, types offered fastest first,
-    types left out, whether an offered type has room now: None where the view does not say)``.
+    types left out, whether an offered type has room now: None where the view does not say,
+    the types of its set left out: slower ones the same request suits)``.
     """
     # Each type's run time (None: unknown) and capacity, read once: every candidate count and
     # its score read them again (this runs for every eligible submission).
@@ -629,8 +631,9 @@ def choose_offer(fits: Sequence[GpuType], needs: Mapping[str, int], estimate: Jo
                [g for g in group if run[g.name] is None or run[g.name] <= limit])
     offered_names = {g.name for g in offered}
     left_out = [g for g in ordered if g.name not in offered_names]
+    later = [g for g in group if g.name not in offered_names]
     has_room = None if room is None else any(g.name in room for g in offered)
-    return units, offered, left_out, has_room
+    return units, offered, left_out, has_room, later
 
 
 def share_or_keep(request: JobRequest, config: Config, *, estimate: JobEstimate | None = None,
@@ -747,8 +750,8 @@ def share_or_keep(request: JobRequest, config: Config, *, estimate: JobEstimate 
     # Which request to make, and on which types: by expected completion.
     eligible = fits
     tasks = (request.array_tasks or MANY_ARRAY_TASKS) if request.array else 1
-    units, fits, slower, room = choose_offer(fits, needs, estimate, partitions, view,
-                                             knowledge, tasks)
+    units, fits, slower, room, later = choose_offer(fits, needs, estimate, partitions, view,
+                                                    knowledge, tasks)
     best = fits[0]
     if not too_big and all(units >= capacity(g) for g in fits):
         # A share of the whole GPU leaves room for no one and would narrow the job to these
@@ -877,6 +880,9 @@ def share_or_keep(request: JobRequest, config: Config, *, estimate: JobEstimate 
                              "job_class": estimate.job_class,
                              "excluded_types": [g.name for g in too_big],
                              "excluded_nodes": away, "candidate_nodes": candidates,
+                             # Slower types the same request suits: where it may go if the
+                             # offered ones stay full while one of these has room (waiting.py).
+                             "later_types": [g.name for g in later],
                              "sharing": best.sharing, "units": units, "room_now": room,
                              "memory_limit_mib": limit_mib,
                              **({"copies_per_gpu": copies} if copies else {})})

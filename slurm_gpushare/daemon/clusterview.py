@@ -373,6 +373,7 @@ class SlurmClusterView:
         self._mps_types = {g.name for g in config.gpu_types if g.sharing == "mps"}
         self._refreshes = 0
         self.refreshed_at: float | None = None  # wall clock of the last good refresh
+        self.running_decisions: frozenset[str] = frozenset()  # decision ids of running jobs
         # ("memo" | "checks", question) -> (the refresh it was last asked after, the knowledge
         # base it was asked with, for exclusions): what the next refresh pre-answers.
         self._recent: dict[tuple, tuple[int, object]] = {}
@@ -527,6 +528,7 @@ class SlurmClusterView:
                                    idle_gpus=idle, free_units=free, gpu_jobs=held)
         self._base = nodes
         running = {job.decision_id for job in lines.values() if job and job.decision_id}
+        self.running_decisions = frozenset(running)
         with self._ledger_lock:
             # Shares now running are in the view itself; old entries have served their purpose.
             oldest = self._refreshes + 1 - PENDING_REFRESHES

@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass, replace
 
 from slurm_gpushare.core.config import Config
-from slurm_gpushare.core.policy import MPS_PER_GPU, capacity, narrow_features
+from slurm_gpushare.core.policy import MPS_PER_GPU, capacity, retype_features
 from slurm_gpushare.core.tag import Tag
 from slurm_gpushare.slurm import cmd
 from slurm_gpushare.slurm.jobs import SlurmJob
@@ -58,7 +58,7 @@ def resize(tag: Tag, peak_mib: float, config: Config, features: str = "") -> Res
         holders, units, whole_gpu = [g for g in types if capacity(g) == largest], largest, True
     narrowed = None
     if len(holders) < len(types):
-        narrowed = narrow_features(features, types, holders)
+        narrowed = retype_features(features, types, holders)
         if narrowed is None:
             return (f"its constraint ({features or 'none'}) is not the one its decision wrote: "
                     f"cannot move it to {', '.join(g.name for g in holders)}")

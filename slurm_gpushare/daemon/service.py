@@ -20,7 +20,6 @@ from slurm_gpushare.core.config import Config
 from slurm_gpushare.core.policy import decide
 from slurm_gpushare.core.tag import Tag
 from slurm_gpushare.core.types import Decision, JobRequest
-from slurm_gpushare.daemon.exclusions import Exclusion, ExclusionWatch
 from slurm_gpushare.daemon.fingerprint import Fingerprinter
 from slurm_gpushare.daemon.learning import Learner
 from slurm_gpushare.daemon.logs import event, log
@@ -28,6 +27,7 @@ from slurm_gpushare.daemon.protocol import (ProtocolError, check_rid, parse_requ
                                             reply_ok)
 from slurm_gpushare.daemon.store import Store, StoreError, clean_summary
 from slurm_gpushare.daemon.validity import decision_problem
+from slurm_gpushare.daemon.waiting import WaitingShare, WaitingShares
 from slurm_gpushare.predict.history import HistoryEstimator
 from slurm_gpushare.predict.persist import load_classes_model, load_memory_model
 from slurm_gpushare.slurm.jobs import lookup_job
@@ -247,10 +247,10 @@ class Service:
         self.learner: Learner | None = None
         self.pairing = None  # the pair predictor for node exclusion (daemon.pairing)
         self.view = view
-        # Node exclusions of pending shares, lifted once their reason has gone.
-        self.exclusions = ExclusionWatch()
+        # Shares waiting in Slurm's queue follow the cluster (exclusions lifted, types added).
+        self.waiting = WaitingShares()
         if hasattr(view, "after_refresh"):
-            view.after_refresh.append(self.exclusions.review)
+            view.after_refresh.append(self.waiting.review)
         if store is not None:
             from slurm_gpushare.predict.knowledge import KnowledgeBase
 
@@ -429,16 +429,20 @@ class Service:
                                   decision.details.get("excluded_nodes", ()),
                                   decision.details.get("job_class"),
                                   decision.details.get("room_now"))
-            away = decision.details.get("excluded_nodes") or ()
-            if away:
-                self.exclusions.add(Exclusion(
-                    decision_id, decision.admin_comment, request.exc_nodes, tuple(away),
+            away = tuple(decision.details.get("excluded_nodes") or ())
+            later = decision.details.get("later_types") or ()
+            if away or later:
+                self.waiting.add(WaitingShare(
+                    decision_id, decision.admin_comment, decision.writes.get("features", ""),
+                    types=tuple(g for g in map(config.gpu_type, decision.gpu_types) if g),
+                    later=tuple(g for g in map(config.gpu_type, later) if g),
+                    user_exc_nodes=request.exc_nodes, away=away,
                     blockers={node.name: frozenset(node.resident_jobs) for node in nodes
                               if node.name in away},
-                    fits=tuple(g for g in map(config.gpu_type, decision.gpu_types) if g),
                     partitions=tuple(p for p in request.partition.split(",") if p),
                     units=decision.details.get("units", 1),
-                    job_class=decision.details.get("job_class"), knowledge=knowledge))
+                    job_class=decision.details.get("job_class"), knowledge=knowledge,
+                    array=bool(request.array)))
         if op == "decide" and problem is None:
             self.records.put_decision({
                 **decision.to_dict(), "ts": time.time(), "uid": request.uid,

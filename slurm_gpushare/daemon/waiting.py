@@ -1,23 +1,31 @@
-"""Lift a waiting share's node exclusions once their reason has gone.
+"""Waiting shares follow the cluster: exclusions whose reason has gone are lifted, and a share
+whose types stay full is widened to a slower type it suits that has room.
 
-A share is kept off nodes where it could only land next to a running share it should not join
-(``policy.incompatible_nodes``, judged on the view when it was submitted). Slurm keeps a job's
-ExcNodeList for its whole life: once those partners end, the job would go on waiting for other
-nodes while an excluded one has room for it. So after each refresh of the cluster view the
-daemon asks the same question again, with the same judgement (the job's class or pair
-predictor as at submission), for its shares still pending in Slurm, and takes off the nodes no
-longer blocked:
+A decision places a share on the view it sees at submission, and Slurm keeps what it wrote
+for the job's whole life:
 
-    scontrol update JobId=<job> ExcNodeList=<the user's own list + nodes still blocked> AdminComment=<its tag>
+* **Exclusions.** A share is kept off nodes where it could only land next to a running share it
+  should not join (``policy.incompatible_nodes``). Once those partners end, the job would go on
+  waiting for other nodes while an excluded one has room. A node is taken off the job's list
+  once none of the shares that kept it off is there any more and the same judgement (the job's
+  class or pair predictor, as at submission) made on the view now does not keep it off either.
+* **Types.** A share is offered on the types where it would finish first: a faster type with
+  room leaves out slower ones (``policy.choose_offer``). If that room goes to other jobs before
+  the share starts, it would wait for the faster type while a slower one idles. While none of
+  its types has room for it and a slower type its request suits (the same count means the same
+  there) has room, that type is added to its constraint and its tag.
 
-An exclusion is only ever taken off, never added: a job waits at most for the exclusions it was
-submitted with. The user's own ``--exclude`` is kept as written. The tag goes with the update
-unchanged: ``job_submit.lua`` refuses updates of a share's node lists unless they carry a
-gpushare tag (only operators and SlurmUser can set AdminComment). Which nodes were the daemon's
-is kept in memory only: after a restart of the daemon, jobs decided before it keep their
-exclusions, as Slurm alone would. Slurm is asked which of those jobs are still pending (one
-``squeue -t PD`` call) only after a refresh that frees a node of some job's exclusions: a job
-found not pending then is forgotten.
+    scontrol update JobId=<job> [ExcNodeList=<the user's own list + nodes still blocked>] [Features=<wider>] AdminComment=<its tag>
+
+Nothing is ever taken back: an exclusion is only lifted, a type only added, so a job waits at
+most for what it was submitted with. The user's own ``--exclude`` and ``--constraint`` stay as
+written. The tag goes with every update (with the new types where they changed):
+``job_submit.lua`` refuses updates of a share's node lists and constraint unless they carry a
+gpushare tag (only operators and SlurmUser can set AdminComment). What the daemon wrote is
+kept in memory only: after a restart of the daemon, jobs decided before it keep what Slurm
+has, as Slurm alone would. Slurm is asked which of those jobs are still pending (one ``squeue
+-t PD`` call) only after a refresh that would change one of them: a job found not pending
+then is forgotten.
 """
 
 from __future__ import annotations
@@ -25,16 +33,16 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
-from slurm_gpushare.core.policy import incompatible_nodes
-from slurm_gpushare.core.tag import Tag
 from slurm_gpushare.core.config import GpuType
+from slurm_gpushare.core.policy import incompatible_nodes, retype_features, room_types
+from slurm_gpushare.core.tag import Tag
 from slurm_gpushare.daemon.logs import event
 from slurm_gpushare.slurm import cmd
 
-log = logging.getLogger("slurm_gpushare.daemon.exclusions")
+log = logging.getLogger("slurm_gpushare.daemon.waiting")
 
 # Pending jobs with their gpushare tag (free text: last; a field size of 0 prints it uncut).
 # JobArrayID names an array's pending tasks as scontrol update takes them (1234_[2-9]).
@@ -46,20 +54,31 @@ YIELD_EVERY = 500  # squeue lines read between handing the GIL to a waiting deci
 
 
 @dataclass
-class Exclusion:
-    """One share decision that kept its job off nodes (``away``)."""
+class WaitingShare:
+    """One share decision that may need to follow the cluster while its job waits."""
 
     decision_id: str
-    tag: str  # the job's AdminComment, re-sent with the update
+    tag: str  # the job's AdminComment, re-sent with every update
+    features: str  # its constraint as the decision wrote it ("" where it wrote none)
+    types: tuple[GpuType, ...]  # the types it is offered on
+    later: tuple[GpuType, ...]  # slower types its request suits, not offered (yet)
     user_exc_nodes: str  # what the job excluded itself, as written
     away: tuple[str, ...]  # the nodes the daemon added, still in force
     blockers: dict[str, frozenset[str]]  # node -> decision ids of the shares on it then
-    fits: tuple[GpuType, ...]
     partitions: tuple[str, ...]
     units: int
     job_class: int | None
     knowledge: Any  # the judgement made at submission (class knowledge or pair predictor)
+    array: bool = False  # one decision for many tasks: some may run while others wait
     decided_at: float = field(default_factory=time.monotonic)
+
+
+@dataclass(frozen=True)
+class Change:
+    """What one review does to one waiting share."""
+
+    still: tuple[str, ...]  # its exclusions after it
+    added: tuple[GpuType, ...]  # types added
 
 
 def exc_node_list(user_exc_nodes: str, away: Sequence[str]) -> str:
@@ -67,16 +86,37 @@ def exc_node_list(user_exc_nodes: str, away: Sequence[str]) -> str:
     return ",".join(([user_exc_nodes] if user_exc_nodes else []) + list(away))
 
 
-def still_blocked(entry: Exclusion, view) -> tuple[str, ...]:
+def still_blocked(entry: WaitingShare, view) -> tuple[str, ...]:
     """The nodes of ``entry.away`` that the job should still keep off, on ``view`` now: one of
     the shares that kept it off is still there, the judgement made now keeps it off (a newer
     partner it should not join, where it could land now), or the view no longer knows it."""
-    judged = set(incompatible_nodes(entry.job_class, entry.fits, entry.partitions, view,
+    if not entry.away:
+        return ()
+    judged = set(incompatible_nodes(entry.job_class, entry.types, entry.partitions, view,
                                     entry.knowledge, entry.units, all_of_them=True)[0])
     residents = {n.name: set(n.resident_jobs) for n in view.nodes() if n.name in entry.away}
     return tuple(n for n in entry.away
                  if n in judged or n not in residents
                  or entry.blockers.get(n, frozenset()) & residents[n])
+
+
+def types_to_add(entry: WaitingShare, view, away: Sequence[str]) -> tuple[GpuType, ...]:
+    """The slower types to add: none while one of its types has room for it (or the view does
+    not know), else those of ``entry.later`` with room now (outside ``away``)."""
+    if not entry.later:
+        return ()
+    room = room_types(entry.types, entry.units, entry.partitions, view, away)
+    if room is None or room:
+        return ()
+    extra = room_types(entry.later, entry.units, entry.partitions, view, away) or set()
+    return tuple(g for g in entry.later if g.name in extra)
+
+
+def review_one(entry: WaitingShare, view) -> Change | None:
+    """What to change for one waiting share on ``view`` now; None: nothing."""
+    still = still_blocked(entry, view)
+    added = types_to_add(entry, view, still)
+    return None if still == entry.away and not added else Change(still, added)
 
 
 def parse_pending(out: str) -> dict[str, list[str]]:
@@ -95,62 +135,89 @@ def parse_pending(out: str) -> dict[str, list[str]]:
     return found
 
 
-class ExclusionWatch:
-    """The daemon's shares with exclusions of its own, lifted as their reasons go."""
+class WaitingShares:
+    """The daemon's waiting shares that may need to follow the cluster."""
 
     def __init__(self) -> None:
-        self._entries: dict[str, Exclusion] = {}
+        self._entries: dict[str, WaitingShare] = {}
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def add(self, entry: Exclusion) -> None:
+    def add(self, entry: WaitingShare) -> None:
+        if not entry.away and not entry.later:
+            return  # nothing it could change
         with self._lock:
             self._entries[entry.decision_id] = entry
             while len(self._entries) > MAX_ENTRIES:
                 self._entries.pop(next(iter(self._entries)))
 
     def review(self, view, *, now: float | None = None) -> list[dict[str, Any]]:
-        """One pass (on the view's thread, after a refresh): take off the exclusions whose
-        reason has gone from the jobs still pending. Slurm is asked which jobs those are only
-        when there is something to lift. Returns one dict per job updated or refused."""
+        """One pass (on the view's thread, after a refresh). Returns one dict per job updated
+        or refused."""
         now = time.monotonic() if now is None else now
         with self._lock:
+            # Shares the view shows running are done with (an array's other tasks may wait).
+            for started in self._entries.keys() & getattr(view, "running_decisions", ()):
+                if not self._entries[started].array:
+                    del self._entries[started]
             entries = list(self._entries.values())
         # A decision made this instant may not be a job in Slurm's queue yet.
-        liftable = [(e, still) for e in entries if now - e.decided_at >= SETTLE_S
-                    for still in [still_blocked(e, view)] if still != e.away]
-        if not liftable:
+        changes = [(e, change) for e in entries if now - e.decided_at >= SETTLE_S
+                   for change in [review_one(e, view)] if change is not None]
+        if not changes:
             return []
         out = cmd.output(SQUEUE_PENDING, timeout=20.0)
         if out is None:
             return []  # Slurm did not answer: after the next refresh
         pending = parse_pending(out)
         done = []
-        for entry, still in liftable:
+        for entry, change in changes:
             jobs = pending.get(entry.decision_id)
-            if not jobs:  # it started, ended or was cancelled: nothing to lift any more
+            if not jobs:  # it started, ended or was cancelled: nothing to change any more
                 self._drop(entry.decision_id)
                 continue
-            lifted = [n for n in entry.away if n not in still]
-            new_list = exc_node_list(entry.user_exc_nodes, still)
-            for job_id in jobs:
-                result = cmd.run(["scontrol", "update", f"JobId={job_id}",
-                                  f"ExcNodeList={new_list}", f"AdminComment={entry.tag}"])
-                record = {"id": entry.decision_id, "job_id": job_id, "lifted": lifted,
-                          "still": list(still)}
-                if result.ok:
-                    event(logging.INFO, "exclusion-lifted", **record)
-                else:
-                    record["error"] = result.message[:200]
-                    event(logging.WARNING, "exclusion-lift-failed", **record)
-                done.append(record)
-            # Refused or not, the job is not updated again for the same nodes: a refusal (the
-            # job started meanwhile, an operator's hold) does not go away by retrying.
-            entry.away = still
-            if not still:
-                self._drop(entry.decision_id)
+            done += self._apply(entry, change, jobs)
+        return done
+
+    def _apply(self, entry: WaitingShare, change: Change, jobs: list[str]) -> list[dict]:
+        args, record = [], {"id": entry.decision_id}
+        types, tag = entry.types, entry.tag
+        if change.still != entry.away:
+            args.append(f"ExcNodeList={exc_node_list(entry.user_exc_nodes, change.still)}")
+            record.update(lifted=[n for n in entry.away if n not in change.still],
+                          still=list(change.still))
+        later = entry.later
+        if change.added:
+            features = retype_features(entry.features, entry.types, entry.types + change.added)
+            decoded = Tag.decode(entry.tag)
+            if features is None or decoded is None:
+                later = ()  # not in the form the decision wrote: not guessed at
+            else:
+                types = entry.types + change.added
+                added = {g.name for g in change.added}
+                later = tuple(g for g in entry.later if g.name not in added)
+                tag = replace(decoded, types=tuple(g.name for g in types)).encode()
+                args.append(f"Features={features}")
+                record.update(added_types=sorted(added), types=[g.name for g in types])
+                entry.features = features
+        done = []
+        for job_id in jobs if args else ():
+            result = cmd.run(["scontrol", "update", f"JobId={job_id}", *args,
+                              f"AdminComment={tag}"])
+            outcome = {**record, "job_id": job_id}
+            if result.ok:
+                event(logging.INFO, "waiting-share-updated", **outcome)
+            else:
+                outcome["error"] = result.message[:200]
+                event(logging.WARNING, "waiting-share-update-failed", **outcome)
+            done.append(outcome)
+        # Refused or not, the job is not updated again for the same change: a refusal (the job
+        # started meanwhile, an operator's hold) does not go away by retrying.
+        entry.away, entry.tag, entry.types, entry.later = change.still, tag, types, later
+        if not entry.away and not entry.later:
+            self._drop(entry.decision_id)
         return done
 
     def _drop(self, decision_id: str) -> None:

@@ -362,8 +362,65 @@ def test_an_exclusion_is_lifted_once_the_shares_that_caused_it_end(cluster):
         assert started["AdminComment"] == waiting["AdminComment"]
         lifted = [e for e in map(json.loads, (cluster.log / "gpushare.log").read_text()
                                  .splitlines())
-                  if e.get("event") == "exclusion-lifted" and e.get("job_id") == waiting["JobId"]]
+                  if e.get("event") == "waiting-share-updated"
+                  and e.get("job_id") == waiting["JobId"]]
         assert [(e["lifted"], e["still"]) for e in lifted] == [(["v100-1"], [])], lifted
+    finally:
+        for job_id in jobs:
+            cluster.slurm("scancel", job_id, check=False)
+
+
+def test_a_waiting_share_whose_types_filled_up_is_widened_to_an_idle_slower_type(cluster):
+    # Offered only the a100s (faster, with room when it was decided), a held share waits while
+    # the last a100 GPU goes to another job: the daemon adds v100 (the same count means the
+    # same there: a job this light, barely using the GPU, has its share sized by its memory
+    # alone) to its constraint and tag, and once released it starts on an idle v100 instead
+    # of waiting for an a100.
+    light = unique_script(cluster, work_s=1, util=2, mem_util=1,
+                          mem_mib={"v100": 2000, "a100": 2000})
+    profile(cluster, light, "--gres=gpu:v100:1")
+    jobs: list[str] = []
+
+    def take(gpus: int, node: str) -> str:
+        job_id = cluster.sbatch(f"--gres=gpu:a100:{gpus}", "-w", node, "--comment=gpushare=off",
+                                script=cluster.training_script(work_s=300))
+        jobs.append(job_id)
+        assert cluster.wait_state(job_id, {"RUNNING"}, timeout=60) == "RUNNING"
+        return job_id
+
+    try:
+        take(2, "a100-1")
+        take(1, "a100-2")
+        deadline = time.monotonic() + 30
+        while True:  # until the daemon's view shows them (a100-2 still has a free GPU)
+            time.sleep(1)
+            held = cluster.job(cluster.sbatch("--gres=gpu:1", "--hold", script=light))
+            jobs.append(held["JobId"])
+            decision = decision_of(cluster, held)
+            if decision["gpu_types"] == ["a100"] and "no room" not in decision["reason"] \
+                    or time.monotonic() > deadline:
+                break
+            cluster.slurm("scancel", held["JobId"])
+        assert decision["gpu_types"] == ["a100"] and held["Features"] == "a100", decision
+        assert "not offered on v100" in decision["reason"], decision
+        take(1, "a100-2")  # the last a100 GPU
+        deadline = time.monotonic() + 30
+        while cluster.job(held["JobId"])["Features"] == "a100":
+            assert time.monotonic() < deadline, cluster.job(held["JobId"])
+            time.sleep(0.5)
+        widened = cluster.job(held["JobId"])
+        assert widened["Features"] == "a100|v100", widened
+        assert ":types=a100+v100:" in widened["AdminComment"], widened
+        assert widened["TresPerNode"] == held["TresPerNode"]
+        cluster.slurm("scontrol", "release", held["JobId"])
+        assert cluster.wait_state(held["JobId"], {"RUNNING"}, timeout=60) == "RUNNING"
+        assert cluster.job(held["JobId"])["NodeList"].startswith("v100-")
+        updated = [e for e in map(json.loads, (cluster.log / "gpushare.log").read_text()
+                                  .splitlines())
+                   if e.get("event") == "waiting-share-updated"
+                   and e.get("job_id") == held["JobId"]]
+        assert [(e["added_types"], e["types"]) for e in updated] == [(["v100"],
+                                                                      ["a100", "v100"])]
     finally:
         for job_id in jobs:
             cluster.slurm("scancel", job_id, check=False)

@@ -1,24 +1,27 @@
-"""Exclusions of pending shares lifted once their reason has gone (daemon/exclusions.py); end to
-end on the real cluster in tests/cluster/test_cluster_history.py."""
+"""Waiting shares follow the cluster (daemon/waiting.py): exclusions lifted once their reason
+has gone, slower types added while the offered ones stay full. End to end on the real cluster
+in tests/cluster/test_cluster_history.py."""
 
 from __future__ import annotations
 
 from slurm_gpushare.core.config import parse_config
 from slurm_gpushare.core.policy import NodeView
 from slurm_gpushare.core.tag import Tag
-from slurm_gpushare.daemon import exclusions
-from slurm_gpushare.daemon.exclusions import (Exclusion, ExclusionWatch, exc_node_list,
-                                              parse_pending, still_blocked)
+from slurm_gpushare.daemon import waiting
+from slurm_gpushare.daemon.waiting import (WaitingShare, WaitingShares, exc_node_list,
+                                           parse_pending, still_blocked, types_to_add)
 from slurm_gpushare.slurm import cmd
 
 CONFIG = parse_config({"policy": {"sharing_partitions": ["gpu"]},
-                       "gpu_types": {"v100": {"memory_gib": 16, "feature": "v100"}}})
-V100 = CONFIG.gpu_type("v100")
+                       "gpu_types": {"v100": {"memory_gib": 16, "feature": "v100"},
+                                     "a100": {"memory_gib": 80, "feature": "a100"}}})
+V100, A100 = CONFIG.gpu_type("v100"), CONFIG.gpu_type("a100")
 TAG = Tag("share", "history-share", "d1", shard=4, types=("v100",)).encode()
+LATER = 1e9  # a review long after every decision (monotonic seconds)
 
 
 class Avoids:
-    """Pair judgement: the job should not join the share ``bad`` (or any of ``bad``)."""
+    """Pair judgement: the job should not join the shares in ``bad``."""
 
     def __init__(self, *bad: str):
         self.bad = set(bad)
@@ -31,26 +34,31 @@ class Avoids:
 
 
 class View:
-    def __init__(self, *nodes: NodeView):
+    def __init__(self, *nodes: NodeView, running=()):
         self._nodes = list(nodes)
+        self.running_decisions = frozenset(running)
 
     def nodes(self):
         return self._nodes
 
 
-def node(name: str, free: tuple[int, ...], jobs: tuple[tuple[str, ...], ...]) -> NodeView:
-    return NodeView(name=name, gpu_type="v100", partitions=("gpu",), gpus=len(free),
+def node(name: str, free: tuple[int, ...], jobs: tuple[tuple[str, ...], ...] = (),
+         gpu_type: str = "v100") -> NodeView:
+    jobs = jobs or tuple(() for _ in free)
+    return NodeView(name=name, gpu_type=gpu_type, partitions=("gpu",), gpus=len(free),
                     free_units=free, gpu_jobs=jobs,
                     resident_jobs=tuple(j for gpu in jobs for j in gpu))
 
 
-def entry(away=("n1",), blockers=None, knowledge=None, user="") -> Exclusion:
-    return Exclusion("d1", TAG, user, tuple(away),
-                     blockers=blockers if blockers is not None else {"n1": frozenset({"busy"})},
-                     fits=(V100,), partitions=("gpu",), units=4, job_class=None,
-                     knowledge=knowledge or Avoids("busy", "newcomer"))
+def entry(away=("n1",), blockers=None, user="", types=(V100,), later=(), features="v100",
+          tag=TAG, array=False) -> WaitingShare:
+    return WaitingShare("d1", tag, features, tuple(types), tuple(later), user, tuple(away),
+                        blockers=blockers if blockers is not None else {"n1": frozenset({"busy"})},
+                        partitions=("gpu",), units=4, job_class=None,
+                        knowledge=Avoids("busy", "newcomer"), array=array)
 
 
+# -- exclusions -----------------------------------------------------------------------------
 def test_the_users_own_list_is_kept_as_written_before_the_daemons_nodes():
     assert exc_node_list("", ["n1", "n2"]) == "n1,n2"
     assert exc_node_list("n[3-4]", ["n1"]) == "n[3-4],n1"
@@ -65,13 +73,11 @@ def test_pending_jobs_are_found_by_their_decision_id():
 
 
 def test_a_node_stays_excluded_while_a_share_that_caused_it_is_there():
-    view = View(node("n1", (12, 16), (("busy",), ())))
-    assert still_blocked(entry(), view) == ("n1",)
+    assert still_blocked(entry(), View(node("n1", (12, 16), (("busy",), ())))) == ("n1",)
 
 
 def test_a_node_is_released_once_its_blockers_are_gone():
-    view = View(node("n1", (16, 16), ((), ())))
-    assert still_blocked(entry(), view) == ()
+    assert still_blocked(entry(), View(node("n1", (16, 16)))) == ()
 
 
 def test_a_blocker_still_there_keeps_the_node_even_without_room_now():
@@ -82,15 +88,28 @@ def test_a_blocker_still_there_keeps_the_node_even_without_room_now():
 
 
 def test_a_newer_partner_it_should_not_join_keeps_the_node():
-    view = View(node("n1", (12, 16), (("newcomer",), ())))
-    assert still_blocked(entry(), view) == ("n1",)
+    assert still_blocked(entry(), View(node("n1", (12, 16), (("newcomer",), ())))) == ("n1",)
 
 
 def test_a_node_the_view_no_longer_shows_stays_excluded():
-    assert still_blocked(entry(), View(node("n2", (16,), ((),)))) == ("n1",)
+    assert still_blocked(entry(), View(node("n2", (16,)))) == ("n1",)
 
 
-def updates_recorded(monkeypatch, squeue_out: str, ok: bool = True):
+# -- types ----------------------------------------------------------------------------------
+def test_a_slower_type_is_added_only_while_the_offered_ones_are_full():
+    share = entry(away=(), types=(A100,), later=(V100,), features="a100")
+    full_a100 = node("a1", (0, 0), gpu_type="a100")
+    assert types_to_add(share, View(full_a100, node("v1", (16, 16))), ()) == (V100,)
+    # Room on a100 again, or none on v100: nothing to add.
+    assert types_to_add(share, View(node("a1", (0, 80), gpu_type="a100"),
+                                    node("v1", (16, 16))), ()) == ()
+    assert types_to_add(share, View(full_a100, node("v1", (2, 0))), ()) == ()
+    # A view that does not know free room says nothing.
+    assert types_to_add(share, View(NodeView("a1", "a100", ("gpu",)), node("v1", (16,))),
+                        ()) == ()
+
+
+def recorded(monkeypatch, squeue_out: str, ok: bool = True):
     calls = []
 
     def run(argv, **_kwargs):
@@ -102,73 +121,105 @@ def updates_recorded(monkeypatch, squeue_out: str, ok: bool = True):
     return calls
 
 
-LATER = 1e9  # a review long after every decision (monotonic seconds)
+def test_a_waiting_share_is_widened_with_its_constraint_and_tag(monkeypatch):
+    tag = Tag("share", "history-share", "d1", shard=4, types=("a100",)).encode()
+    calls = recorded(monkeypatch, f"17|{tag}\n")
+    watch = WaitingShares()
+    watch.add(entry(away=(), types=(A100,), later=(V100,), features="bigmem&a100", tag=tag))
+    done = watch.review(View(node("a1", (0, 0), gpu_type="a100"), node("v1", (16, 16))),
+                        now=LATER)
+    widened = Tag("share", "history-share", "d1", shard=4, types=("a100", "v100")).encode()
+    assert calls[1] == ["scontrol", "update", "JobId=17", "Features=bigmem&(a100|v100)",
+                        f"AdminComment={widened}"]
+    assert done == [{"id": "d1", "added_types": ["v100"], "types": ["a100", "v100"],
+                     "job_id": "17"}]
+    assert len(watch) == 0  # nothing left to add or lift
 
 
-def test_review_updates_pending_jobs_and_keeps_the_rest(monkeypatch):
-    calls = updates_recorded(monkeypatch, f"17|{TAG}\n")
-    watch = ExclusionWatch()
+def test_a_constraint_changed_since_is_not_guessed_at(monkeypatch):
+    calls = recorded(monkeypatch, f"17|{TAG}\n")
+    watch = WaitingShares()
+    watch.add(entry(away=(), types=(A100,), later=(V100,), features="something-else"))
+    assert watch.review(View(node("a1", (0, 0), gpu_type="a100"), node("v1", (16, 16))),
+                        now=LATER) == []
+    assert [c[0] for c in calls] == ["squeue"] and len(watch) == 0
+
+
+# -- reviews --------------------------------------------------------------------------------
+def test_review_lifts_what_has_gone_and_keeps_the_rest(monkeypatch):
+    calls = recorded(monkeypatch, f"17|{TAG}\n")
+    watch = WaitingShares()
     watch.add(entry(away=("n1", "n2"), user="n9",
                     blockers={"n1": frozenset({"busy"}), "n2": frozenset({"busy2"})}))
-    view = View(node("n1", (16, 16), ((), ())), node("n2", (12, 16), (("busy2",), ())))
+    view = View(node("n1", (16, 16)), node("n2", (12, 16), (("busy2",), ())))
     done = watch.review(view, now=LATER)
     assert calls[0][0] == "squeue" and "PD" in calls[0]
     assert calls[1] == ["scontrol", "update", "JobId=17", "ExcNodeList=n9,n2",
                         f"AdminComment={TAG}"]
-    assert done == [{"id": "d1", "job_id": "17", "lifted": ["n1"], "still": ["n2"]}]
+    assert done == [{"id": "d1", "lifted": ["n1"], "still": ["n2"], "job_id": "17"}]
     assert len(watch) == 1
     # Nothing to lift since: Slurm is not asked.
     assert watch.review(view, now=LATER) == [] and len(calls) == 2
     # The second node frees: its exclusion goes too, and so does the entry.
-    watch.review(View(node("n1", (16, 16), ((), ())), node("n2", (16, 16), ((), ()))),
-                 now=LATER)
+    watch.review(View(node("n1", (16, 16)), node("n2", (16, 16))), now=LATER)
     assert calls[-1][3] == "ExcNodeList=n9" and len(watch) == 0
 
 
 def test_every_pending_part_of_an_array_is_updated(monkeypatch):
-    calls = updates_recorded(monkeypatch, f"19_[2-5]|{TAG}\n20_1|{TAG}\n")
-    watch = ExclusionWatch()
-    watch.add(entry())
-    watch.review(View(node("n1", (16, 16), ((), ()))), now=LATER)
+    calls = recorded(monkeypatch, f"19_[2-5]|{TAG}\n20_1|{TAG}\n")
+    watch = WaitingShares()
+    watch.add(entry(array=True))
+    # Some of its tasks run: the others still wait.
+    watch.review(View(node("n1", (16, 16)), running={"d1"}), now=LATER)
     assert [c[2] for c in calls[1:]] == ["JobId=19_[2-5]", "JobId=20_1"]
 
 
-def test_a_refused_update_is_not_retried_for_the_same_nodes(monkeypatch):
-    calls = updates_recorded(monkeypatch, f"17|{TAG}\n", ok=False)
-    watch = ExclusionWatch()
+def test_a_share_seen_running_is_forgotten_without_asking_slurm(monkeypatch):
+    calls = recorded(monkeypatch, "")
+    watch = WaitingShares()
     watch.add(entry())
-    done = watch.review(View(node("n1", (16, 16), ((), ()))), now=LATER)
+    watch.review(View(node("n1", (16, 16)), running={"d1"}), now=LATER)
+    assert calls == [] and len(watch) == 0
+
+
+def test_a_refused_update_is_not_retried(monkeypatch):
+    calls = recorded(monkeypatch, f"17|{TAG}\n", ok=False)
+    watch = WaitingShares()
+    watch.add(entry())
+    done = watch.review(View(node("n1", (16, 16))), now=LATER)
     assert done[0]["error"] == "Job is no longer pending"
     assert len(watch) == 0
-    watch.review(View(node("n1", (16, 16), ((), ()))), now=LATER)
+    watch.review(View(node("n1", (16, 16))), now=LATER)
     assert [c[0] for c in calls] == ["squeue", "scontrol"]
 
 
-def test_slurm_is_asked_only_when_something_can_be_lifted(monkeypatch):
-    calls = updates_recorded(monkeypatch, "")
-    assert ExclusionWatch().review(View(), now=LATER) == []
-    watch = ExclusionWatch()
+def test_slurm_is_asked_only_when_something_would_change(monkeypatch):
+    calls = recorded(monkeypatch, "")
+    assert WaitingShares().review(View(), now=LATER) == []
+    watch = WaitingShares()
     watch.add(entry())
+    watch.add(entry(away=(), later=()))  # nothing it could change: not kept
+    assert len(watch) == 1
     watch.review(View(node("n1", (12, 16), (("busy",), ()))), now=LATER)  # still blocked
     assert calls == []
 
 
 def test_a_decision_just_made_is_not_looked_for_yet(monkeypatch):
-    calls = updates_recorded(monkeypatch, "")
-    watch = ExclusionWatch()
+    calls = recorded(monkeypatch, "")
+    watch = WaitingShares()
     watch.add(entry())
-    free = View(node("n1", (16, 16), ((), ())))
+    free = View(node("n1", (16, 16)))
     decided = watch._entries["d1"].decided_at
-    watch.review(free, now=decided + exclusions.SETTLE_S / 2)
+    watch.review(free, now=decided + waiting.SETTLE_S / 2)
     assert calls == [] and len(watch) == 1
     # Later, a job not pending (started, ended, cancelled) is forgotten.
-    watch.review(free, now=decided + exclusions.SETTLE_S)
+    watch.review(free, now=decided + waiting.SETTLE_S)
     assert [c[0] for c in calls] == ["squeue"] and len(watch) == 0
 
 
 def test_memory_stays_bounded(monkeypatch):
-    monkeypatch.setattr(exclusions, "MAX_ENTRIES", 3)
-    watch = ExclusionWatch()
+    monkeypatch.setattr(waiting, "MAX_ENTRIES", 3)
+    watch = WaitingShares()
     for i in range(5):
         e = entry()
         e.decision_id = f"d{i}"

@@ -3,8 +3,12 @@
 
 One workload (fixed seed): six job profiles on the fake GPU board (light, medium, busy,
 large-memory, A100-only, short-and-busy), submitted as plain jobs and job arrays, arriving
-over about two and a half minutes -- 42 GPU jobs per run. Every profile has run once before
-(a profiled first run on a whole GPU), so the daemon has each job's own history.
+over about two and a half minutes -- 42 GPU jobs per run. Each repetition starts the daemon on
+an empty store and runs every profile once first (a profiled first run on a whole GPU), so the
+daemon has each job's own history and nothing from earlier repetitions or invocations (until
+this was so, repetitions and runs on the same cluster decided with the co-runs and pair
+corrections of all earlier ones: figures recorded before commit "A/B from an empty store"
+depend on what that cluster had run).
 
 The two arms differ only in where the jobs are submitted, the admin's switch for sharing:
 "off" submits to partition ``gpu-excl`` (not in ``policy.sharing_partitions``: the hook keeps
@@ -99,6 +103,15 @@ def script(cluster: TestCluster, name: str, scale: float) -> str:
     shebang, rest = cluster.training_script(work_s=p.work_s * scale, util=p.util,
                                             mem_util=p.mem_util, mem_mib=p.mem_mib).split("\n", 1)
     return f"{shebang}\nPROFILE={name}\n{rest}"  # the line makes each profile its own script
+
+
+def fresh_store(cluster: TestCluster) -> None:
+    """Restart the daemon on an empty store (its history, co-runs and knowledge base)."""
+    cluster.stop_daemon()
+    for path in (cluster.root / "predictor").glob("store.sqlite*"):
+        path.unlink()
+    cluster.start_daemon()
+    cluster.wait_hook()
 
 
 def set_policy(cluster: TestCluster, text: str) -> None:
@@ -328,10 +341,15 @@ def main(argv: list[str] | None = None) -> int:
         set_policy(cluster, ab_config(original, policy))
         gpu_types = node_gpu_types_from_scontrol(
             cluster.slurm("scontrol", "-o", "show", "nodes").stdout)
-        t0 = time.monotonic()
-        profiled = profile_first(cluster, args.scale)
-        print(f"profiled first runs {profiled} in {time.monotonic() - t0:.0f} s", flush=True)
         for rep in range(args.reps):
+            # Each repetition from an empty store: the same scripts' runs from earlier
+            # repetitions (or earlier invocations on this cluster) would otherwise be history,
+            # co-runs and pair corrections the next one decides with.
+            fresh_store(cluster)
+            t0 = time.monotonic()
+            profiled = profile_first(cluster, args.scale)
+            print(f"rep {rep}: empty store, profiled first runs {profiled} in "
+                  f"{time.monotonic() - t0:.0f} s", flush=True)
             order = ("off", "on") if rep % 2 == 0 else ("on", "off")
             for arm in order:
                 t0 = time.monotonic()

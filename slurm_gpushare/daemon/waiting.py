@@ -19,7 +19,8 @@ for the job's whole life:
 
 Nothing is ever taken back: an exclusion is only lifted, a type only added, so a job waits at
 most for what it was submitted with. The user's own ``--exclude`` and ``--constraint`` stay as
-written. The tag goes with every update (with the new types where they changed):
+written, and a job whose tag changed since the daemon last wrote it (a requeue re-sized it)
+is left alone. The tag goes with every update (with the new types where they changed):
 ``job_submit.lua`` refuses updates of a share's node lists and constraint unless they carry a
 gpushare tag (only operators and SlurmUser can set AdminComment). What the daemon wrote is
 kept in memory only: after a restart of the daemon, jobs decided before it keep what Slurm
@@ -119,10 +120,10 @@ def review_one(entry: WaitingShare, view) -> Change | None:
     return None if still == entry.away and not added else Change(still, added)
 
 
-def parse_pending(out: str) -> dict[str, list[str]]:
-    """decision id -> the job ids (as scontrol update takes them) of pending jobs carrying a
-    gpushare tag, from ``SQUEUE_PENDING`` output."""
-    found: dict[str, list[str]] = {}
+def parse_pending(out: str) -> dict[str, list[tuple[str, str]]]:
+    """decision id -> ``(job id as scontrol update takes it, its tag)`` of each pending job
+    carrying a gpushare tag, from ``SQUEUE_PENDING`` output."""
+    found: dict[str, list[tuple[str, str]]] = {}
     for number, line in enumerate(out.splitlines()):
         if number % YIELD_EVERY == 0:
             time.sleep(0)  # a long queue: let a waiting decision have the GIL now
@@ -131,7 +132,7 @@ def parse_pending(out: str) -> dict[str, list[str]]:
         job_id, _, comment = line.partition("|")
         tag = Tag.decode(comment.strip())
         if tag is not None and tag.decision_id and job_id.strip():
-            found.setdefault(tag.decision_id, []).append(job_id.strip())
+            found.setdefault(tag.decision_id, []).append((job_id.strip(), comment.strip()))
     return found
 
 
@@ -174,8 +175,11 @@ class WaitingShares:
         pending = parse_pending(out)
         done = []
         for entry, change in changes:
-            jobs = pending.get(entry.decision_id)
-            if not jobs:  # it started, ended or was cancelled: nothing to change any more
+            # Only jobs still as the daemon last wrote them: one whose tag changed since (a
+            # requeue re-sized it, narrowing its types) is not updated from what is known here.
+            jobs = [job_id for job_id, tag in pending.get(entry.decision_id, ())
+                    if tag == entry.tag]
+            if not jobs:  # it started, ended, was cancelled or re-decided: nothing to change
                 self._drop(entry.decision_id)
                 continue
             done += self._apply(entry, change, jobs)

@@ -69,7 +69,8 @@ def test_the_users_own_list_is_kept_as_written_before_the_daemons_nodes():
 def test_pending_jobs_are_found_by_their_decision_id():
     out = "\n".join([f"17|{TAG}", "18|(null)", f"19_[2-5]|{TAG}",
                      "20|" + Tag("share", "x", "d2", shard=2).encode(), "21|not a tag", ""])
-    assert parse_pending(out) == {"d1": ["17", "19_[2-5]"], "d2": ["20"]}
+    d2 = Tag("share", "x", "d2", shard=2).encode()
+    assert parse_pending(out) == {"d1": [("17", TAG), ("19_[2-5]", TAG)], "d2": [("20", d2)]}
 
 
 def test_a_node_stays_excluded_while_a_share_that_caused_it_is_there():
@@ -172,6 +173,19 @@ def test_every_pending_part_of_an_array_is_updated(monkeypatch):
     # Some of its tasks run: the others still wait.
     watch.review(View(node("n1", (16, 16)), running={"d1"}), now=LATER)
     assert [c[2] for c in calls[1:]] == ["JobId=19_[2-5]", "JobId=20_1"]
+
+
+def test_a_job_whose_tag_changed_since_is_left_alone(monkeypatch):
+    # A requeue of an array task that outgrew its share narrowed its types and rewrote its
+    # tag: widening it from what the daemon knew before would undo that.
+    narrowed = Tag("share", "requeue-resized", "d1", shard=9, types=("a100",)).encode()
+    tag = Tag("share", "history-share", "d1", shard=4, types=("a100",)).encode()
+    calls = recorded(monkeypatch, f"19_[2-5]|{tag}\n19_1|{narrowed}\n")
+    watch = WaitingShares()
+    watch.add(entry(away=(), types=(A100,), later=(V100,), features="a100", tag=tag,
+                    array=True))
+    watch.review(View(node("a1", (0, 0), gpu_type="a100"), node("v1", (16, 16))), now=LATER)
+    assert [c[2] for c in calls[1:]] == ["JobId=19_[2-5]"]
 
 
 def test_a_share_seen_running_is_forgotten_without_asking_slurm(monkeypatch):

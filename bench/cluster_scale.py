@@ -8,7 +8,9 @@ knowledge base and a history estimate):
 
 - Slurm calls and parse time of the first refresh and of a steady one (shares come and go);
 - ``decide()`` latency on a settled snapshot;
-- ``decide()`` latency while another thread refreshes the view back to back (the GIL is shared).
+- ``decide()`` latency while another thread refreshes the view back to back (the GIL is shared);
+- the same with ``--waiting`` shares waiting in the queue that the daemon reviews after each
+  refresh (``daemon/waiting.py``), and the time of each review.
 
     .venv/bin/python bench/cluster_scale.py [--nodes 5000] [--jobs 20000] [--rounds 3]
         [--label after] [--code DIR] [--out bench/results/cluster_scale.json]
@@ -78,6 +80,8 @@ class FakeSlurm:
         self.calls.append(argv[0])
         if argv[0] == "sinfo":
             return self.cmd.Result(argv, 0, self.sinfo, "")
+        if argv[0] == "squeue" and "PD" in argv:  # pending shares (daemon/waiting.py)
+            return self.cmd.Result(argv, 0, "", "")
         if argv[0] == "squeue":
             if self.churn_per_call:
                 self.churn(self.churn_per_call)
@@ -119,6 +123,8 @@ def main(argv=None) -> int:
     parser.add_argument("--label", default="after")
     parser.add_argument("--code", default=str(REPO))
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--waiting", type=int, default=2000,
+                        help="shares waiting in the queue, reviewed after each refresh")
     parser.add_argument("--out", default=str(REPO / "bench" / "results" / "cluster_scale.json"))
     args = parser.parse_args(argv)
 
@@ -128,6 +134,7 @@ def main(argv=None) -> int:
     from slurm_gpushare.core.tag import Tag
     from slurm_gpushare.core.types import JobRequest
     from slurm_gpushare.daemon.clusterview import SlurmClusterView
+    from slurm_gpushare.daemon.waiting import WaitingShare, WaitingShares
     from slurm_gpushare.predict.knowledge import KnowledgeBase
     from slurm_gpushare.slurm import cmd
 
@@ -147,6 +154,9 @@ def main(argv=None) -> int:
                                     "decide_cpu_p50_ms",
                                     "during_refresh_p50_ms", "during_refresh_p99_ms",
                                     "during_refresh_max_ms", "refreshes_during")}
+    if args.waiting:
+        rounds.update({name: [] for name in ("with_waiting_p99_ms", "with_waiting_max_ms",
+                                             "review_p50_ms", "review_max_ms", "waiting_left")})
     samples_quiet, samples_busy = [], []
     excluded_seen = 0
     for round_no in range(args.rounds):
@@ -181,19 +191,58 @@ def main(argv=None) -> int:
         # The daemon's refresh thread, refreshing back to back (the worst case; the daemon
         # waits daemon.view_refresh_s between refreshes), with 1% of jobs changing each time.
         fake.churn_per_call = 0.01
-        fake.calls.clear()
-        view.interval_s = 0.0
-        view.start()
-        busy = []
-        try:
-            for i in range(args.decisions):
-                busy.append(decide_once(i)[0])
-                time.sleep(0.0005)  # submissions arrive spread out, not back to back
-        finally:
-            view.stop()
-            view._thread.join()
-        refreshes = [fake.calls.count("squeue")]
+
+        def busy_phase() -> tuple[list[float], int]:
+            fake.calls.clear()
+            view.interval_s = 0.0
+            view._stop.clear()
+            view.start()
+            busy = []
+            try:
+                for i in range(args.decisions):
+                    busy.append(decide_once(i)[0])
+                    time.sleep(0.0005)  # submissions arrive spread out, not back to back
+            finally:
+                view.stop()
+                view._thread.join()
+            return busy, fake.calls.count("squeue")
+
+        busy, refreshes_during = busy_phase()
+        refreshes = [refreshes_during]
         rounds["refreshes_during"].append(refreshes[0])
+        if args.waiting:
+            # The same, with that many shares waiting in the queue that the daemon reviews
+            # after each refresh (daemon/waiting.py): each kept off a node by shares there
+            # and offered on a100 with v100 to add; blockers leave as jobs churn.
+            waiting, review_s = WaitingShares(), []
+            with_residents = [n for n in view.nodes() if n.resident_jobs]
+            rng = random.Random(args.seed + round_no)
+            a100, v100 = config.gpu_type("a100"), config.gpu_type("v100")
+            for w in range(args.waiting):
+                node = rng.choice(with_residents)
+                waiting.add(WaitingShare(
+                    f"w{w}", Tag("share", "history-share", f"w{w}", shard=8,
+                                 types=("a100",)).encode(), "a100", (a100,), (v100,), "",
+                    (node.name,), {node.name: frozenset(node.resident_jobs)}, ("gpu",),
+                    units=rng.choice((4, 8, 12, 16)), job_class=rng.choice((0, 1, 2)),
+                    knowledge=knowledge, decided_at=0.0))
+
+            def timed_review(v):
+                began = time.perf_counter()
+                waiting.review(v)
+                review_s.append(time.perf_counter() - began)
+
+            view.after_refresh.append(timed_review)
+            try:
+                busy_waiting, _ = busy_phase()
+            finally:
+                view.after_refresh.remove(timed_review)
+            bw = ms(busy_waiting)
+            rounds["with_waiting_p99_ms"].append(bw["p99_ms"])
+            rounds["with_waiting_max_ms"].append(bw["max_ms"])
+            rounds["review_p50_ms"].append(percentile(review_s, 50) * 1000)
+            rounds["review_max_ms"].append(max(review_s) * 1000)
+            rounds["waiting_left"].append(len(waiting))
         q, b = ms(quiet), ms(busy)
         rounds["decide_p50_ms"].append(q["p50_ms"])
         rounds["decide_p99_ms"].append(q["p99_ms"])

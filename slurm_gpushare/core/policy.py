@@ -383,36 +383,44 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def room_types(fits: Sequence[GpuType], units: int, partitions: Sequence[str],
-               view: ClusterView | None, excluded: Sequence[str] = ()) -> set[str] | None:
-    """The types among ``fits`` with a node in one of the job's partitions, not ``excluded``,
-    where Slurm could place a share of ``units`` now (counting the shares decided but not
-    placed yet, where the view has them); None where the view does not know free units."""
+def room_nodes(fits: Sequence[GpuType], units: int, partitions: Sequence[str],
+               view: ClusterView | None) -> dict[str, tuple[str, ...]] | None:
+    """Per type among ``fits``, the usable nodes in one of the job's partitions where Slurm
+    could place a share of ``units`` now (counting the shares decided but not placed yet, where
+    the view has them); None where the view does not know free units."""
     if view is None:
         return None
     nodes = view.nodes()
     checks = getattr(nodes, "checks", None)  # a daemon snapshot: answered once per snapshot
-    key = ("room", tuple(g.name for g in fits), tuple(partitions), units, tuple(excluded))
+    key = ("room-nodes", tuple(g.name for g in fits), tuple(partitions), units)
     if checks is not None and key in checks:
-        found = checks[key]
-        return None if found is None else set(found)
+        return checks[key]
     types = {g.name for g in fits}
-    wanted, away = set(partitions), set(excluded)
-    known, found = False, set()
+    wanted = set(partitions)
+    known, found = False, {}
     for node in nodes:
         if node.gpu_type not in types or not in_partitions(node, wanted):
-            continue
-        if node.name in away:
-            known = known or bool(node.free_units)
             continue
         if node.free_units:
             known = True
             if feasibility.state_usable(node.state) and landing_gpu(node, units) is not None:
-                found.add(node.gpu_type)
-    answer = tuple(sorted(found)) if known else None
+                found.setdefault(node.gpu_type, []).append(node.name)
+    answer = {t: tuple(names) for t, names in found.items()} if known else None
     if checks is not None:
         checks[key] = answer
-    return None if answer is None else set(answer)
+    return answer
+
+
+def room_types(fits: Sequence[GpuType], units: int, partitions: Sequence[str],
+               view: ClusterView | None, excluded: Sequence[str] = ()) -> set[str] | None:
+    """The types among ``fits`` with a node in one of the job's partitions, not ``excluded``,
+    where Slurm could place a share of ``units`` now (``room_nodes``); None where the view does
+    not know free units."""
+    rooms = room_nodes(fits, units, partitions, view)
+    if rooms is None:
+        return None
+    away = set(excluded)
+    return {t for t, names in rooms.items() if any(n not in away for n in names)}
 
 
 def _share_nodes(types: Sequence[GpuType], partitions: Sequence[str], view: ClusterView):

@@ -36,7 +36,7 @@ from slurm_gpushare.core.feasibility import state_usable
 from slurm_gpushare.core.hostlist import expand_hostlist
 from slurm_gpushare.core.policy import (NodeView, capacity, gpus_by_type, idle_gpus_by_type,
                                          in_partitions, incompatible_nodes, landing_gpu,
-                                         room_types, share_gpus, share_slots)
+                                         room_nodes, share_gpus, share_slots)
 from slurm_gpushare.core.tag import Tag
 from slurm_gpushare.core.types import JobRequest
 from slurm_gpushare.daemon.validity import partition_features
@@ -445,7 +445,7 @@ class SlurmClusterView:
                                         list(dict.items(old.memo)) if changed not in key[1]])
             dict.update(snapshot.checks, [(key, answer) for key, answer in
                                           list(dict.items(old.checks))
-                                          if key[0] not in ("idle", "room")
+                                          if key[0] not in ("idle", "room-nodes")
                                           or changed not in key[1]])
             snapshot.memo.asked, snapshot.checks.asked = old.memo.asked, old.checks.asked
             self._snapshot = snapshot
@@ -543,7 +543,7 @@ class SlurmClusterView:
                 fresh = Snapshot(self._with_pending(list(snapshot), claimed))
                 dict.update(fresh.checks, [(key, answer) for key, answer in
                                            list(dict.items(snapshot.checks))
-                                           if key[0] not in ("idle", "room")])
+                                           if key[0] not in ("idle", "room-nodes")])
                 snapshot = fresh
             self._snapshot = snapshot
         self.refreshed_at = time.time()
@@ -629,10 +629,10 @@ def _answer(kind: str, key: tuple, knowledge, view: _Fixed, by_name: Mapping) ->
             request = JobRequest(uid=0, partition=partition, features=features,
                                  req_nodes=req_nodes, exc_nodes=exc_nodes, reservation=reservation)
             feasibility.check(request, [by_name[n] for n in types], view)
-    elif key[0] == "room":
-        _, types, partitions, units, excluded = key
+    elif key[0] == "room-nodes":
+        _, types, partitions, units = key
         if all(name in by_name for name in types):
-            room_types([by_name[n] for n in types], units, list(partitions), view, excluded)
+            room_nodes([by_name[n] for n in types], units, list(partitions), view)
     elif key[0] == "slots":
         _, types, partitions, units, excluded = key
         if all(name in by_name for name in types):

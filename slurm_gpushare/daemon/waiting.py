@@ -87,18 +87,20 @@ def exc_node_list(user_exc_nodes: str, away: Sequence[str]) -> str:
     return ",".join(([user_exc_nodes] if user_exc_nodes else []) + list(away))
 
 
-def still_blocked(entry: WaitingShare, view) -> tuple[str, ...]:
+def still_blocked(entry: WaitingShare, view, by_name=None) -> tuple[str, ...]:
     """The nodes of ``entry.away`` that the job should still keep off, on ``view`` now: one of
     the shares that kept it off is still there, the judgement made now keeps it off (a newer
-    partner it should not join, where it could land now), or the view no longer knows it."""
+    partner it should not join, where it could land now), or the view no longer knows it.
+    ``by_name``: the view's nodes by name (made once per review, not once per job)."""
     if not entry.away:
         return ()
     judged = set(incompatible_nodes(entry.job_class, entry.types, entry.partitions, view,
                                     entry.knowledge, entry.units, all_of_them=True)[0])
-    residents = {n.name: set(n.resident_jobs) for n in view.nodes() if n.name in entry.away}
+    if by_name is None:
+        by_name = {n.name: n for n in view.nodes()}
     return tuple(n for n in entry.away
-                 if n in judged or n not in residents
-                 or entry.blockers.get(n, frozenset()) & residents[n])
+                 if n in judged or n not in by_name
+                 or entry.blockers.get(n, frozenset()) & set(by_name[n].resident_jobs))
 
 
 def types_to_add(entry: WaitingShare, view, away: Sequence[str]) -> tuple[GpuType, ...]:
@@ -113,9 +115,9 @@ def types_to_add(entry: WaitingShare, view, away: Sequence[str]) -> tuple[GpuTyp
     return tuple(g for g in entry.later if g.name in extra)
 
 
-def review_one(entry: WaitingShare, view) -> Change | None:
+def review_one(entry: WaitingShare, view, by_name=None) -> Change | None:
     """What to change for one waiting share on ``view`` now; None: nothing."""
-    still = still_blocked(entry, view)
+    still = still_blocked(entry, view, by_name)
     added = types_to_add(entry, view, still)
     return None if still == entry.away and not added else Change(still, added)
 
@@ -164,9 +166,14 @@ class WaitingShares:
                 if not self._entries[started].array:
                     del self._entries[started]
             entries = list(self._entries.values())
-        # A decision made this instant may not be a job in Slurm's queue yet.
-        changes = [(e, change) for e in entries if now - e.decided_at >= SETTLE_S
-                   for change in [review_one(e, view)] if change is not None]
+        changes, by_name = [], {n.name: n for n in view.nodes()}
+        for entry in entries:
+            if now - entry.decided_at < SETTLE_S:
+                continue  # a decision made this instant may not be a job in the queue yet
+            time.sleep(0)  # each answer may scan the nodes: a waiting decision goes first
+            change = review_one(entry, view, by_name)
+            if change is not None:
+                changes.append((entry, change))
         if not changes:
             return []
         out = cmd.output(SQUEUE_PENDING, timeout=20.0)

@@ -350,7 +350,7 @@ class SimView:
             # read again), the others are dropped.
             checks, memo = self._nodes.checks, self._nodes.memo
             for key in [k for k in checks if not (
-                    k[0] in ("feasibility", "room")
+                    k[0] in ("feasibility", "room-nodes")
                     or (k[0] == "idle" and idle_changed.isdisjoint(k[1])))]:
                 del checks[key]
             for key in [k for k in memo if not classes_changed.isdisjoint(k[1])]:

@@ -190,7 +190,7 @@ def test_a_claim_keeps_the_answers_about_other_types_and_skips_the_scan_without_
     after = view.nodes()
     assert after is not before
     assert {k[1] for k in dict(after.memo)} == {("a100",)}
-    assert {k[1] for k in dict(after.checks) if k[0] == "room"} == {("a100",)}
+    assert {k[1] for k in dict(after.checks) if k[0] == "room-nodes"} == {("a100",)}
     # A share the decision saw no room for waits in the queue: in the ledger, on no node.
     view.claim_share("d2", ("v100",), 6, ["gpu"], room_now=False)
     assert view.nodes() is after and "d2" in {e.decision_id for e in view.pending()}

@@ -43,7 +43,6 @@ from slurm_gpushare.core.tag import Tag
 from slurm_gpushare.daemon.logs import event
 from slurm_gpushare.slurm import cmd
 
-log = logging.getLogger("slurm_gpushare.daemon.waiting")
 
 # Pending jobs with their gpushare tag (free text: last; a field size of 0 prints it uncut).
 # JobArrayID names an array's pending tasks as scontrol update takes them (1234_[2-9]).

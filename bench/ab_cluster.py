@@ -128,18 +128,19 @@ def ab_config(original: str, policy: dict[str, str]) -> str:
     return text
 
 
-def ingested(cluster: TestCluster) -> set[str]:
-    """Job ids whose telemetry the daemon has taken in (its log's ``ingested`` events)."""
-    done = set()
+def daemon_events(cluster: TestCluster):
+    """The daemon's log events (one JSON object per line; a line cut short is skipped)."""
     path = cluster.log / "gpushare.log"
     for line in path.read_text().splitlines() if path.exists() else []:
         try:
-            entry = json.loads(line)
+            yield json.loads(line)
         except ValueError:
             continue
-        if entry.get("event") == "ingested":
-            done.add(str(entry.get("job_id")))
-    return done
+
+
+def ingested(cluster: TestCluster) -> set[str]:
+    """Job ids whose telemetry the daemon has taken in (its log's ``ingested`` events)."""
+    return {str(e.get("job_id")) for e in daemon_events(cluster) if e.get("event") == "ingested"}
 
 
 def wait_done(cluster: TestCluster, ids: list[str], timeout: float) -> None:
@@ -265,12 +266,7 @@ def _waiting(cluster: TestCluster, since: float, until: float) -> dict[str, int]
     """From the daemon's log, within the arm: decisions that kept their share off nodes, and
     what was changed for waiting shares as the cluster moved on (daemon/waiting.py)."""
     excluded = lifted = widened = 0
-    path = cluster.log / "gpushare.log"
-    for line in path.read_text().splitlines() if path.exists() else []:
-        try:
-            entry = json.loads(line)
-        except ValueError:
-            continue
+    for entry in daemon_events(cluster):
         if not since <= entry.get("ts", 0) <= until:
             continue
         if entry.get("event") == "decision" and entry.get("writes", {}).get("exc_nodes"):

@@ -423,9 +423,9 @@ class Service:
             # Until the view shows it running, the next decisions count it where it will go.
             if self.pairing is not None:
                 self.pairing.remember(decision_id, keys.as_list())
+            partitions = tuple(p for p in request.partition.split(",") if p)
             self.view.claim_share(decision_id, decision.gpu_types,
-                                  decision.details.get("units", 1),
-                                  [p for p in request.partition.split(",") if p],
+                                  decision.details.get("units", 1), partitions,
                                   decision.details.get("excluded_nodes", ()),
                                   decision.details.get("job_class"),
                                   decision.details.get("room_now"))
@@ -436,13 +436,10 @@ class Service:
                     decision_id, decision.admin_comment, decision.writes.get("features", ""),
                     types=tuple(g for g in map(config.gpu_type, decision.gpu_types) if g),
                     later=tuple(g for g in map(config.gpu_type, later) if g),
-                    user_exc_nodes=request.exc_nodes, away=away,
-                    blockers={node.name: frozenset(node.resident_jobs) for node in nodes
-                              if node.name in away},
-                    partitions=tuple(p for p in request.partition.split(",") if p),
-                    units=decision.details.get("units", 1),
+                    user_exc_nodes=request.exc_nodes, away=away, blockers=None,
+                    partitions=partitions, units=decision.details.get("units", 1),
                     job_class=decision.details.get("job_class"), knowledge=knowledge,
-                    array=bool(request.array)))
+                    array=bool(request.array), seen_on=nodes))
         if op == "decide" and problem is None:
             self.records.put_decision({
                 **decision.to_dict(), "ts": time.time(), "uid": request.uid,

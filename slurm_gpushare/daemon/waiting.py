@@ -64,13 +64,16 @@ class WaitingShare:
     later: tuple[GpuType, ...]  # slower types its request suits, not offered (yet)
     user_exc_nodes: str  # what the job excluded itself, as written
     away: tuple[str, ...]  # the nodes the daemon added, still in force
-    blockers: dict[str, frozenset[str]]  # node -> decision ids of the shares on it then
+    # node -> decision ids of the shares on it when decided; None: read off ``seen_on`` at the
+    # first review (not on the submit path, where it would loop over every node)
+    blockers: dict[str, frozenset[str]] | None
     partitions: tuple[str, ...]
     units: int
     job_class: int | None
     knowledge: Any  # the judgement made at submission (class knowledge or pair predictor)
     array: bool = False  # one decision for many tasks: some may run while others wait
     decided_at: float = field(default_factory=time.monotonic)
+    seen_on: Any = None  # the view's nodes the decision saw (until blockers are read off it)
 
 
 @dataclass(frozen=True)
@@ -170,6 +173,10 @@ class WaitingShares:
             if now - entry.decided_at < SETTLE_S:
                 continue  # a decision made this instant may not be a job in the queue yet
             time.sleep(0)  # each answer may scan the nodes: a waiting decision goes first
+            if entry.blockers is None:
+                entry.blockers = {n.name: frozenset(n.resident_jobs)
+                                  for n in entry.seen_on or () if n.name in entry.away}
+                entry.seen_on = None
             change = review_one(entry, view, by_name)
             if change is not None:
                 changes.append((entry, change))

@@ -188,6 +188,20 @@ def test_a_job_whose_tag_changed_since_is_left_alone(monkeypatch):
     assert [c[2] for c in calls[1:]] == ["JobId=19_[2-5]"]
 
 
+def test_blockers_are_read_off_the_view_the_decision_saw_at_the_first_review(monkeypatch):
+    # The decision only hands over its snapshot (no loop over the nodes on the submit path).
+    calls = recorded(monkeypatch, f"17|{TAG}\n")
+    watch = WaitingShares()
+    share = entry()
+    share.blockers, share.seen_on = None, View(node("n1", (12, 16), (("busy",), ()))).nodes()
+    watch.add(share)
+    watch.review(View(node("n1", (12, 16), (("busy",), ()))), now=LATER)
+    assert share.blockers == {"n1": frozenset({"busy"})} and share.seen_on is None
+    assert calls == []  # still blocked by the same share
+    watch.review(View(node("n1", (16, 16))), now=LATER)
+    assert calls[-1][3] == "ExcNodeList="
+
+
 def test_a_share_seen_running_is_forgotten_without_asking_slurm(monkeypatch):
     calls = recorded(monkeypatch, "")
     watch = WaitingShares()

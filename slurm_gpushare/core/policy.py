@@ -105,24 +105,70 @@ def landing_gpu(node: NodeView, units: int) -> int | None:
     return None
 
 
+def keeps_off(node: NodeView, job_class: int | None,
+              knowledge: Compatibility | PairCompatibility | None, units: int | None = None,
+              *, _answers: dict | None = None, _verdicts: dict | None = None) -> bool:
+    """Whether a job (its class, or its pair predictor) should be kept off ``node``: it could
+    only land there next to a share it should not join. Slurm takes exclusions by node, not by
+    GPU, so only when none of the node's GPUs is free of such a share: known per GPU where the
+    view has it, else when the node holds at least as many of them as GPUs (with its GPU count
+    unknown: any). Where the view estimates each GPU's free units and shares (the daemon), a
+    share of ``units`` lands on the GPU Slurm packs it onto (``landing_gpu``): kept off when the
+    job should not join the shares there (all of them together, where the knowledge can judge a
+    group), never for lack of room now. (``_answers``, ``_verdicts``: caches shared by the
+    calls of one scan.)"""
+    pairwise = hasattr(knowledge, "compatible_with")
+    if knowledge is None or (job_class is None and not pairwise):
+        return False
+    residents = node.resident_jobs if pairwise else node.resident_classes
+    if not residents:
+        return False
+    answers = {} if _answers is None else _answers
+
+    def clashes(resident: int | str, gpu_type: str) -> bool:
+        key = (resident, gpu_type)
+        if key not in answers:
+            answers[key] = not (knowledge.compatible_with(resident, gpu_type) if pairwise
+                                else knowledge.compatible(job_class, resident, gpu_type))
+        return answers[key]
+
+    if pairwise and units and node.free_units:
+        gpu = landing_gpu(node, units)
+        if gpu is None:
+            # No room now: Slurm cannot start it there now, and by the time it can, the
+            # residents are others (an exclusion is for good; the view is seconds old).
+            return False
+        joined = node.gpu_jobs[gpu] if gpu < len(node.gpu_jobs) else ()
+        if hasattr(knowledge, "compatible_with_group"):
+            return bool(joined) and not knowledge.compatible_with_group(joined, node.gpu_type)
+        return any(clashes(r, node.gpu_type) for r in joined)
+    if node.gpu_classes and not pairwise:
+        if () in node.gpu_classes:  # a GPU without shares: the job can land there
+            return False
+        # Nodes of one type with the same classes per GPU share the answer.
+        key = (node.gpu_type, node.gpu_classes)
+        verdict = None if _verdicts is None else _verdicts.get(key)
+        if verdict is None:
+            verdict = all(any(clashes(r, node.gpu_type) for r in gpu)
+                          for gpu in node.gpu_classes)
+            if _verdicts is not None:
+                _verdicts[key] = verdict
+        return verdict
+    bad = sum(clashes(r, node.gpu_type) for r in residents)
+    return bad > 0 and bad >= max(node.gpus, 1)
+
+
 def incompatible_nodes(job_class: int | None, fits: Sequence[GpuType], partitions: Sequence[str],
                        view: ClusterView | None,
                        knowledge: Compatibility | PairCompatibility | None,
                        units: int | None = None, all_of_them: bool = False
                        ) -> tuple[list[str], int]:
-    """Nodes of the fitting types where the job could only land next to a share that
-    interferes with it.
+    """Nodes of the fitting types in the job's partitions that the job should be kept off
+    (``keeps_off``).
 
-    Returns ``(excluded, candidates)``. Slurm takes exclusions by node, not by GPU, so a node
-    is excluded only when none of its GPUs is free of an incompatible share: known per GPU
-    where the view has it, else when the node holds at least as many incompatible shares as
-    GPUs (with its GPU count unknown: any). Where the view estimates each GPU's free units and
-    shares (the daemon), a share of ``units`` lands on the GPU Slurm packs it onto
-    (``landing_gpu``): the node is excluded when the job should not join the shares there (all
-    of them together, where the knowledge can judge a group), never for lack of room now.
-    Nothing is excluded when that
-    would leave no candidate node (the job would only wait longer), unless ``all_of_them``
-    (which nodes it should not join, for the type choice).
+    Returns ``(excluded, candidates)``. Nothing is excluded when that would leave no candidate
+    node (the job would only wait longer), unless ``all_of_them`` (which nodes it should not
+    join, for the type choice).
     """
     pairwise = hasattr(knowledge, "compatible_with")
     if view is None or knowledge is None or (job_class is None and not pairwise):
@@ -147,45 +193,12 @@ def incompatible_nodes(job_class: int | None, fits: Sequence[GpuType], partition
         if hit is not None and hit[0] is knowledge:
             return answer(hit[1], hit[2])
     answers: dict[tuple[int | str, str], bool] = {}
-    per_gpu_verdicts: dict[tuple, bool] = {}
-
-    def clashes(resident: int | str, gpu_type: str) -> bool:
-        key = (resident, gpu_type)
-        if key not in answers:
-            answers[key] = not (knowledge.compatible_with(resident, gpu_type) if pairwise
-                                else knowledge.compatible(job_class, resident, gpu_type))
-        return answers[key]
-
-    def residents(node: NodeView) -> tuple:
-        return node.resident_jobs if pairwise else node.resident_classes
-
-    def blocked(node: NodeView) -> bool:
-        if pairwise and units and node.free_units:
-            gpu = landing_gpu(node, units)
-            if gpu is None:
-                # No room now: Slurm cannot start it there now, and by the time it can, the
-                # residents are others (an exclusion is for good; the view is seconds old).
-                return False
-            joined = node.gpu_jobs[gpu] if gpu < len(node.gpu_jobs) else ()
-            if hasattr(knowledge, "compatible_with_group"):
-                return bool(joined) and not knowledge.compatible_with_group(joined, node.gpu_type)
-            return any(clashes(r, node.gpu_type) for r in joined)
-        if node.gpu_classes and not pairwise:
-            if () in node.gpu_classes:  # a GPU without shares: the job can land there
-                return False
-            # Nodes of one type with the same classes per GPU share the answer.
-            key = (node.gpu_type, node.gpu_classes)
-            verdict = per_gpu_verdicts.get(key)
-            if verdict is None:
-                verdict = per_gpu_verdicts[key] = all(
-                    any(clashes(r, node.gpu_type) for r in gpu) for gpu in node.gpu_classes)
-            return verdict
-        bad = sum(clashes(r, node.gpu_type) for r in residents(node))
-        return bad > 0 and bad >= max(node.gpus, 1)
-
+    verdicts: dict[tuple, bool] = {}
     wanted = set(partitions)
     candidates = [n for n in nodes if n.gpu_type in types and in_partitions(n, wanted)]
-    excluded = tuple(sorted(n.name for n in candidates if residents(n) and blocked(n)))
+    excluded = tuple(sorted(n.name for n in candidates
+                            if keeps_off(n, job_class, knowledge, units,
+                                         _answers=answers, _verdicts=verdicts)))
     if memo is not None:
         memo[memo_key] = (knowledge, excluded, len(candidates))
     return answer(excluded, len(candidates))

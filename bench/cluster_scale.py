@@ -134,7 +134,8 @@ def main(argv=None) -> int:
     from slurm_gpushare.core.tag import Tag
     from slurm_gpushare.core.types import JobRequest
     from slurm_gpushare.daemon.clusterview import SlurmClusterView
-    from slurm_gpushare.daemon.waiting import WaitingShare, WaitingShares
+    from slurm_gpushare.core.waiting import WaitingShare
+    from slurm_gpushare.daemon.waiting import WaitingShares
     from slurm_gpushare.predict.knowledge import KnowledgeBase
     from slurm_gpushare.slurm import cmd
 

@@ -20,6 +20,7 @@ from slurm_gpushare.core.config import Config
 from slurm_gpushare.core.policy import decide
 from slurm_gpushare.core.tag import Tag
 from slurm_gpushare.core.types import Decision, JobRequest
+from slurm_gpushare.core.waiting import WaitingShare
 from slurm_gpushare.daemon.fingerprint import Fingerprinter
 from slurm_gpushare.daemon.learning import Learner
 from slurm_gpushare.daemon.logs import event, log
@@ -27,7 +28,7 @@ from slurm_gpushare.daemon.protocol import (ProtocolError, check_rid, parse_requ
                                             reply_ok)
 from slurm_gpushare.daemon.store import Store, StoreError, clean_summary
 from slurm_gpushare.daemon.validity import decision_problem
-from slurm_gpushare.daemon.waiting import WaitingShare, WaitingShares
+from slurm_gpushare.daemon.waiting import WaitingShares
 from slurm_gpushare.predict.history import HistoryEstimator
 from slurm_gpushare.predict.persist import load_classes_model, load_memory_model
 from slurm_gpushare.slurm.jobs import lookup_job

@@ -1,26 +1,15 @@
-"""Waiting shares follow the cluster: exclusions whose reason has gone are lifted, and a share
-whose types stay full is widened to a slower type it suits that has room.
+"""Waiting shares follow the cluster: the daemon applies ``core/waiting.py``'s rule (exclusions
+whose reason has gone are lifted; a share whose types stay full is widened to a slower type it
+suits that has room) to the jobs in Slurm's queue.
 
 A decision places a share on the view it sees at submission, and Slurm keeps what it wrote
-for the job's whole life:
-
-* **Exclusions.** A share is kept off nodes where it could only land next to a running share it
-  should not join (``policy.incompatible_nodes``). Once those partners end, the job would go on
-  waiting for other nodes while an excluded one has room. A node is taken off the job's list
-  once none of the shares that kept it off is there any more and the same judgement (the job's
-  class or pair predictor, as at submission) made on the view now does not keep it off either.
-* **Types.** A share is offered on the types where it would finish first: a faster type with
-  room leaves out slower ones (``policy.choose_offer``). If that room goes to other jobs before
-  the share starts, it would wait for the faster type while a slower one idles. While none of
-  its types has room for it and a slower type its request suits (the same count means the same
-  there) has room, that type is added to its constraint and its tag.
+for the job's whole life, unless it is changed:
 
     scontrol update JobId=<job> [ExcNodeList=<the user's own list + nodes still blocked>] [Features=<wider>] AdminComment=<its tag>
 
-Nothing is ever taken back: an exclusion is only lifted, a type only added, so a job waits at
-most for what it was submitted with. The user's own ``--exclude`` and ``--constraint`` stay as
-written, and a job whose tag changed since the daemon last wrote it (a requeue re-sized it)
-is left alone. The tag goes with every update (with the new types where they changed):
+Nothing is ever taken back, so a job waits at most for what it was submitted with. The
+user's own ``--exclude`` and ``--constraint`` stay as written, and a job whose tag changed
+since the daemon last wrote it (a requeue re-sized it) is left alone. The tag goes with every update (with the new types where they changed):
 ``job_submit.lua`` refuses updates of a share's node lists and constraint unless they carry a
 gpushare tag (only operators and SlurmUser can set AdminComment). What the daemon wrote is
 kept in memory only: after a restart of the daemon, jobs decided before it keep what Slurm
@@ -34,12 +23,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass, field, replace
-from typing import Any, Sequence
+from dataclasses import replace
+from typing import Any
 
-from slurm_gpushare.core.config import GpuType
-from slurm_gpushare.core.policy import incompatible_nodes, retype_features, room_types
+from slurm_gpushare.core.policy import retype_features
 from slurm_gpushare.core.tag import Tag
+from slurm_gpushare.core.waiting import Change, WaitingShare, exc_node_list, review_one
 from slurm_gpushare.daemon.logs import event
 from slurm_gpushare.slurm import cmd
 
@@ -51,77 +40,6 @@ SQUEUE_PENDING = ["squeue", "-h", "-t", "PD", "-O", "JobArrayID:0|,admin_comment
 SETTLE_S = 2.0
 MAX_ENTRIES = 10_000  # the oldest go first: memory stays bounded whatever happens
 YIELD_EVERY = 500  # squeue lines read between handing the GIL to a waiting decision
-
-
-@dataclass
-class WaitingShare:
-    """One share decision that may need to follow the cluster while its job waits."""
-
-    decision_id: str
-    tag: str  # the job's AdminComment, re-sent with every update
-    features: str  # its constraint as the decision wrote it ("" where it wrote none)
-    types: tuple[GpuType, ...]  # the types it is offered on
-    later: tuple[GpuType, ...]  # slower types its request suits, not offered (yet)
-    user_exc_nodes: str  # what the job excluded itself, as written
-    away: tuple[str, ...]  # the nodes the daemon added, still in force
-    # node -> decision ids of the shares on it when decided; None: read off ``seen_on`` at the
-    # first review (not on the submit path, where it would loop over every node)
-    blockers: dict[str, frozenset[str]] | None
-    partitions: tuple[str, ...]
-    units: int
-    job_class: int | None
-    knowledge: Any  # the judgement made at submission (class knowledge or pair predictor)
-    array: bool = False  # one decision for many tasks: some may run while others wait
-    decided_at: float = field(default_factory=time.monotonic)
-    seen_on: Any = None  # the view's nodes the decision saw (until blockers are read off it)
-
-
-@dataclass(frozen=True)
-class Change:
-    """What one review does to one waiting share."""
-
-    still: tuple[str, ...]  # its exclusions after it
-    added: tuple[GpuType, ...]  # types added
-
-
-def exc_node_list(user_exc_nodes: str, away: Sequence[str]) -> str:
-    """The ExcNodeList a job gets: its own list as written, then the daemon's nodes."""
-    return ",".join(([user_exc_nodes] if user_exc_nodes else []) + list(away))
-
-
-def still_blocked(entry: WaitingShare, view, by_name=None) -> tuple[str, ...]:
-    """The nodes of ``entry.away`` that the job should still keep off, on ``view`` now: one of
-    the shares that kept it off is still there, the judgement made now keeps it off (a newer
-    partner it should not join, where it could land now), or the view no longer knows it.
-    ``by_name``: the view's nodes by name (made once per review, not once per job)."""
-    if not entry.away:
-        return ()
-    judged = set(incompatible_nodes(entry.job_class, entry.types, entry.partitions, view,
-                                    entry.knowledge, entry.units, all_of_them=True)[0])
-    if by_name is None:
-        by_name = {n.name: n for n in view.nodes()}
-    return tuple(n for n in entry.away
-                 if n in judged or n not in by_name
-                 or entry.blockers.get(n, frozenset()) & set(by_name[n].resident_jobs))
-
-
-def types_to_add(entry: WaitingShare, view, away: Sequence[str]) -> tuple[GpuType, ...]:
-    """The slower types to add: none while one of its types has room for it (or the view does
-    not know), else those of ``entry.later`` with room now (outside ``away``)."""
-    if not entry.later:
-        return ()
-    room = room_types(entry.types, entry.units, entry.partitions, view, away)
-    if room is None or room:
-        return ()
-    extra = room_types(entry.later, entry.units, entry.partitions, view, away) or set()
-    return tuple(g for g in entry.later if g.name in extra)
-
-
-def review_one(entry: WaitingShare, view, by_name=None) -> Change | None:
-    """What to change for one waiting share on ``view`` now; None: nothing."""
-    still = still_blocked(entry, view, by_name)
-    added = types_to_add(entry, view, still)
-    return None if still == entry.away and not added else Change(still, added)
 
 
 def parse_pending(out: str) -> dict[str, list[tuple[str, str]]]:
@@ -168,7 +86,7 @@ class WaitingShares:
                 if not self._entries[started].array:
                     del self._entries[started]
             entries = list(self._entries.values())
-        changes, by_name = [], {n.name: n for n in view.nodes()}
+        changes, by_name, memo = [], {n.name: n for n in view.nodes()}, {}
         for entry in entries:
             if now - entry.decided_at < SETTLE_S:
                 continue  # a decision made this instant may not be a job in the queue yet
@@ -177,7 +95,7 @@ class WaitingShares:
                 entry.blockers = {n.name: frozenset(n.resident_jobs)
                                   for n in entry.seen_on or () if n.name in entry.away}
                 entry.seen_on = None
-            change = review_one(entry, view, by_name)
+            change = review_one(entry, view, by_name.get, memo=memo)
             if change is not None:
                 changes.append((entry, change))
         if not changes:

@@ -1,6 +1,7 @@
-"""Waiting shares follow the cluster (daemon/waiting.py): exclusions lifted once their reason
-has gone, slower types added while the offered ones stay full. End to end on the real cluster
-in tests/cluster/test_cluster_history.py."""
+"""Waiting shares follow the cluster (the rule in core/waiting.py, applied by daemon/waiting.py):
+exclusions lifted once their reason has gone, slower types added while the offered ones stay
+full. End to end on the real cluster in tests/cluster/test_cluster_history.py; in the simulator
+in tests/unit/test_sim_engine.py."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ from slurm_gpushare.core.config import parse_config
 from slurm_gpushare.core.policy import NodeView
 from slurm_gpushare.core.tag import Tag
 from slurm_gpushare.daemon import waiting
-from slurm_gpushare.daemon.waiting import (WaitingShare, WaitingShares, exc_node_list,
-                                           parse_pending, still_blocked, types_to_add)
+from slurm_gpushare.core.waiting import (WaitingShare, exc_node_list, still_blocked,
+                                        types_to_add)
+from slurm_gpushare.daemon.waiting import WaitingShares, parse_pending
 from slurm_gpushare.slurm import cmd
 
 CONFIG = parse_config({"policy": {"sharing_partitions": ["gpu"]},
@@ -40,6 +42,9 @@ class View:
 
     def nodes(self):
         return self._nodes
+
+    def node(self, name: str) -> NodeView | None:
+        return next((n for n in self._nodes if n.name == name), None)
 
 
 def node(name: str, free: tuple[int, ...], jobs: tuple[tuple[str, ...], ...] = (),
@@ -74,26 +79,26 @@ def test_pending_jobs_are_found_by_their_decision_id():
 
 
 def test_a_node_stays_excluded_while_a_share_that_caused_it_is_there():
-    assert still_blocked(entry(), View(node("n1", (12, 16), (("busy",), ())))) == ("n1",)
+    assert still_blocked(entry(), View(node("n1", (12, 16), (("busy",), ()))).node) == ("n1",)
 
 
 def test_a_node_is_released_once_its_blockers_are_gone():
-    assert still_blocked(entry(), View(node("n1", (16, 16)))) == ()
+    assert still_blocked(entry(), View(node("n1", (16, 16))).node) == ()
 
 
 def test_a_blocker_still_there_keeps_the_node_even_without_room_now():
     # No room now means the check made now would not keep the job off (it could not land
     # there); the partner that caused the exclusion is still there, so it stays.
     view = View(node("n1", (0, 0), (("busy", "other"), ("third",))))
-    assert still_blocked(entry(), view) == ("n1",)
+    assert still_blocked(entry(), view.node) == ("n1",)
 
 
 def test_a_newer_partner_it_should_not_join_keeps_the_node():
-    assert still_blocked(entry(), View(node("n1", (12, 16), (("newcomer",), ())))) == ("n1",)
+    assert still_blocked(entry(), View(node("n1", (12, 16), (("newcomer",), ()))).node) == ("n1",)
 
 
 def test_a_node_the_view_no_longer_shows_stays_excluded():
-    assert still_blocked(entry(), View(node("n2", (16,)))) == ("n1",)
+    assert still_blocked(entry(), View(node("n2", (16,))).node) == ("n1",)
 
 
 # -- types ----------------------------------------------------------------------------------

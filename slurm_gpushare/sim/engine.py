@@ -643,12 +643,39 @@ class Engine:
 
     def _enqueue(self, j: int):
         req = self.policy.admit(j, self)
-        self.j_req[j] = req
         self.codes[req.code] = self.codes.get(req.code, 0) + 1
         if not self.can_ever_fit(j, req):
+            self.j_req[j] = req
             self.j_state[j] = REJECTED
             return
         self.j_state[j] = "queued"
+        self._queue(j, req)
+
+    def revise(self, j: int, req: Request):
+        """A queued job's request changed while it waits (a share's exclusions lifted, as the
+        daemon's review of waiting shares does in Slurm's queue): it moves to the bucket of its
+        new shape, keeping its place in the policy's order. Only widens (a request that could
+        ever fit still can)."""
+        old = self.j_req[j]
+        shape = (self.policy.memo_key(j, old), None if old.whole else tuple(old.shards.tolist()))
+        bucket = self.buckets[shape]
+        entry = (self.policy.key(j, self), j)
+        pos = bisect.bisect_left(bucket, entry)
+        if pos == 0:
+            self._drop_head(bucket[0][0], shape)
+            if len(bucket) > 1:
+                bisect.insort(self.heads, (bucket[1][0], shape, 0))
+        del bucket[pos]
+        if not bucket:
+            del self.buckets[shape]
+            self._count_needs(shape, -1)
+            del self.bucket_needs[shape]
+        self.queued -= 1
+        self._queue(j, req)
+        self.released = True  # a full pass: its new bucket may start now
+
+    def _queue(self, j: int, req: Request):
+        self.j_req[j] = req
         # Jobs of one shape (same request, same memory) wait in one bucket, in policy order:
         # when one fails to start in a pass, the rest of its bucket is skipped at once.
         need = None if req.whole else tuple(req.shards.tolist())
@@ -987,6 +1014,7 @@ class Engine:
         done = 0
         last_report = 0
         j_ver, j_state = self.j_ver, self.j_state
+        review = getattr(self.policy, "review", None)
         while True:
             # Events of re-planned or finished jobs are dropped here, not at their time: a
             # stale event must not move the clock (it stretched the timeline past the last end).
@@ -1015,6 +1043,8 @@ class Engine:
             while a < J and submit[a] <= now:
                 self._enqueue(a)
                 a += 1
+            if self.released and review is not None:
+                review(self)  # what a release changed for waiting requests, before the pass
             if self.released:
                 self.schedule()
             elif self.arrived_shapes:
@@ -1050,6 +1080,9 @@ class Engine:
                 self.j_state[j] = CUTOFF
             elif self.j_state[j] in ("queued", PENDING):
                 self.j_state[j] = CUTOFF if until < math.inf else self.j_state[j]
+        # What the policy changed while jobs waited (gpushare: exclusions lifted, types added).
+        self.counters.update({f"waiting_{k}": v
+                              for k, v in getattr(self.policy, "counters", {}).items()})
         result = self._result(_time.perf_counter() - wall)
         result.cpu_s = _time.process_time() - cpu
         return result

@@ -37,12 +37,18 @@ Policies:
   the decision's nice and Slurm's age factor; ``gpushare-sjf`` is the same with the SJF lever
   on (``policy.priority = "sjf"``). Partners are not chosen by gpushare: Slurm's packing picks
   the GPU within the decision's types and exclusions (no best-first choice, and no matching,
-  which Slurm cannot be asked for).
+  which Slurm cannot be asked for). While a share waits, it follows the cluster as the daemon
+  makes it follow in Slurm's queue (``core/waiting.py``): after each release, a node comes off
+  its exclusions once the jobs that caused them left it and its class may join what is there
+  now (the daemon does it within a refresh of its view, here at once). No type is added: the
+  simulator's node views carry no free units per GPU, so decisions here offer every type the
+  request suits and have none left to add.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 
@@ -50,6 +56,7 @@ from slurm_gpushare.core import policy as daemon_policy
 from slurm_gpushare.core.config import Config, GpuType, PolicyConfig
 from slurm_gpushare.core.hostlist import expand_hostlist
 from slurm_gpushare.core.types import JobRequest
+from slurm_gpushare.core.waiting import WaitingShare, review_one
 
 from slurm_gpushare.sim.cluster import SPEED_PROFILES
 from slurm_gpushare.sim.engine import Request
@@ -305,6 +312,7 @@ class SimView:
         self._masks = [0] * len(self._views)  # classes resident on each node (bits)
         self._idle = engine.n_gpus.tolist()
         self._version, self._nodes = -1, _Snapshot(self._views)
+        self.touched: set[int] = set()  # nodes whose allocations changed (``take_touched``)
         # The classes in each bit mask of classes, as the node views list them.
         self._classes_of = [tuple(c for c in range(engine.n_classes) if mask >> c & 1)
                             for mask in range(1 << engine.n_classes)]
@@ -313,6 +321,7 @@ class SimView:
         engine = self.engine
         if self._version != engine.version:
             changed = []
+            self.touched |= engine.n_changed
             # Only nodes whose allocations changed since the last look can have other views.
             for i in sorted(engine.n_changed):
                 first, count = int(engine.n_first[i]), int(engine.n_gpus[i])
@@ -358,6 +367,18 @@ class SimView:
             self._nodes = _Snapshot(self._views)
             self._nodes.checks, self._nodes.memo = checks, memo
         return self._nodes
+
+
+    def take_touched(self) -> set[int]:
+        """The nodes whose allocations changed since the last call (their views current)."""
+        self.nodes()
+        touched, self.touched = self.touched, set()
+        return touched
+
+    def node_now(self, i: int, resident_jobs: tuple = ()) -> daemon_policy.NodeView:
+        """Node i's view as of the last ``nodes()``, with the jobs on it where asked."""
+        view = self._views[i]
+        return replace(view, resident_jobs=resident_jobs) if resident_jobs else view
 
 
 class SimCompatibility:
@@ -448,6 +469,11 @@ class GpuShare(Policy):
         self.percent_asked = np.where(work.gpu_request < work.n_gpus,
                                       np.ceil(100 * work.gpu_request), 0).astype(int).tolist()
         self._requests: dict = {}
+        # Waiting shares to review (job -> (WaitingShare, its request)), and per node the
+        # jobs kept off it.
+        self.waiting: dict[int, tuple] = {}
+        self.excluders: dict[int, set[int]] = {}
+        self.counters = {"lifted": 0, "widened": 0}
         self._type_masks: dict = {}
         self._shards: dict = {}
         self._node_sets: dict = {}
@@ -494,6 +520,8 @@ class GpuShare(Policy):
             detail="simulated history")
 
     def admit(self, j, engine):
+        if j in self.waiting:  # re-admitted after a kill: its old request is gone
+            self._forget(j)
         decision = daemon_policy.decide(self.request(j, engine), self.config,
                                         estimate=self.estimate(j, engine), view=self.view,
                                         knowledge=self.compat, decision_id=f"sim-{j}")
@@ -514,7 +542,94 @@ class GpuShare(Policy):
         exclude = self._node_set(decision.writes.get("exc_nodes", ""))
         # Its longest predicted run time on those types (0 where a type is not one of them).
         est = max([r if ok else 0.0 for r, ok in zip(self.runtime_rows[j], flags)])
-        return Request(False, types, shards, exclude, est, decision.code, nice)
+        req = Request(False, types, shards, exclude, est, decision.code, nice)
+        away = tuple(decision.details.get("excluded_nodes") or ())
+        later = decision.details.get("later_types") or ()
+        if away or later:
+            self._follow(j, engine, decision, away, later, req)
+        return req
+
+    # -- waiting shares follow the cluster (core/waiting.py, as the daemon does in Slurm) ----
+    def _follow(self, j, engine, decision, away, later, req: Request) -> None:
+        """Keep job j's share to review while it waits: the nodes it is kept off and the jobs
+        on them now (the shares that caused it)."""
+        gpu_type = self.config.gpu_type
+        blockers = {name: frozenset(self._jobs_on(engine, self.node_index[name])) for name in away
+                    if name in self.node_index}
+        entry = WaitingShare(
+            f"sim-{j}", "", decision.writes.get("features", ""),
+            types=tuple(g for g in map(gpu_type, decision.gpu_types) if g),
+            later=tuple(g for g in map(gpu_type, later) if g), user_exc_nodes="", away=away,
+            blockers=blockers, partitions=(engine.cluster.partition,),
+            units=decision.details.get("units", 1), job_class=decision.details.get("job_class"),
+            knowledge=self.compat)
+        self.waiting[j] = (entry, req)
+        for name in away:
+            self.excluders.setdefault(self.node_index[name], set()).add(j)
+
+    @staticmethod
+    def _jobs_on(engine, node: int) -> tuple:
+        return tuple(job for g in engine._n_gpu_range[node] for job in engine.g_jobs[g])
+
+    def _forget(self, j: int) -> None:
+        entry, _ = self.waiting.pop(j)
+        for name in entry.away:
+            self.excluders.get(self.node_index[name], set()).discard(j)
+
+    def review(self, engine) -> None:
+        """After a release: the waiting shares kept off a node whose allocations changed are
+        reviewed as the daemon reviews them after each refresh of its view (the daemon does
+        it within ``view_refresh_s``, here at once); a change moves the job's request."""
+        if not self.waiting:
+            return
+        touched = self.view.take_touched()
+        due = set()
+        for node in touched:
+            due |= self.excluders.get(node, set())
+        if not due:
+            return
+        view = self.view
+        judged = {self.engine.cluster.nodes[i].name for i in touched}
+        seen: dict = {}
+        memo: dict = {}  # judgements shared by the jobs of one class
+
+        def node_of(name: str):  # each node's view once per review
+            node = seen.get(name)
+            if node is None:
+                i = self.node_index[name]
+                node = seen[name] = view.node_now(i, self._jobs_on(engine, i))
+            return node
+
+        for j in sorted(due):
+            held = self.waiting.get(j)
+            if held is None:
+                continue
+            entry, req = held
+            if engine.j_state[j] != "queued" or engine.j_req[j] is not req:
+                self._forget(j)  # started, or re-admitted with a new decision
+                continue
+            change = review_one(entry, view, node_of, judged, memo)
+            if change is None:
+                continue
+            types = req.types
+            if change.added:
+                added = {g.name for g in change.added}
+                types = req.types | np.array([t in added for t in self.type_names]) & \
+                    engine.work.allowed[j]
+                entry.types += change.added
+                entry.later = tuple(g for g in entry.later if g.name not in added)
+            lifted = [name for name in entry.away if name not in change.still]
+            revised = replace(req, types=types, exclude=req.exclude - frozenset(
+                self.node_index[name] for name in lifted))
+            self._forget(j)
+            entry.away = change.still
+            engine.revise(j, revised)
+            self.counters["lifted"] += len(lifted)
+            self.counters["widened"] += bool(change.added)
+            if entry.away or entry.later:
+                self.waiting[j] = (entry, revised)
+                for name in entry.away:
+                    self.excluders[self.node_index[name]].add(j)
 
     def _type_mask(self, gpu_types: tuple[str, ...], j: int) -> tuple[np.ndarray, list[bool]]:
         """The decision's GPU types that job j allows, as a mask over the cluster's types and

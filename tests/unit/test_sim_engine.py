@@ -289,6 +289,20 @@ class Checked(Engine):
         assert self.heads == sorted((b[0][0], s, 0) for s, b in self.buckets.items() if b)
         super().schedule(only)
 
+    def revise(self, j, req):
+        super().revise(j, req)
+        self.revised = getattr(self, "revised", 0) + 1
+        # every queued job once, in the bucket of its request's shape, in policy order
+        assert sum(len(b) for b in self.buckets.values()) == self.queued
+        assert self.heads == sorted((b[0][0], s, 0) for s, b in self.buckets.items() if b)
+        for shape, bucket in self.buckets.items():
+            assert bucket == sorted(bucket)
+            for key, i in bucket:
+                r = self.j_req[i]
+                assert shape == (self.policy.memo_key(i, r), tuple(r.shards.tolist())
+                                 if not r.whole else None)
+                assert (key, i) == (self.policy.key(i, self), i)
+
     def share_candidates(self, req, exclude=None, *, cap=None, rooms=None, first=False):
         got = super().share_candidates(req, exclude, cap=cap, rooms=rooms, first=first)
         # against every GPU, from the arrays: the GPUs the share fits now outside the exclusions
@@ -333,6 +347,8 @@ def test_invariants_on_a_random_small_trace(policy):
     assert e.free_whole == e.G and not e.g_used.any()
     if policy == "slurm-default":
         assert not r.jobs["shared"].any()
+    if policy == "gpushare":  # waiting shares followed the cluster (checked at each revision)
+        assert 0 < e.revised <= r.counters["waiting_lifted"]
 
 
 def test_gpushare_places_openb_pods_on_every_type_they_fit():
@@ -377,3 +393,33 @@ def test_shares_round_up_to_the_sites_shard_size():
                    share_unit_mib=unit)
         assert list(r.jobs["start"]) == starts, unit
         assert r.counters["oom_kills"] == 0
+
+
+def test_gpushare_lifts_an_exclusion_once_the_share_that_caused_it_ends():
+    # As the daemon does for jobs in Slurm's queue (core/waiting.py): job 2 (class 2) is kept
+    # off v100-0-0, whose GPU holds job 0 (class 0, which it should not join), while v100-1-0
+    # is held whole by job 1 until 1001. When job 0 ends at 100, the exclusion is lifted and
+    # job 2 starts there; left as decided, it would wait for job 1's GPU.
+    jobs = [{"solo": 100, "mem": 4, "cls": 0}, {"submit": 1, "solo": 1000, "mem": 15, "cls": 1},
+            {"submit": 2, "solo": 100, "mem": 4, "cls": 2}]
+    cl = cluster(((1, 1, "v100"), (1, 1, "v100")), cap=2)
+    follows = policies.GpuShare(table(bad=[(0, 2)]), keep_whole_when_idle=False)
+    e, r = run(cl, jobs, follows)
+    assert follows.waiting == {} and r.counters["waiting_lifted"] == 1
+    assert list(r.jobs["start"]) == [0, 1, 100] and e.j_gpus[2] == [0]
+    stays = policies.GpuShare(table(bad=[(0, 2)]), keep_whole_when_idle=False)
+    stays.review = None
+    _, r = run(cl, jobs, stays)
+    assert list(r.jobs["start"]) == [0, 1, 1001]
+
+
+def test_gpushare_keeps_an_exclusion_while_a_partner_it_should_not_join_is_there():
+    # Job 0 ends at 197, but job 3 (class 0 as well) joined it at 3: job 2 stays off v100-0-0
+    # until job 3 ends too (600), still before job 1's GPU frees (1001).
+    jobs = [{"solo": 100, "mem": 4, "cls": 0}, {"submit": 1, "solo": 1000, "mem": 15, "cls": 1},
+            {"submit": 2, "solo": 100, "mem": 4, "cls": 2},
+            {"submit": 3, "solo": 500, "mem": 4, "cls": 0}]
+    cl = cluster(((1, 1, "v100"), (1, 1, "v100")), cap=2)
+    _, r = run(cl, jobs, policies.GpuShare(table(bad=[(0, 2)]), keep_whole_when_idle=False))
+    assert list(r.jobs["start"]) == [0, 1, 600, 3]
+    assert list(r.jobs["end"])[:1] == [197]

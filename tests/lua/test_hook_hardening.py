@@ -145,7 +145,9 @@ def test_a_flaky_daemon_opens_the_breaker(scripted, tmp_path):
     hook = hook_for(server.path, tmp_path)
     for _ in range(15):
         hook.submit(job_fields())
-    assert hook.state()["open_until"] > 0 and server.count == 10
+    # Open after the window's ten requests (without a breaker all 15 reach the daemon); on a
+    # loaded machine a healthy reply that misses the deadline counts too, and it opens sooner.
+    assert hook.state()["open_until"] > 0 and server.count <= 10
 
 
 def test_a_healthy_daemon_keeps_the_breaker_closed(scripted, tmp_path):

@@ -71,17 +71,18 @@ def still_blocked(entry: WaitingShare, node_of: Callable[[str], NodeView | None]
     if memo is not None:
         caches = memo.setdefault((entry.job_class, id(entry.knowledge), entry.units), ({}, {}))
     answers, verdicts = caches or (None, None)
-    still = []
-    for name in entry.away:
-        if judged is not None and name not in judged:
-            still.append(name)
-            continue
+
+    def blocked(name: str) -> bool:
         node = node_of(name)
-        if (node is None or entry.blockers.get(name, frozenset()) & set(node.resident_jobs)
+        return (node is None
+                or not entry.blockers.get(name, frozenset()).isdisjoint(node.resident_jobs)
                 or keeps_off(node, entry.job_class, entry.knowledge, entry.units,
-                             _answers=answers, _verdicts=verdicts)):
-            still.append(name)
-    return tuple(still)
+                             _answers=answers, _verdicts=verdicts))
+
+    if judged is None:
+        return tuple(name for name in entry.away if blocked(name))
+    lifted = {name for name in judged if name in entry.away and not blocked(name)}
+    return tuple(n for n in entry.away if n not in lifted) if lifted else entry.away
 
 
 def types_to_add(entry: WaitingShare, view, away: Sequence[str]) -> tuple[GpuType, ...]:

@@ -582,14 +582,14 @@ class GpuShare(Policy):
         it within ``view_refresh_s``, here at once); a change moves the job's request."""
         if not self.waiting:
             return
-        touched = self.view.take_touched()
-        due = set()
-        for node in touched:
-            due |= self.excluders.get(node, set())
+        due: dict[int, list[str]] = {}  # job -> its nodes touched since the last review
+        nodes = engine.cluster.nodes
+        for node in self.view.take_touched():
+            for j in self.excluders.get(node, ()):
+                due.setdefault(j, []).append(nodes[node].name)
         if not due:
             return
         view = self.view
-        judged = {self.engine.cluster.nodes[i].name for i in touched}
         seen: dict = {}
         memo: dict = {}  # judgements shared by the jobs of one class
 
@@ -608,7 +608,7 @@ class GpuShare(Policy):
             if engine.j_state[j] != "queued" or engine.j_req[j] is not req:
                 self._forget(j)  # started, or re-admitted with a new decision
                 continue
-            change = review_one(entry, view, node_of, judged, memo)
+            change = review_one(entry, view, node_of, due[j], memo)
             if change is None:
                 continue
             types = req.types

@@ -659,18 +659,9 @@ class Engine:
         old = self.j_req[j]
         shape = (self.policy.memo_key(j, old), None if old.whole else tuple(old.shards.tolist()))
         bucket = self.buckets[shape]
-        entry = (self.policy.key(j, self), j)
-        pos = bisect.bisect_left(bucket, entry)
-        if pos == 0:
-            self._drop_head(bucket[0][0], shape)
-            if len(bucket) > 1:
-                bisect.insort(self.heads, (bucket[1][0], shape, 0))
-        del bucket[pos]
-        if not bucket:
-            del self.buckets[shape]
-            self._count_needs(shape, -1)
-            del self.bucket_needs[shape]
-        self.queued -= 1
+        pos = bisect.bisect_left(bucket, (self.policy.key(j, self), j))
+        if self._take_out(shape, bucket, pos):
+            self._drop_bucket(shape)
         self._queue(j, req)
         self.released = True  # a full pass: its new bucket may start now
 
@@ -693,6 +684,22 @@ class Engine:
         bisect.insort(bucket, entry)
         self.queued += 1
         self.arrived_shapes.add(shape)
+
+    def _take_out(self, shape, bucket: list, pos: int) -> bool:
+        """Take the job at ``pos`` out of its bucket (the kept heads follow); True when the
+        bucket is left empty (``_drop_bucket`` it)."""
+        if pos == 0:
+            self._drop_head(bucket[0][0], shape)
+            if len(bucket) > 1:
+                bisect.insort(self.heads, (bucket[1][0], shape, 0))
+        del bucket[pos]
+        self.queued -= 1
+        return not bucket
+
+    def _drop_bucket(self, shape):
+        del self.buckets[shape]
+        self._count_needs(shape, -1)
+        del self.bucket_needs[shape]
 
     def _drop_head(self, key, shape):
         """Take a bucket's head out of ``heads``."""
@@ -971,14 +978,8 @@ class Engine:
                     if placed is None:
                         continue
                 self.counters["backfilled"] += 1
-            if pos == 0:
-                self._drop_head(bucket[0][0], shape)
-                if len(bucket) > 1:
-                    bisect.insort(self.heads, (bucket[1][0], shape, 0))
-            del bucket[pos]
-            if not bucket:
+            if self._take_out(shape, bucket, pos):
                 emptied.append(shape)
-            self.queued -= 1
             if sharing:
                 for g in placed:
                     node = int(self.g_node[g])
@@ -997,9 +998,7 @@ class Engine:
         if only is None:
             self.last_blocked = blocked
         for shape in emptied:  # only a start empties a bucket
-            del self.buckets[shape]
-            self._count_needs(shape, -1)
-            del self.bucket_needs[shape]
+            self._drop_bucket(shape)
 
     # --- main loop ---------------------------------------------------------------------------
 

@@ -101,6 +101,46 @@ def test_a_node_the_view_no_longer_shows_stays_excluded():
     assert still_blocked(entry(), View(node("n2", (16,))).node) == ("n1",)
 
 
+def test_only_the_nodes_named_as_changed_are_judged_again():
+    # The simulator names the nodes whose allocations changed since its last review; the
+    # others keep their verdict, even where the view now would lift them.
+    share = entry(away=("n1", "n2"), blockers={"n1": frozenset({"busy"}),
+                                               "n2": frozenset({"busy"})})
+    view = View(node("n1", (16, 16)), node("n2", (16, 16)))
+    assert still_blocked(share, view.node) == ()
+    assert still_blocked(share, view.node, judged=["n2"]) == ("n1",)
+    assert still_blocked(share, view.node, judged=[]) is share.away  # nothing to rebuild
+
+
+class Counted(Avoids):
+    """Pair judgement that counts how often it is asked."""
+
+    def __init__(self, *bad: str):
+        super().__init__(*bad)
+        self.asked = 0
+
+    def compatible_with(self, resident, gpu_type=None):
+        self.asked += 1
+        return super().compatible_with(resident, gpu_type)
+
+
+def test_entries_judged_alike_share_answers_within_one_review():
+    knowledge = Counted("newcomer")
+    view = View(NodeView("n1", "v100", ("gpu",), gpus=1, resident_jobs=("newcomer", "other")))
+    first, second = (WaitingShare(d, TAG, "v100", (V100,), (), "", ("n1",), blockers={},
+                                  partitions=("gpu",), units=4, job_class=None,
+                                  knowledge=knowledge) for d in ("d1", "d2"))
+    memo: dict = {}
+    assert still_blocked(first, view.node, memo=memo) == ("n1",)
+    asked = knowledge.asked
+    assert still_blocked(second, view.node, memo=memo) == ("n1",)
+    assert knowledge.asked == asked  # the same judge on the same node: answered once
+    # Another judge (another job's pair predictor) is asked itself.
+    other = WaitingShare("d3", TAG, "v100", (V100,), (), "", ("n1",), blockers={},
+                         partitions=("gpu",), units=4, job_class=None, knowledge=Counted())
+    assert still_blocked(other, view.node, memo=memo) == ()
+
+
 # -- types ----------------------------------------------------------------------------------
 def test_a_slower_type_is_added_only_while_the_offered_ones_are_full():
     share = entry(away=(), types=(A100,), later=(V100,), features="a100")

@@ -1079,7 +1079,7 @@ class Engine:
                 self.j_state[j] = CUTOFF
             elif self.j_state[j] in ("queued", PENDING):
                 self.j_state[j] = CUTOFF if until < math.inf else self.j_state[j]
-        # What the policy changed while jobs waited (gpushare: exclusions lifted, types added).
+        # What the policy changed while jobs waited (gpushare: exclusions lifted).
         self.counters.update({f"waiting_{k}": v
                               for k, v in getattr(self.policy, "counters", {}).items()})
         result = self._result(_time.perf_counter() - wall)

@@ -368,7 +368,6 @@ class SimView:
             self._nodes.checks, self._nodes.memo = checks, memo
         return self._nodes
 
-
     def take_touched(self) -> set[int]:
         """The nodes whose allocations changed since the last call (their views current)."""
         self.nodes()
@@ -473,7 +472,7 @@ class GpuShare(Policy):
         # jobs kept off it.
         self.waiting: dict[int, tuple] = {}
         self.excluders: dict[int, set[int]] = {}
-        self.counters = {"lifted": 0, "widened": 0}
+        self.counters = {"lifted": 0}
         self._type_masks: dict = {}
         self._shards: dict = {}
         self._node_sets: dict = {}
@@ -544,22 +543,22 @@ class GpuShare(Policy):
         est = max([r if ok else 0.0 for r, ok in zip(self.runtime_rows[j], flags)])
         req = Request(False, types, shards, exclude, est, decision.code, nice)
         away = tuple(decision.details.get("excluded_nodes") or ())
-        later = decision.details.get("later_types") or ()
-        if away or later:
-            self._follow(j, engine, decision, away, later, req)
+        if away:
+            self._follow(j, engine, decision, away, req)
         return req
 
     # -- waiting shares follow the cluster (core/waiting.py, as the daemon does in Slurm) ----
-    def _follow(self, j, engine, decision, away, later, req: Request) -> None:
+    def _follow(self, j, engine, decision, away, req: Request) -> None:
         """Keep job j's share to review while it waits: the nodes it is kept off and the jobs
-        on them now (the shares that caused it)."""
+        on them now (the shares that caused it). No slower type is kept to add (``later``):
+        with no free units in these views, the decision left none out."""
         gpu_type = self.config.gpu_type
         blockers = {name: frozenset(self._jobs_on(engine, self.node_index[name])) for name in away
                     if name in self.node_index}
         entry = WaitingShare(
             f"sim-{j}", "", decision.writes.get("features", ""),
             types=tuple(g for g in map(gpu_type, decision.gpu_types) if g),
-            later=tuple(g for g in map(gpu_type, later) if g), user_exc_nodes="", away=away,
+            later=(), user_exc_nodes="", away=away,
             blockers=blockers, partitions=(engine.cluster.partition,),
             units=decision.details.get("units", 1), job_class=decision.details.get("job_class"),
             knowledge=self.compat)
@@ -611,22 +610,14 @@ class GpuShare(Policy):
             change = review_one(entry, view, node_of, due[j], memo)
             if change is None:
                 continue
-            types = req.types
-            if change.added:
-                added = {g.name for g in change.added}
-                types = req.types | np.array([t in added for t in self.type_names]) & \
-                    engine.work.allowed[j]
-                entry.types += change.added
-                entry.later = tuple(g for g in entry.later if g.name not in added)
             lifted = [name for name in entry.away if name not in change.still]
-            revised = replace(req, types=types, exclude=req.exclude - frozenset(
+            revised = replace(req, exclude=req.exclude - frozenset(
                 self.node_index[name] for name in lifted))
             self._forget(j)
             entry.away = change.still
             engine.revise(j, revised)
             self.counters["lifted"] += len(lifted)
-            self.counters["widened"] += bool(change.added)
-            if entry.away or entry.later:
+            if entry.away:
                 self.waiting[j] = (entry, revised)
                 for name in entry.away:
                     self.excluders[self.node_index[name]].add(j)

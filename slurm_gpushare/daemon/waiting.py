@@ -9,9 +9,10 @@ for the job's whole life, unless it is changed:
 
 Nothing is ever taken back, so a job waits at most for what it was submitted with. The
 user's own ``--exclude`` and ``--constraint`` stay as written, and a job whose tag changed
-since the daemon last wrote it (a requeue re-sized it) is left alone. The tag goes with every update (with the new types where they changed):
-``job_submit.lua`` refuses updates of a share's node lists and constraint unless they carry a
-gpushare tag (only operators and SlurmUser can set AdminComment). What the daemon wrote is
+since the daemon last wrote it (a requeue re-sized it) is left alone. The tag goes with every
+update (with the new types where they changed): ``job_submit.lua`` refuses updates of a
+share's node lists and constraint unless they carry a gpushare tag (only operators and
+SlurmUser can set AdminComment). What the daemon wrote is
 kept in memory only: after a restart of the daemon, jobs decided before it keep what Slurm
 has, as Slurm alone would. Slurm is asked which of those jobs are still pending (one ``squeue
 -t PD`` call) only after a refresh that would change one of them: a job found not pending

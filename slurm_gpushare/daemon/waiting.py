@@ -91,7 +91,7 @@ class WaitingShares:
         for entry in entries:
             if now - entry.decided_at < SETTLE_S:
                 continue  # a decision made this instant may not be a job in the queue yet
-            time.sleep(0)  # each answer may scan the nodes: a waiting decision goes first
+            time.sleep(0)  # room for a type may scan its nodes: a waiting decision goes first
             if entry.blockers is None:
                 entry.blockers = {n.name: frozenset(n.resident_jobs)
                                   for n in entry.seen_on or () if n.name in entry.away}

@@ -468,9 +468,8 @@ class GpuShare(Policy):
         self.percent_asked = np.where(work.gpu_request < work.n_gpus,
                                       np.ceil(100 * work.gpu_request), 0).astype(int).tolist()
         self._requests: dict = {}
-        # Waiting shares to review (job -> (WaitingShare, its request)), and per node the
-        # jobs kept off it.
-        self.waiting: dict[int, tuple] = {}
+        # Waiting shares to review (job -> WaitingShare), and per node the jobs kept off it.
+        self.waiting: dict[int, WaitingShare] = {}
         self.excluders: dict[int, set[int]] = {}
         self.counters = {"lifted": 0}
         self._type_masks: dict = {}
@@ -544,17 +543,17 @@ class GpuShare(Policy):
         req = Request(False, types, shards, exclude, est, decision.code, nice)
         away = tuple(decision.details.get("excluded_nodes") or ())
         if away:
-            self._follow(j, engine, decision, away, req)
+            self._follow(j, engine, decision, away)
         return req
 
     # -- waiting shares follow the cluster (core/waiting.py, as the daemon does in Slurm) ----
-    def _follow(self, j, engine, decision, away, req: Request) -> None:
+    def _follow(self, j, engine, decision, away) -> None:
         """Keep job j's share to review while it waits: the nodes it is kept off and the jobs
         on them now (the shares that caused it). No slower type is kept to add (``later``):
         with no free units in these views, the decision left none out."""
         gpu_type = self.config.gpu_type
-        blockers = {name: frozenset(self._jobs_on(engine, self.node_index[name])) for name in away
-                    if name in self.node_index}
+        blockers = {name: frozenset(self._jobs_on(engine, self.node_index[name]))
+                    for name in away}
         entry = WaitingShare(
             f"sim-{j}", "", decision.writes.get("features", ""),
             types=tuple(g for g in map(gpu_type, decision.gpu_types) if g),
@@ -562,7 +561,7 @@ class GpuShare(Policy):
             blockers=blockers, partitions=(engine.cluster.partition,),
             units=decision.details.get("units", 1), job_class=decision.details.get("job_class"),
             knowledge=self.compat)
-        self.waiting[j] = (entry, req)
+        self.waiting[j] = entry
         for name in away:
             self.excluders.setdefault(self.node_index[name], set()).add(j)
 
@@ -570,10 +569,12 @@ class GpuShare(Policy):
     def _jobs_on(engine, node: int) -> tuple:
         return tuple(job for g in engine._n_gpu_range[node] for job in engine.g_jobs[g])
 
-    def _forget(self, j: int) -> None:
-        entry, _ = self.waiting.pop(j)
-        for name in entry.away:
-            self.excluders.get(self.node_index[name], set()).discard(j)
+    def _forget(self, j: int, names=None) -> None:
+        """Job j is no longer kept off ``names`` (default: any node; then forgotten)."""
+        if names is None:
+            names = self.waiting.pop(j).away
+        for name in names:
+            self.excluders[self.node_index[name]].discard(j)
 
     def review(self, engine) -> None:
         """After a release: the waiting shares kept off a node whose allocations changed are
@@ -600,27 +601,24 @@ class GpuShare(Policy):
             return node
 
         for j in sorted(due):
-            held = self.waiting.get(j)
-            if held is None:
+            entry = self.waiting.get(j)
+            if entry is None:
                 continue
-            entry, req = held
-            if engine.j_state[j] != "queued" or engine.j_req[j] is not req:
-                self._forget(j)  # started, or re-admitted with a new decision
+            if engine.j_state[j] != "queued":  # started (a re-admission forgot it already)
+                self._forget(j)
                 continue
             change = review_one(entry, view, node_of, due[j], memo)
             if change is None:
                 continue
             lifted = [name for name in entry.away if name not in change.still]
-            revised = replace(req, exclude=req.exclude - frozenset(
-                self.node_index[name] for name in lifted))
-            self._forget(j)
-            entry.away = change.still
-            engine.revise(j, revised)
+            req = engine.j_req[j]
+            engine.revise(j, replace(req, exclude=req.exclude - frozenset(
+                self.node_index[name] for name in lifted)))
             self.counters["lifted"] += len(lifted)
-            if entry.away:
-                self.waiting[j] = (entry, revised)
-                for name in entry.away:
-                    self.excluders[self.node_index[name]].add(j)
+            self._forget(j, lifted)
+            entry.away = change.still
+            if not entry.away:
+                del self.waiting[j]
 
     def _type_mask(self, gpu_types: tuple[str, ...], j: int) -> tuple[np.ndarray, list[bool]]:
         """The decision's GPU types that job j allows, as a mask over the cluster's types and

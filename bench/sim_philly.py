@@ -1,7 +1,7 @@
 """Benchmark: the Philly trace (82,247 jobs) under each policy over several seeds; records JSON.
 
     .venv/bin/python bench/sim_philly.py [--seeds 0-4] [--policies a,b,...|all] [--limit N]
-                                         [--jobs N] [--policy KEY=VALUE ...]
+                                         [--jobs N] [--draws N] [--policy KEY=VALUE ...]
                                          [--out bench/sim_philly.json]
     .venv/bin/python bench/sim_philly.py --merge seed0.json seed1.json ... --out all.json
 
@@ -19,6 +19,11 @@ by (``checks``):
   change must leave it unchanged;
 - OOM kills of every policy; wall time of every policy (goal <= 30 s on a 2-core machine),
   and CPU time (what the wall time would be on an otherwise idle core).
+
+A congested queue is chaotic: a replicate of a seed whose true run times move by ~0.1%
+(``--draws N``: the seed and N-1 replicates) moves its p95 JCT by up to 9% and its mean by up
+to 6%. With ``--draws`` the checks are made again on each seed's average over its draws
+(``checks_over_draws``, with each figure's range over draws and the wins draw by draw).
 """
 
 from __future__ import annotations
@@ -88,6 +93,48 @@ def checks(seeds: list[dict]) -> dict:
     return out
 
 
+GOAL_METRICS = ("jct_mean_s", "jct_p95_s")
+
+
+def over_draws(seeds: list[dict]) -> dict:
+    """The comparisons again with each seed's figures averaged over its draws (the seed itself
+    and its replicates, ``--draws``): how far each figure moves over draws (relative range, per
+    seed), who wins on the averages, and who wins draw by draw (paired: every policy of a draw
+    replays the same jobs)."""
+    runs = [[{r["policy"]: r for r in run["summary"]} for run in [s] + s.get("replicates", [])]
+            for s in seeds]
+    out: dict = {"draws": len(runs[0]), "relative_range": {}}
+    for policy in runs[0][0]:
+        out["relative_range"][policy] = {
+            metric: spread([(max(v) - min(v)) / np.mean(v) for v in (
+                [run[policy][metric] for run in seed] for seed in runs)])
+            for metric in GOAL_METRICS}
+
+    def average(seed, policy, metric):
+        return float(np.mean([run[policy][metric] for run in seed]))
+
+    if all("gpushare-sjf" in r and "sjf-bsbf" in r for r in runs[0]):
+        for metric in GOAL_METRICS:
+            ours = [average(seed, "gpushare-sjf", metric) for seed in runs]
+            theirs = [average(seed, "sjf-bsbf", metric) for seed in runs]
+            wins = sum(a < b for a, b in zip(ours, theirs))
+            paired = [run["gpushare-sjf"][metric] < run["sjf-bsbf"][metric]
+                      for seed in runs for run in seed]
+            out[f"gpushare-sjf_vs_sjf-bsbf_{metric}"] = {
+                "gpushare-sjf": spread(ours), "sjf-bsbf": spread(theirs),
+                "seeds_won": wins, "seeds": len(ours),
+                "runs_won": int(sum(paired)), "runs": len(paired),
+                "better_on_average": bool(np.mean(ours) < np.mean(theirs)),
+                "goal_met": bool(np.mean(ours) < np.mean(theirs) and wins >= min(4, len(ours)))}
+    if all("gpushare" in r and "slurm-default" in r for r in runs[0]):
+        change = [average(seed, "gpushare", "jct_mean_s") / average(seed, "slurm-default",
+                                                                      "jct_mean_s") - 1
+                  for seed in runs]
+        out["gpushare_vs_slurm-default_jct_mean"] = {
+            **spread(change), "goal": -0.40, "goal_met": bool(np.mean(change) <= -0.40)}
+    return out
+
+
 def _figures(record: dict) -> list:
     """A seed's summary less the wall time: what must not change from run to run."""
     return [{k: v for k, v in row.items() if k != "wall_s"} for row in record["summary"]]
@@ -118,21 +165,22 @@ def policy_settings(parser, items: list[str]) -> dict:
     return settings
 
 
-def run_seed(args, seed: int) -> dict:
-    """Every policy on one seed's jobs: the per-seed record."""
+def run_seed(args, seed: int, draw: int = 0) -> dict:
+    """Every policy on one seed's jobs (``draw`` > 0: a replicate of them): the record."""
     data_dir = args.data_dir or default_data_dir()
     cluster = load_cluster(args.cluster)
     policies = expand_policies([args.policies])
     started = time.perf_counter()
     work = load_workload("philly", cluster, data_dir,
                          WorkloadOptions(seed=seed, limit=args.limit, load=args.load,
-                                         runtime_error=args.runtime_error))
+                                         runtime_error=args.runtime_error, draw=draw))
     load_s = time.perf_counter() - started
     outcome = run_policies(cluster, work, policies, data_dir=data_dir, seed=seed,
                            gpu_time_budget_pct=args.gpu_time_budget,
                            gpushare_settings=args.settings)
     print_tables(outcome.summary, outcome.relative,
-                 title=f"Philly on {cluster.summary()} ({len(work)} jobs, seed {seed})")
+                 title=f"Philly on {cluster.summary()} ({len(work)} jobs, seed {seed}"
+                       + (f", draw {draw})" if draw else ")"))
     record = {
         "seed": seed, "jobs": len(work), "trace_load_s": round(load_s, 2),
         "wall_s_per_policy": {r.policy: round(r.wall_s, 2) for r in outcome.results},
@@ -142,8 +190,11 @@ def run_seed(args, seed: int) -> dict:
         "counters": {r.policy: r.counters for r in outcome.results},
         "decision_codes": {r.policy: r.codes for r in outcome.results},
     }
+    if draw:
+        record["draw"] = draw
     record["results_digest"] = results_digest(record)
-    print(f"seed {seed}: results digest {record['results_digest']}, CPU s per policy "
+    which = f"seed {seed}" + (f" draw {draw}" if draw else "")
+    print(f"{which}: results digest {record['results_digest']}, CPU s per policy "
           f"{record['cpu_s_per_policy']}", flush=True)
     return record
 
@@ -171,6 +222,10 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=1,
                         help="runs of each seed: every run's wall and CPU time per policy are "
                              "kept under 'rounds' (the figures must come out the same)")
+    parser.add_argument("--draws", type=int, default=1,
+                        help="runs per seed: the seed and draws-1 replicates whose true run "
+                             "times move by ~0.1%% (the simulator's noise floor); the checks "
+                             "are then also made on each seed's average over its draws")
     parser.add_argument("--out", default=str(ROOT / "bench" / "sim_philly.json"))
     parser.add_argument("--merge", nargs="+", metavar="JSON",
                         help="combine the seeds of earlier runs (same settings) into --out")
@@ -181,6 +236,8 @@ def main(argv=None) -> int:
         doc = {**docs[0], "command": "; ".join(d["command"] for d in docs),
                "seeds": sorted((s for d in docs for s in d["seeds"]), key=lambda s: s["seed"])}
         doc["checks"] = checks(doc["seeds"])
+        if all("replicates" in s for s in doc["seeds"]):
+            doc["checks_over_draws"] = over_draws(doc["seeds"])
         doc["results_digest_per_seed"] = {s["seed"]: s["results_digest"] for s in doc["seeds"]}
         doc["load_average"] = [d.get("load_average") for d in docs]
         Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")
@@ -189,13 +246,24 @@ def main(argv=None) -> int:
     cluster = load_cluster(args.cluster)
     policies = expand_policies([args.policies])
     seed_list = expand_ranges(args.seeds)
+    if args.draws < 1:
+        parser.error("--draws must be at least 1")
+    tasks = [(seed, draw) for seed in seed_list for draw in range(args.draws)]
     if args.jobs > 1:
-        # One process per seed: the same figures (a seed's runs do not depend on the others),
-        # in the wall time of the slowest seed where there are cores for it.
+        # One process per seed and draw: the same figures (a run does not depend on the
+        # others), in the wall time of the slowest where there are cores for it.
         with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-            seeds = list(pool.map(run_seed, [args] * len(seed_list), seed_list))
+            records = list(pool.map(run_seed, [args] * len(tasks), *zip(*tasks)))
     else:
-        seeds = [run_seed(args, seed) for seed in seed_list]
+        records = [run_seed(args, seed, draw) for seed, draw in tasks]
+    seeds = [r for r in records if not r.get("draw")]
+    for seed in seeds:
+        seed["replicates"] = [
+            {k: r[k] for k in ("draw", "summary", "results_digest", "cpu_s_per_policy",
+                               "wall_s_per_policy")}
+            for r in records if r.get("draw") and r["seed"] == seed["seed"]]
+        if not seed["replicates"]:
+            del seed["replicates"]
     for seed in seeds:
         seed["rounds"] = [{k: seed[k] for k in ("wall_s_per_policy", "cpu_s_per_policy")}]
         for _ in range(args.rounds - 1):
@@ -213,11 +281,15 @@ def main(argv=None) -> int:
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                     "platform": platform.platform()},
         "checks": checks(seeds),
+        **({"draws": args.draws, "checks_over_draws": over_draws(seeds)} if args.draws > 1
+           else {}),
         "results_digest_per_seed": {s["seed"]: s["results_digest"] for s in seeds},
         "seeds": seeds,
     }
     Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")
     print(json.dumps(doc["checks"], indent=2))
+    if args.draws > 1:
+        print(json.dumps(doc["checks_over_draws"], indent=2))
     print(f"wrote {args.out}")
     return 0
 

@@ -31,6 +31,10 @@ same trace, cluster and seed give the same jobs under every policy.
 - **Interference class**: the class of the job's Gavel kind (``interference.gavel_classes``:
   terciles of the pressure each kind puts on its partners), standing in for the telemetry
   K-means class that a trace without telemetry cannot give.
+- **Replicates of a seed** (``draw`` > 0): the seed's jobs with every true run time scaled by
+  exp(N(0, 0.1%)), one factor per job from the stream (seed, draw); nothing else changes. A
+  congested queue is chaotic: so small a change reorders it, and a seed's p95 JCT moves by up
+  to 9% (``bench/sim_philly.py --draws``). Comparisons closer than that need several draws.
 
 openb is replayed FGD's way for the allocation experiment (``openb_inflate``): pods are drawn
 with replacement from the trace and arrive one by one until their GPU requests reach ``load`` x
@@ -53,6 +57,7 @@ from slurm_gpushare.sim.interference import gavel_classes, load_gavel
 
 # SchedTune's GPUs by CUDA core count (see the data README).
 SCHEDTUNE_GPUS = {2496: "K80", 2560: "RTX2070S", 5120: "V100", 5888: "RTX3070", 10496: "RTX3090"}
+DRAW_SIGMA = 1e-3  # run-time perturbation of a replicate (``WorkloadOptions.draw``)
 
 
 @dataclass(frozen=True)
@@ -67,6 +72,11 @@ class WorkloadOptions:
     # truth x exp(N(0, runtime_error)) per job; 0.5 puts a third of the estimates off by
     # more than x1.65 -- what a prediction from a job's own earlier runs may miss by.
     runtime_error: float = 0.5
+    # A replicate of the seed (0: none): every true run time times exp(N(0, DRAW_SIGMA)), one
+    # factor per job from the stream (seed, draw); the jobs, kinds, memory and estimates stay
+    # the seed's. Moving event times by ~0.1% reorders a congested queue, so the spread of a
+    # seed's figures over draws is the simulator's noise floor (bench/sim_philly.py --draws).
+    draw: int = 0
 
 
 @dataclass
@@ -174,6 +184,9 @@ def build_workload(trace: pd.DataFrame, cluster: Cluster, data_dir: str | Path,
     given = from_milli | has_mem
     mem_pred[given] = mem_safe[given] = mem_true[given]
     runtime_pred = solo * np.exp(rng.normal(0, options.runtime_error, n))[:, None]
+    if options.draw:  # after every other draw: the estimates stay the seed's
+        jitter = np.random.default_rng([options.seed, options.draw]).normal(0, DRAW_SIGMA, n)
+        solo = solo * np.exp(jitter)[:, None]
 
     allowed = mem_true <= gpu_mem[None, :]
     asked = trace["gpu_type"].astype(str).to_numpy()
@@ -196,7 +209,8 @@ def build_workload(trace: pd.DataFrame, cluster: Cluster, data_dir: str | Path,
         runtime_pred=runtime_pred, allowed=allowed, mem_true=mem_true, mem_pred=mem_pred,
         mem_safe=mem_safe, kind=kind, job_class=classes[kind], gpu_request=request,
         kinds=gavel.kinds,
-        notes={"seed": options.seed, "load": options.load, "memory_margin": options.memory_margin},
+        notes={"seed": options.seed, "draw": options.draw, "load": options.load,
+               "memory_margin": options.memory_margin},
     )
 
 

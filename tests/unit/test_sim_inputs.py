@@ -165,6 +165,26 @@ def test_workload_draws_are_seeded_and_documented_quantities_hold():
     assert half.submit == pytest.approx(a.submit / 2)
 
 
+
+@needs_data
+def test_a_draw_moves_only_the_true_run_times_and_by_about_a_thousandth():
+    from slurm_gpushare.sim.workload import WorkloadOptions, build_workload
+
+    cl = load_cluster("philly")
+    trace = traces.load_philly(DATA).iloc[:500]
+    base = build_workload(trace, cl, DATA, WorkloadOptions(seed=1))
+    one = build_workload(trace, cl, DATA, WorkloadOptions(seed=1, draw=1))
+    again = build_workload(trace, cl, DATA, WorkloadOptions(seed=1, draw=1))
+    two = build_workload(trace, cl, DATA, WorkloadOptions(seed=1, draw=2))
+    assert (one.solo == again.solo).all()  # a draw is reproducible
+    assert not (one.solo == two.solo).all() and not (one.solo == base.solo).all()
+    ratio = one.solo / base.solo
+    assert np.allclose(ratio, ratio[:, :1])  # one factor per job, on every type
+    assert 0.0005 < np.std(np.log(ratio[:, 0])) < 0.002
+    # Everything else is the seed's: the same jobs, kinds, memory and estimates.
+    for name in ("submit", "kind", "mem_true", "mem_safe", "runtime_pred", "allowed"):
+        assert (getattr(one, name) == getattr(base, name)).all(), name
+
 @needs_data
 def test_gavel_pairs_and_the_more_than_two_rule():
     from slurm_gpushare.sim.interference import GavelPairs, gavel_classes, load_gavel

@@ -1,0 +1,178 @@
+"""Benchmark: how much better shares could be placed -- upper bounds, on the Philly trace.
+
+    .venv/bin/python bench/sim_bounds.py [--seeds 0-4] [--jobs 2] [--data-dir ../shared/data]
+                                         [--limit N] [--out bench/results/sim_bounds.json]
+
+gpushare with the SJF lever (``gpushare-sjf``, default settings) decides each share once, at
+submission, and Slurm then lands it on the first GPU with room on a node it may use. Its shared
+jobs are slowed far more than SJF-BSBF's, which picks the best partner when a job starts. These
+variants keep everything else (decisions, queue order, backfill) and change only what the share
+may land next to, by an oracle that no Slurm site has:
+
+- ``slurm``: as simulated everywhere else (``bench/sim_philly.py``);
+- ``class-at-start``: when a share starts, GPUs holding a class that the policy's class-pair
+  knowledge calls incompatible are skipped (perfect, always-current exclusions with today's
+  class knowledge);
+- ``pair-at-start``: skipped where the measured pair speeds (Gavel's, the simulator's truth) put
+  a co-runner below the 0.7x threshold (perfect pair knowledge, always current);
+- ``pair-at-submit``: the same knowledge used as the daemon uses exclusions: once, at
+  submission, on the GPU each node would land the share on (kept when it would exclude every
+  candidate node).
+
+Records per variant and seed mean and p95 JCT, the mean slowdown of shared runs (ISD) and the
+shared fraction; averages over seeds; wins against SJF-BSBF. The gap between ``slurm`` and
+``pair-at-start`` is what pair knowledge that follows the cluster could earn; between
+``pair-at-submit`` and ``pair-at-start``, what following the cluster adds to it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from slurm_gpushare.core.hostlist import expand_ranges  # noqa: E402
+from slurm_gpushare.sim.cluster import load_cluster  # noqa: E402
+from slurm_gpushare.sim.engine import DONE, Engine  # noqa: E402
+from slurm_gpushare.sim.interference import make_model  # noqa: E402
+from slurm_gpushare.sim.metrics import jobs_frame  # noqa: E402
+from slurm_gpushare.sim.policies import GpuShare, make_policy  # noqa: E402
+from slurm_gpushare.sim.run import default_data_dir, knowledge_table, load_workload  # noqa: E402
+from slurm_gpushare.sim.workload import WorkloadOptions  # noqa: E402
+
+THRESHOLD = 0.7
+VARIANTS = ("slurm", "class-at-start", "pair-at-start", "pair-at-submit")
+
+
+def pair_ok(engine, g: int, j: int) -> bool:
+    """Would every co-runner on GPU g, job j with them, run at >= THRESHOLD (measured)?"""
+    group = engine.g_jobs[g] + [j]
+    speeds = engine.model.speeds(engine.g_profile[g], [engine.kind[i] for i in group],
+                                 [engine.jclass[i] for i in group])
+    return speeds is not None and min(speeds) >= THRESHOLD
+
+
+class ClassAtStart(GpuShare):
+    def place(self, j, req, engine, exclude):
+        if req.whole:
+            return self.first_whole(j, req, engine, exclude)
+        c, names = engine.jclass[j], self.type_names
+        for g in engine.share_candidates(req, exclude):
+            gpu_type = names[engine.g_type_list[g]]
+            if all(self.compat.compatible(c, engine.jclass[i], gpu_type)
+                   for i in engine.g_jobs[g]):
+                return [g]
+        return None
+
+
+class PairAtStart(GpuShare):
+    def place(self, j, req, engine, exclude):
+        if req.whole:
+            return self.first_whole(j, req, engine, exclude)
+        for g in engine.share_candidates(req, exclude):
+            if not engine.g_jobs[g] or pair_ok(engine, g, j):
+                return [g]
+        return None
+
+
+class PairAtSubmit(GpuShare):
+    def admit(self, j, engine):
+        req = super().admit(j, engine)
+        if req.whole:
+            return req
+        away, candidates = set(req.exclude), 0
+        for node in range(engine.N):
+            t = engine.n_type_list[node]
+            if not req.types[t]:
+                continue
+            candidates += 1
+            for g in engine._n_gpu_range[node]:  # the GPU Slurm would land it on now
+                if engine.g_free[g] >= req.shards[t]:
+                    if engine.g_jobs[g] and not pair_ok(engine, g, j):
+                        away.add(node)
+                    break
+        if len(away) >= candidates:
+            return req
+        return replace(req, exclude=frozenset(away))
+
+
+def run(task) -> dict:
+    seed, variant, data_dir, limit = task
+    cluster = load_cluster("philly")
+    work = load_workload("philly", cluster, data_dir, WorkloadOptions(seed=seed, limit=limit))
+    knowledge = knowledge_table(data_dir)
+    if variant == "sjf-bsbf":
+        policy = make_policy("sjf-bsbf", knowledge, seed)
+    else:
+        kind = {"slurm": GpuShare, "class-at-start": ClassAtStart,
+                "pair-at-start": PairAtStart, "pair-at-submit": PairAtSubmit}[variant]
+        policy = kind(knowledge, priority="sjf")
+    started = time.process_time()
+    result = Engine(cluster, work, policy, make_model("gavel", data_dir)).run()
+    frame = jobs_frame(result)
+    done = frame[frame.state == DONE]
+    return {"seed": seed, "variant": variant, "jct_mean_s": float(done.jct.mean()),
+            "jct_p95_s": float(np.percentile(done.jct, 95)),
+            "isd_mean": float(done.isd.mean()), "shared_jobs": float(done.shared.mean()),
+            "oom_kills": int(result.counters["oom_kills"]),
+            "cpu_s": round(time.process_time() - started, 1)}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", default="0-4")
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--data-dir", default=None)
+    parser.add_argument("--limit", type=int, default=None, help="first N jobs (a quick look)")
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "sim_bounds.json"))
+    args = parser.parse_args(argv)
+    data_dir = args.data_dir or default_data_dir()
+    seeds = expand_ranges(args.seeds)
+    tasks = [(s, v, data_dir, args.limit) for s in seeds for v in ("sjf-bsbf",) + VARIANTS]
+    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        rows = list(pool.map(run, tasks))
+    for row in rows:
+        print(json.dumps(row), flush=True)
+    by = {(r["variant"], r["seed"]): r for r in rows}
+    summary = {}
+    for variant in ("sjf-bsbf",) + VARIANTS:
+        out = {}
+        for metric in ("jct_mean_s", "jct_p95_s", "isd_mean", "shared_jobs"):
+            values = [by[(variant, s)][metric] for s in seeds]
+            out[metric] = {"mean": float(np.mean(values)), "min": float(np.min(values)),
+                           "max": float(np.max(values)), "per_seed": values}
+        if variant != "sjf-bsbf":
+            for metric in ("jct_mean_s", "jct_p95_s"):
+                out[f"{metric}_seeds_beating_sjf-bsbf"] = sum(
+                    by[(variant, s)][metric] < by[("sjf-bsbf", s)][metric] for s in seeds)
+                out[f"{metric}_vs_slurm"] = float(np.mean(
+                    [by[(variant, s)][metric] / by[("slurm", s)][metric] - 1 for s in seeds]))
+        out["cpu_s_max"] = max(by[(variant, s)]["cpu_s"] for s in seeds)
+        out["oom_kills"] = sum(by[(variant, s)]["oom_kills"] for s in seeds)
+        summary[variant] = out
+    doc = {"what": __doc__.splitlines()[0],
+           "command": "python bench/sim_bounds.py " + " ".join(
+               argv if argv is not None else sys.argv[1:]),
+           "threshold": THRESHOLD, "seeds": seeds, "load_average": os.getloadavg(),
+           "summary": summary, "runs": rows}
+    Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")
+    for variant, out in summary.items():
+        print(f"{variant:15s} mean {out['jct_mean_s']['mean']:8.0f}  p95 "
+              f"{out['jct_p95_s']['mean']:8.0f}  ISD {out['isd_mean']['mean']:.3f}  "
+              f"shared {out['shared_jobs']['mean']:.3f}")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -18,6 +18,12 @@ may land next to, by an oracle that no Slurm site has:
 - ``pair-at-submit``: the same knowledge used as the daemon uses exclusions: once, at
   submission, on the GPU each node would land the share on (kept when it would exclude every
   candidate node).
+- ``predicted-at-start``: as ``pair-at-start``, but by the product's own pair predictor (the
+  packaged prior, ``pairs.default_model``, on the kinds' Gavel utilisation) with corrections
+  learned from 3 measured co-runs per kind on each GPU (``pairs.history_split``, drawn by the
+  seed): what that knowledge, once a site has seen a few co-runs of each job, would keep of
+  the oracle's gain if it followed the cluster; ``predicted-cold-at-start`` and
+  ``predicted-10-at-start``: the same with no co-run and with 10 per kind.
 
 Records per variant and seed mean and p95 JCT, the mean slowdown of shared runs (ISD) and the
 shared fraction; averages over seeds; wins against SJF-BSBF. The gap between ``slurm`` and
@@ -42,7 +48,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from slurm_gpushare.core.hostlist import expand_ranges  # noqa: E402
-from slurm_gpushare.sim.cluster import load_cluster  # noqa: E402
+from slurm_gpushare.predict.knowledge import GAVEL_MEM_MIB, gavel_profiles  # noqa: E402
+from slurm_gpushare.predict.pairs import (HISTORY_PER_JOB, data_sets, default_model,  # noqa: E402
+                                          history_split)
+from slurm_gpushare.sim.cluster import SPEED_PROFILES, load_cluster  # noqa: E402
 from slurm_gpushare.sim.engine import DONE, Engine  # noqa: E402
 from slurm_gpushare.sim.interference import make_model  # noqa: E402
 from slurm_gpushare.sim.metrics import jobs_frame  # noqa: E402
@@ -51,7 +60,11 @@ from slurm_gpushare.sim.run import default_data_dir, knowledge_table, load_workl
 from slurm_gpushare.sim.workload import WorkloadOptions  # noqa: E402
 
 THRESHOLD = 0.7
-VARIANTS = ("slurm", "class-at-start", "pair-at-start", "pair-at-submit")
+VARIANTS = ("slurm", "class-at-start", "pair-at-start", "pair-at-submit", "predicted-cold-at-start",
+            "predicted-at-start", "predicted-10-at-start")
+# Measured co-runs per kind the predictor learned from, per predicted-* variant.
+CO_RUNS = {"predicted-cold-at-start": 0, "predicted-at-start": HISTORY_PER_JOB,
+           "predicted-10-at-start": 10}
 
 
 def pair_ok(engine, g: int, j: int) -> bool:
@@ -106,6 +119,52 @@ class PairAtSubmit(GpuShare):
         return replace(req, exclude=frozenset(away))
 
 
+class PredictedAtStart(GpuShare):
+    def __init__(self, *args, seed: int = 0, co_runs: int = HISTORY_PER_JOB, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.models, self.profiles = learned_predictors(seed, co_runs)
+        self.verdicts: dict = {}
+
+    def place(self, j, req, engine, exclude):
+        if req.whole:
+            return self.first_whole(j, req, engine, exclude)
+        kinds = engine.work.kinds
+        for g in engine.share_candidates(req, exclude):
+            residents = engine.g_jobs[g]
+            if not residents:
+                return [g]
+            profile = engine.g_profile[g]
+            keys = tuple(sorted(kinds[engine.kind[i]] for i in residents + [j]))
+            verdict = self.verdicts.get((profile, keys))
+            if verdict is None:
+                model, profiles = self.models[profile], self.profiles[profile]
+                verdict = self.verdicts[(profile, keys)] = model.recommend(
+                    [profiles[k] for k in keys], list(keys))
+            if verdict:
+                return [g]
+        return None
+
+
+def learned_predictors(seed: int, per_job: int = HISTORY_PER_JOB) -> tuple[dict, dict]:
+    """Per Gavel GPU (the simulator's speed profile index): the packaged pair predictor with
+    corrections learned from ``per_job`` of Gavel's measured pairs per kind on that GPU, and
+    every kind's profile there (Gavel's utilisation proxy)."""
+    util = gavel_profiles()
+    models, profiles = {}, {}
+    for name, pairs, _ in data_sets():
+        if not name.startswith("gavel-"):
+            continue
+        gpu = name.removeprefix("gavel-")
+        rows = util[util.gpu == gpu]
+        kinds = {r.job: {"gpu_util_pct": float(r.gpu_util_pct), "mem_total_mib": GAVEL_MEM_MIB[gpu]}
+                 for r in rows.itertuples()}
+        history, _ = history_split(pairs, seed, per_job) if per_job else ([], pairs)
+        profile = SPEED_PROFILES.index(gpu)
+        models[profile] = default_model().learn(history, kinds) if history else default_model()
+        profiles[profile] = kinds
+    return models, profiles
+
+
 def run(task) -> dict:
     seed, variant, data_dir, limit = task
     cluster = load_cluster("philly")
@@ -115,8 +174,10 @@ def run(task) -> dict:
         policy = make_policy("sjf-bsbf", knowledge, seed)
     else:
         kind = {"slurm": GpuShare, "class-at-start": ClassAtStart,
-                "pair-at-start": PairAtStart, "pair-at-submit": PairAtSubmit}[variant]
-        policy = kind(knowledge, priority="sjf")
+                "pair-at-start": PairAtStart, "pair-at-submit": PairAtSubmit}.get(
+                    variant, PredictedAtStart)
+        extra = {"seed": seed, "co_runs": CO_RUNS[variant]} if kind is PredictedAtStart else {}
+        policy = kind(knowledge, priority="sjf", **extra)
     started = time.process_time()
     result = Engine(cluster, work, policy, make_model("gavel", data_dir)).run()
     frame = jobs_frame(result)
@@ -125,6 +186,7 @@ def run(task) -> dict:
             "jct_p95_s": float(np.percentile(done.jct, 95)),
             "isd_mean": float(done.isd.mean()), "shared_jobs": float(done.shared.mean()),
             "oom_kills": int(result.counters["oom_kills"]),
+            "pair_failures": int(result.counters["pair_failures"]),
             "cpu_s": round(time.process_time() - started, 1)}
 
 
@@ -159,6 +221,7 @@ def main(argv=None) -> int:
                     [by[(variant, s)][metric] / by[("slurm", s)][metric] - 1 for s in seeds]))
         out["cpu_s_max"] = max(by[(variant, s)]["cpu_s"] for s in seeds)
         out["oom_kills"] = sum(by[(variant, s)]["oom_kills"] for s in seeds)
+        out["pair_failures"] = sum(by[(variant, s)]["pair_failures"] for s in seeds)
         summary[variant] = out
     doc = {"what": __doc__.splitlines()[0],
            "command": "python bench/sim_bounds.py " + " ".join(

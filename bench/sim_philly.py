@@ -63,25 +63,36 @@ def spread(values) -> dict:
             "max": float(np.max(values)), "per_seed": values}
 
 
-def checks(seeds: list[dict]) -> dict:
-    """The goals, from the per-seed figures."""
+GOAL_METRICS = ("jct_mean_s", "jct_p95_s")
+
+
+def goals(per_seed: list[dict]) -> dict:
+    """The comparisons the project is judged by, from per-seed figures (policy -> metric ->
+    value): gpushare-sjf against SJF-BSBF on mean and p95 JCT, gpushare against
+    slurm-default on mean JCT; each where both policies ran."""
     out = {}
-    rel = [{r["policy"]: r for r in s["relative_to_slurm_default"]} for s in seeds]
-    summ = [{r["policy"]: r for r in s["summary"]} for s in seeds]
-    if all("gpushare-sjf" in s and "sjf-bsbf" in s for s in summ):
-        for metric in ("jct_mean_s", "jct_p95_s"):
-            ours = [s["gpushare-sjf"][metric] for s in summ]
-            theirs = [s["sjf-bsbf"][metric] for s in summ]
+    if all("gpushare-sjf" in s and "sjf-bsbf" in s for s in per_seed):
+        for metric in GOAL_METRICS:
+            ours = [s["gpushare-sjf"][metric] for s in per_seed]
+            theirs = [s["sjf-bsbf"][metric] for s in per_seed]
             wins = sum(a < b for a, b in zip(ours, theirs))
             out[f"gpushare-sjf_vs_sjf-bsbf_{metric}"] = {
                 "gpushare-sjf": spread(ours), "sjf-bsbf": spread(theirs),
                 "seeds_won": wins, "seeds": len(ours),
                 "better_on_average": bool(np.mean(ours) < np.mean(theirs)),
                 "goal_met": bool(np.mean(ours) < np.mean(theirs) and wins >= min(4, len(ours)))}
-    if all("gpushare" in r for r in rel):
-        change = [r["gpushare"]["jct_mean_s"] for r in rel]
+    if all("gpushare" in s and "slurm-default" in s for s in per_seed):
+        change = [s["gpushare"]["jct_mean_s"] / s["slurm-default"]["jct_mean_s"] - 1
+                  for s in per_seed]
         out["gpushare_vs_slurm-default_jct_mean"] = {
             **spread(change), "goal": -0.40, "goal_met": bool(np.mean(change) <= -0.40)}
+    return out
+
+
+def checks(seeds: list[dict]) -> dict:
+    """The goals, from the per-seed figures."""
+    summ = [{r["policy"]: r for r in s["summary"]} for s in seeds]
+    out = goals(summ)
     kills = {p: int(sum(s[p]["oom_kills"] for s in summ)) for p in summ[0]}
     out["oom_kills_total"] = kills
     walls = {p: max(s["wall_s_per_policy"][p] for s in seeds) for p in seeds[0]["wall_s_per_policy"]}
@@ -93,45 +104,25 @@ def checks(seeds: list[dict]) -> dict:
     return out
 
 
-GOAL_METRICS = ("jct_mean_s", "jct_p95_s")
-
-
 def over_draws(seeds: list[dict]) -> dict:
-    """The comparisons again with each seed's figures averaged over its draws (the seed itself
-    and its replicates, ``--draws``): how far each figure moves over draws (relative range, per
-    seed), who wins on the averages, and who wins draw by draw (paired: every policy of a draw
-    replays the same jobs)."""
+    """The goals again on each seed's figures averaged over its draws (the seed itself and its
+    replicates, ``--draws``), with how far each figure moves over one seed's draws (relative
+    range) and who wins draw by draw (paired: every policy of a draw replays the same jobs)."""
     runs = [[{r["policy"]: r for r in run["summary"]} for run in [s] + s.get("replicates", [])]
             for s in seeds]
-    out: dict = {"draws": len(runs[0]), "relative_range": {}}
-    for policy in runs[0][0]:
-        out["relative_range"][policy] = {
-            metric: spread([(max(v) - min(v)) / np.mean(v) for v in (
-                [run[policy][metric] for run in seed] for seed in runs)])
-            for metric in GOAL_METRICS}
-
-    def average(seed, policy, metric):
-        return float(np.mean([run[policy][metric] for run in seed]))
-
-    if all("gpushare-sjf" in r and "sjf-bsbf" in r for r in runs[0]):
-        for metric in GOAL_METRICS:
-            ours = [average(seed, "gpushare-sjf", metric) for seed in runs]
-            theirs = [average(seed, "sjf-bsbf", metric) for seed in runs]
-            wins = sum(a < b for a, b in zip(ours, theirs))
+    policies = list(runs[0][0])
+    averages = [{p: {m: float(np.mean([run[p][m] for run in seed])) for m in GOAL_METRICS}
+                 for p in policies} for seed in runs]
+    out: dict = {"draws": len(runs[0]), **goals(averages), "relative_range": {
+        p: {m: spread([(max(v) - min(v)) / np.mean(v) for v in (
+            [run[p][m] for run in seed] for seed in runs)]) for m in GOAL_METRICS}
+        for p in policies}}
+    for metric in GOAL_METRICS:
+        entry = out.get(f"gpushare-sjf_vs_sjf-bsbf_{metric}")
+        if entry is not None:
             paired = [run["gpushare-sjf"][metric] < run["sjf-bsbf"][metric]
                       for seed in runs for run in seed]
-            out[f"gpushare-sjf_vs_sjf-bsbf_{metric}"] = {
-                "gpushare-sjf": spread(ours), "sjf-bsbf": spread(theirs),
-                "seeds_won": wins, "seeds": len(ours),
-                "runs_won": int(sum(paired)), "runs": len(paired),
-                "better_on_average": bool(np.mean(ours) < np.mean(theirs)),
-                "goal_met": bool(np.mean(ours) < np.mean(theirs) and wins >= min(4, len(ours)))}
-    if all("gpushare" in r and "slurm-default" in r for r in runs[0]):
-        change = [average(seed, "gpushare", "jct_mean_s") / average(seed, "slurm-default",
-                                                                      "jct_mean_s") - 1
-                  for seed in runs]
-        out["gpushare_vs_slurm-default_jct_mean"] = {
-            **spread(change), "goal": -0.40, "goal_met": bool(np.mean(change) <= -0.40)}
+            entry.update(runs_won=int(sum(paired)), runs=len(paired))
     return out
 
 

@@ -52,9 +52,9 @@ from slurm_gpushare.predict.knowledge import GAVEL_MEM_MIB, gavel_profiles  # no
 from slurm_gpushare.predict.pairs import (HISTORY_PER_JOB, data_sets, default_model,  # noqa: E402
                                           history_split)
 from slurm_gpushare.sim.cluster import SPEED_PROFILES, load_cluster  # noqa: E402
-from slurm_gpushare.sim.engine import DONE, Engine  # noqa: E402
+from slurm_gpushare.sim.engine import Engine  # noqa: E402
 from slurm_gpushare.sim.interference import make_model  # noqa: E402
-from slurm_gpushare.sim.metrics import jobs_frame  # noqa: E402
+from slurm_gpushare.sim.metrics import summarise  # noqa: E402
 from slurm_gpushare.sim.policies import GpuShare, make_policy  # noqa: E402
 from slurm_gpushare.sim.run import default_data_dir, knowledge_table, load_workload  # noqa: E402
 from slurm_gpushare.sim.workload import WorkloadOptions  # noqa: E402
@@ -180,13 +180,10 @@ def run(task) -> dict:
         policy = kind(knowledge, priority="sjf", **extra)
     started = time.process_time()
     result = Engine(cluster, work, policy, make_model("gavel", data_dir)).run()
-    frame = jobs_frame(result)
-    done = frame[frame.state == DONE]
-    return {"seed": seed, "variant": variant, "jct_mean_s": float(done.jct.mean()),
-            "jct_p95_s": float(np.percentile(done.jct, 95)),
-            "isd_mean": float(done.isd.mean()), "shared_jobs": float(done.shared.mean()),
-            "oom_kills": int(result.counters["oom_kills"]),
-            "pair_failures": int(result.counters["pair_failures"]),
+    summary = summarise(result, cap_jobs=cluster.max_jobs_per_gpu)
+    return {"seed": seed, "variant": variant,
+            **{k: summary[k] for k in ("jct_mean_s", "jct_p95_s", "isd_mean", "shared_jobs",
+                                       "oom_kills", "pair_failures")},
             "cpu_s": round(time.process_time() - started, 1)}
 
 

@@ -109,7 +109,8 @@ class PairAtSubmit(GpuShare):
             if not req.types[t]:
                 continue
             candidates += 1
-            for g in engine._n_gpu_range[node]:  # the GPU Slurm would land it on now
+            # The GPU Slurm would land it on now (policy.landing_gpu's rule: the first with room).
+            for g in engine._n_gpu_range[node]:
                 if engine.g_free[g] >= req.shards[t]:
                     if engine.g_jobs[g] and not pair_ok(engine, g, j):
                         away.add(node)

@@ -432,15 +432,14 @@ class Service:
                                   decision.details.get("room_now"))
             away = tuple(decision.details.get("excluded_nodes") or ())
             later = decision.details.get("later_types") or ()
-            if away or later:
-                self.waiting.add(WaitingShare(
-                    decision_id, decision.admin_comment, decision.writes.get("features", ""),
-                    types=tuple(g for g in map(config.gpu_type, decision.gpu_types) if g),
-                    later=tuple(g for g in map(config.gpu_type, later) if g),
-                    user_exc_nodes=request.exc_nodes, away=away, blockers=None,
-                    partitions=partitions, units=decision.details.get("units", 1),
-                    job_class=decision.details.get("job_class"), knowledge=knowledge,
-                    array=bool(request.array), seen_on=nodes))
+            self.waiting.add(WaitingShare(  # kept only where a review could change it
+                decision_id, decision.admin_comment, decision.writes.get("features", ""),
+                types=tuple(g for g in map(config.gpu_type, decision.gpu_types) if g),
+                later=tuple(g for g in map(config.gpu_type, later) if g),
+                user_exc_nodes=request.exc_nodes, away=away, blockers=None,
+                partitions=partitions, units=decision.details.get("units", 1),
+                job_class=decision.details.get("job_class"), knowledge=knowledge,
+                array=bool(request.array), seen_on=nodes, user_req_nodes=request.req_nodes))
         if op == "decide" and problem is None:
             self.records.put_decision({
                 **decision.to_dict(), "ts": time.time(), "uid": request.uid,

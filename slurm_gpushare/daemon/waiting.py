@@ -1,5 +1,6 @@
 """Waiting shares follow the cluster: the daemon applies ``core/waiting.py``'s rule (exclusions
-whose reason has gone are lifted; a share whose types stay full is widened to a slower type it
+whose reason has gone are lifted; a node where the share would now land next to a share it
+should not join is excluded; a share whose types stay full is widened to a slower type it
 suits that has room) to the jobs in Slurm's queue.
 
 A decision places a share on the view it sees at submission, and Slurm keeps what it wrote
@@ -7,8 +8,9 @@ for the job's whole life, unless it is changed:
 
     scontrol update JobId=<job> [ExcNodeList=<the user's own list + nodes still blocked>] [Features=<wider>] AdminComment=<its tag>
 
-Nothing is ever taken back, so a job waits at most for what it was submitted with. The
-user's own ``--exclude`` and ``--constraint`` stay as written, and a job whose tag changed
+A type is never taken back, and an exclusion is added only while another node the job could
+use stays open and lasts only while its reason does. The user's own ``--exclude`` and
+``--constraint`` stay as written, and a job whose tag changed
 since the daemon last wrote it (a requeue re-sized it) is left alone. The tag goes with every
 update (with the new types where they changed): ``job_submit.lua`` refuses updates of a
 share's node lists and constraint unless they carry a gpushare tag (only operators and
@@ -29,7 +31,8 @@ from typing import Any
 
 from slurm_gpushare.core.policy import retype_features
 from slurm_gpushare.core.tag import Tag
-from slurm_gpushare.core.waiting import Change, WaitingShare, exc_node_list, review_one
+from slurm_gpushare.core.waiting import (Change, WaitingShare, can_keep_off, exc_node_list,
+                                        review_one, usable)
 from slurm_gpushare.daemon.logs import event
 from slurm_gpushare.slurm import cmd
 
@@ -40,6 +43,10 @@ SQUEUE_PENDING = ["squeue", "-h", "-t", "PD", "-O", "JobArrayID:0|,admin_comment
 # A decision younger than this is not looked for in Slurm's queue (its job may not be there yet).
 SETTLE_S = 2.0
 MAX_ENTRIES = 10_000  # the oldest go first: memory stays bounded whatever happens
+# Waiting shares whose every usable node is judged for the first time in one pass (oldest
+# first; the others at the next refresh): a burst of submissions on a large cluster does not
+# hold the view's thread. After its first pass a share is judged only on nodes that changed.
+SCANS_PER_PASS = 50
 YIELD_EVERY = 500  # squeue lines read between handing the GIL to a waiting decision
 
 
@@ -65,12 +72,13 @@ class WaitingShares:
     def __init__(self) -> None:
         self._entries: dict[str, WaitingShare] = {}
         self._lock = threading.Lock()
+        self._last: dict[str, Any] = {}  # node name -> its view at the last pass
 
     def __len__(self) -> int:
         return len(self._entries)
 
     def add(self, entry: WaitingShare) -> None:
-        if not entry.away and not entry.later:
+        if not entry.away and not entry.later and not can_keep_off(entry):
             return  # nothing it could change
         with self._lock:
             self._entries[entry.decision_id] = entry
@@ -87,7 +95,15 @@ class WaitingShares:
                 if not self._entries[started].array:
                     del self._entries[started]
             entries = list(self._entries.values())
-        changes, by_name, memo = [], {n.name: n for n in view.nodes()}, {}
+        nodes = view.nodes()
+        by_name = {n.name: n for n in nodes}
+        # Nodes whose view changed since the last pass (a refresh rebuilds only those).
+        changed = [n for n in nodes if self._last.get(n.name) is not n]
+        self._last = by_name
+        by_type: dict[str, list] = {}
+        for node in nodes:
+            by_type.setdefault(node.gpu_type, []).append(node)
+        changes, memo, scans = [], {}, SCANS_PER_PASS
         for entry in entries:
             if now - entry.decided_at < SETTLE_S:
                 continue  # a decision made this instant may not be a job in the queue yet
@@ -96,7 +112,18 @@ class WaitingShares:
                 entry.blockers = {n.name: frozenset(n.resident_jobs)
                                   for n in entry.seen_on or () if n.name in entry.away}
                 entry.seen_on = None
-            change = review_one(entry, view, by_name.get, memo=memo)
+            new_from, could_use = (), 0
+            if can_keep_off(entry) and (entry.scanned or scans > 0):
+                mine = [n for g in entry.types for n in by_type.get(g.name, ())
+                        if usable(entry, n)]
+                could_use = len(mine)
+                if entry.scanned:
+                    names = {n.name for n in mine}
+                    new_from = [n for n in changed if n.name in names]
+                else:
+                    new_from, entry.scanned, scans = mine, True, scans - 1
+            change = review_one(entry, view, by_name.get, memo=memo, new_from=new_from,
+                                could_use=could_use)
             if change is not None:
                 changes.append((entry, change))
         if not changes:
@@ -124,6 +151,8 @@ class WaitingShares:
             args.append(f"ExcNodeList={exc_node_list(entry.user_exc_nodes, change.still)}")
             record.update(lifted=[n for n in entry.away if n not in change.still],
                           still=list(change.still))
+            if change.blocked:
+                record["excluded"] = list(change.blocked)
         later = entry.later
         if change.added:
             features = retype_features(entry.features, entry.types, entry.types + change.added)
@@ -138,6 +167,7 @@ class WaitingShares:
                 args.append(f"Features={features}")
                 record.update(added_types=sorted(added), types=[g.name for g in types])
                 entry.features = features
+                entry.scanned = False  # the added types' nodes are judged whole next pass
         done = []
         for job_id in jobs if args else ():
             result = cmd.run(["scontrol", "update", f"JobId={job_id}", *args,
@@ -152,7 +182,9 @@ class WaitingShares:
         # Refused or not, the job is not updated again for the same change: a refusal (the job
         # started meanwhile, an operator's hold) does not go away by retrying.
         entry.away, entry.tag, entry.types, entry.later = change.still, tag, types, later
-        if not entry.away and not entry.later:
+        entry.blockers = {**{n: b for n, b in (entry.blockers or {}).items() if n in entry.away},
+                          **change.blocked}
+        if not entry.away and not entry.later and not can_keep_off(entry):
             self._drop(entry.decision_id)
         return done
 

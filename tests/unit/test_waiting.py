@@ -1,6 +1,6 @@
 """Waiting shares follow the cluster (the rule in core/waiting.py, applied by daemon/waiting.py):
-exclusions lifted once their reason has gone, slower types added while the offered ones stay
-full. End to end on the real cluster in tests/cluster/test_cluster_history.py; in the simulator
+exclusions lifted once their reason has gone, added where the share would now land next to a
+partner it should not join, slower types added while the offered ones stay full. End to end on the real cluster in tests/cluster/test_cluster_history.py; in the simulator
 in tests/unit/test_sim_engine.py."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from slurm_gpushare.core.config import parse_config
 from slurm_gpushare.core.policy import NodeView
 from slurm_gpushare.core.tag import Tag
 from slurm_gpushare.daemon import waiting
-from slurm_gpushare.core.waiting import (WaitingShare, exc_node_list, still_blocked,
-                                        types_to_add)
+from slurm_gpushare.core.waiting import (WaitingShare, exc_node_list, newly_blocked,
+                                        review_one, still_blocked, types_to_add)
 from slurm_gpushare.daemon.waiting import WaitingShares, parse_pending
 from slurm_gpushare.slurm import cmd
 
@@ -56,11 +56,12 @@ def node(name: str, free: tuple[int, ...], jobs: tuple[tuple[str, ...], ...] = (
 
 
 def entry(away=("n1",), blockers=None, user="", types=(V100,), later=(), features="v100",
-          tag=TAG, array=False) -> WaitingShare:
+          tag=TAG, array=False, knowledge=None, required="") -> WaitingShare:
     return WaitingShare("d1", tag, features, tuple(types), tuple(later), user, tuple(away),
                         blockers=blockers if blockers is not None else {"n1": frozenset({"busy"})},
                         partitions=("gpu",), units=4, job_class=None,
-                        knowledge=Avoids("busy", "newcomer"), array=array)
+                        knowledge=knowledge or Avoids("busy", "newcomer"), array=array,
+                        user_req_nodes=required)
 
 
 # -- exclusions -----------------------------------------------------------------------------
@@ -123,6 +124,10 @@ class Counted(Avoids):
         self.asked += 1
         return super().compatible_with(resident, gpu_type)
 
+    def compatible_with_group(self, residents, gpu_type=None):
+        self.asked += 1
+        return super().compatible_with_group(residents, gpu_type)
+
 
 def test_entries_judged_alike_share_answers_within_one_review():
     knowledge = Counted("newcomer")
@@ -139,6 +144,44 @@ def test_entries_judged_alike_share_answers_within_one_review():
     other = WaitingShare("d3", TAG, "v100", (V100,), (), "", ("n1",), blockers={},
                          partitions=("gpu",), units=4, job_class=None, knowledge=Counted())
     assert still_blocked(other, view.node, memo=memo) == ()
+
+
+def test_a_node_where_it_would_now_land_next_to_a_bad_partner_is_newly_blocked():
+    share = entry(away=())
+    landing_bad = node("n1", (12, 16), (("busy",), ()))  # lands on GPU 0, next to "busy"
+    landing_free = node("n2", (16, 12), ((), ("busy",)))  # lands on the idle GPU 0
+    full_beside = node("n3", (0, 16), (("busy",), ()))  # GPU 0 full: it lands on GPU 1
+    no_room = node("n4", (2, 2), (("busy",), ("busy",)))  # cannot land there now
+    assert newly_blocked(share, [landing_bad, landing_free, full_beside, no_room]) == {
+        "n1": frozenset({"busy"})}
+
+
+def test_only_nodes_it_could_use_are_newly_blocked():
+    bad = (("busy",), ())
+    share = entry(away=(), user="n[2-3]", required="n4")
+    nodes = [node("n1", (12, 16), bad), node("n2", (12, 16), bad), node("n4", (12, 16), bad),
+             node("a1", (12, 80), bad, gpu_type="a100"),
+             NodeView("n5", "v100", ("other",), gpus=2, free_units=(12, 16), gpu_jobs=bad,
+                      resident_jobs=("busy",))]
+    # Not n2 (excluded by the job itself), n4 (named by it: Slurm refuses a job whose
+    # --nodelist node is excluded), a1 (not its type) or n5 (not its partition).
+    assert list(newly_blocked(share, nodes)) == ["n1"]
+
+
+def test_its_own_claim_is_no_partner():
+    # Until it runs, the view counts a decided share where it will go (its decision id).
+    share = entry(away=())
+    assert newly_blocked(share, [node("n1", (12, 16), (("d1",), ()))]) == {}
+
+
+def test_exclusions_are_added_only_while_a_node_it_could_use_stays_open():
+    share = entry(away=())
+    bad = [node("n1", (12, 16), (("busy",), ())), node("n2", (12, 16), (("newcomer",), ()))]
+    view = View(*bad)
+    change = review_one(share, view, view.node, new_from=bad, could_use=3)
+    assert change.still == ("n1", "n2") and dict(change.blocked) == {
+        "n1": frozenset({"busy"}), "n2": frozenset({"newcomer"})}
+    assert review_one(share, view, view.node, new_from=bad, could_use=2) is None
 
 
 # -- types ----------------------------------------------------------------------------------
@@ -179,7 +222,7 @@ def test_a_waiting_share_is_widened_with_its_constraint_and_tag(monkeypatch):
                         f"AdminComment={widened}"]
     assert done == [{"id": "d1", "added_types": ["v100"], "types": ["a100", "v100"],
                      "job_id": "17"}]
-    assert len(watch) == 0  # nothing left to add or lift
+    assert len(watch) == 1  # still judged for nodes to keep it off while it waits
 
 
 def test_a_constraint_changed_since_is_not_guessed_at(monkeypatch):
@@ -188,7 +231,7 @@ def test_a_constraint_changed_since_is_not_guessed_at(monkeypatch):
     watch.add(entry(away=(), types=(A100,), later=(V100,), features="something-else"))
     assert watch.review(View(node("a1", (0, 0), gpu_type="a100"), node("v1", (16, 16))),
                         now=LATER) == []
-    assert [c[0] for c in calls] == ["squeue"] and len(watch) == 0
+    assert [c[0] for c in calls] == ["squeue"] and watch._entries["d1"].later == ()
 
 
 # -- reviews --------------------------------------------------------------------------------
@@ -208,7 +251,8 @@ def test_review_lifts_what_has_gone_and_keeps_the_rest(monkeypatch):
     assert watch.review(view, now=LATER) == [] and len(calls) == 2
     # The second node frees: its exclusion goes too, and so does the entry.
     watch.review(View(node("n1", (16, 16)), node("n2", (16, 16))), now=LATER)
-    assert calls[-1][3] == "ExcNodeList=n9" and len(watch) == 0
+    assert calls[-1][3] == "ExcNodeList=n9"
+    assert watch._entries["d1"].away == ()  # judged on while it waits
 
 
 def test_every_pending_part_of_an_array_is_updated(monkeypatch):
@@ -261,7 +305,6 @@ def test_a_refused_update_is_not_retried(monkeypatch):
     watch.add(entry())
     done = watch.review(View(node("n1", (16, 16))), now=LATER)
     assert done[0]["error"] == "Job is no longer pending"
-    assert len(watch) == 0
     watch.review(View(node("n1", (16, 16))), now=LATER)
     assert [c[0] for c in calls] == ["squeue", "scontrol"]
 
@@ -271,7 +314,9 @@ def test_slurm_is_asked_only_when_something_would_change(monkeypatch):
     assert WaitingShares().review(View(), now=LATER) == []
     watch = WaitingShares()
     watch.add(entry())
-    watch.add(entry(away=(), later=()))  # nothing it could change: not kept
+    unjudged = entry(away=(), later=())
+    unjudged.knowledge = None  # no class, no profile: nothing could keep it off a node
+    watch.add(unjudged)  # nothing it could change: not kept
     assert len(watch) == 1
     watch.review(View(node("n1", (12, 16), (("busy",), ()))), now=LATER)  # still blocked
     assert calls == []
@@ -288,6 +333,52 @@ def test_a_decision_just_made_is_not_looked_for_yet(monkeypatch):
     # Later, a job not pending (started, ended, cancelled) is forgotten.
     watch.review(free, now=decided + waiting.SETTLE_S)
     assert [c[0] for c in calls] == ["squeue"] and len(watch) == 0
+
+
+def test_review_excludes_a_node_once_a_partner_it_should_not_join_lands_there(monkeypatch):
+    calls = recorded(monkeypatch, f"17|{TAG}\n")
+    watch = WaitingShares()
+    watch.add(entry(away=(), user="n9"))
+    quiet = View(node("n1", (16, 16)), node("n2", (16, 16)))
+    assert watch.review(quiet, now=LATER) == [] and calls == [] and len(watch) == 1
+    # The busy share starts on n1's first GPU, where the job would land.
+    busy = View(node("n1", (12, 16), (("busy",), ())), node("n2", (16, 16)))
+    done = watch.review(busy, now=LATER)
+    assert calls[-1] == ["scontrol", "update", "JobId=17", "ExcNodeList=n9,n1",
+                         f"AdminComment={TAG}"]
+    assert done == [{"id": "d1", "lifted": [], "still": ["n1"], "excluded": ["n1"],
+                     "job_id": "17"}]
+    # Once it has gone, the node comes off the list again.
+    watch.review(quiet, now=LATER)
+    assert calls[-1][3] == "ExcNodeList=n9" and len(watch) == 1
+
+
+def test_a_node_that_did_not_change_is_not_judged_again(monkeypatch):
+    recorded(monkeypatch, "")
+    knowledge = Counted("busy")
+    watch = WaitingShares()
+    watch.add(entry(away=(), knowledge=knowledge))
+    view = View(node("n1", (12, 16), (("other",), ())), node("n2", (16, 16)))
+    watch.review(view, now=LATER)
+    asked = knowledge.asked
+    assert asked > 0
+    watch.review(view, now=LATER)  # the same node views: nothing to judge
+    assert knowledge.asked == asked
+
+
+def test_first_scans_are_bounded_per_pass(monkeypatch):
+    recorded(monkeypatch, "")
+    monkeypatch.setattr(waiting, "SCANS_PER_PASS", 2)
+    watch = WaitingShares()
+    for i in range(5):
+        e = entry(away=())
+        e.decision_id = f"d{i}"
+        watch.add(e)
+    view = View(node("n1", (16, 16)))
+    watch.review(view, now=LATER)
+    assert [e.scanned for e in watch._entries.values()] == [True, True, False, False, False]
+    watch.review(view, now=LATER)
+    assert sum(e.scanned for e in watch._entries.values()) == 4
 
 
 def test_memory_stays_bounded(monkeypatch):

@@ -651,20 +651,6 @@ class Engine:
         self.j_state[j] = "queued"
         self._queue(j, req)
 
-    def revise(self, j: int, req: Request):
-        """A queued job's request changed while it waits (a share's exclusions lifted, as the
-        daemon's review of waiting shares does in Slurm's queue): it moves to the bucket of its
-        new shape, keeping its place in the policy's order. Only widens (a request that could
-        ever fit still can)."""
-        old = self.j_req[j]
-        shape = (self.policy.memo_key(j, old), None if old.whole else tuple(old.shards.tolist()))
-        bucket = self.buckets[shape]
-        pos = bisect.bisect_left(bucket, (self.policy.key(j, self), j))
-        if self._take_out(shape, bucket, pos):
-            self._drop_bucket(shape)
-        self._queue(j, req)
-        self.released = True  # a full pass: its new bucket may start now
-
     def _queue(self, j: int, req: Request):
         self.j_req[j] = req
         # Jobs of one shape (same request, same memory) wait in one bucket, in policy order:
@@ -1013,7 +999,6 @@ class Engine:
         done = 0
         last_report = 0
         j_ver, j_state = self.j_ver, self.j_state
-        review = getattr(self.policy, "review", None)
         while True:
             # Events of re-planned or finished jobs are dropped here, not at their time: a
             # stale event must not move the clock (it stretched the timeline past the last end).
@@ -1042,8 +1027,6 @@ class Engine:
             while a < J and submit[a] <= now:
                 self._enqueue(a)
                 a += 1
-            if self.released and review is not None:
-                review(self)  # what a release changed for waiting requests, before the pass
             if self.released:
                 self.schedule()
             elif self.arrived_shapes:

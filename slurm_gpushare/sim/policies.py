@@ -37,12 +37,16 @@ Policies:
   the decision's nice and Slurm's age factor; ``gpushare-sjf`` is the same with the SJF lever
   on (``policy.priority = "sjf"``). Partners are not chosen by gpushare: Slurm's packing picks
   the GPU within the decision's types and exclusions (no best-first choice, and no matching,
-  which Slurm cannot be asked for). While a share waits, it follows the cluster as the daemon
-  makes it follow in Slurm's queue (``core/waiting.py``): after each release, a node comes off
-  its exclusions once the jobs that caused them left it and its class may join what is there
-  now (the daemon does it within a refresh of its view, here at once). No type is added: the
-  simulator's node views carry no free units per GPU, so decisions here offer every type the
-  request suits and have none left to add.
+  which Slurm cannot be asked for). A job whose kind has a utilisation profile is judged by
+  the daemon's pair predictor (``SimPairs``: the packaged prior, no co-runs learned), others by
+  the class knowledge, as the daemon judges jobs with and without a telemetry profile. While a
+  share waits, its exclusions follow the cluster as the daemon makes them follow in Slurm's
+  queue (``core/waiting.py``), here with a view that is never stale: when it could start, a
+  node is skipped while the rule keeps the job off it now (``waiting.blocked_now``: where Slurm
+  would land it there, a share it should not join), never every node it could use (the
+  daemon does it within a refresh of its view, and adds or lifts an exclusion by ``scontrol
+  update``). No type is added: the simulator's node views at submission carry no free units
+  per GPU, so decisions here offer every type the request suits and have none left to add.
 """
 
 from __future__ import annotations
@@ -54,9 +58,8 @@ import numpy as np
 
 from slurm_gpushare.core import policy as daemon_policy
 from slurm_gpushare.core.config import Config, GpuType, PolicyConfig
-from slurm_gpushare.core.hostlist import expand_hostlist
 from slurm_gpushare.core.types import JobRequest
-from slurm_gpushare.core.waiting import WaitingShare, review_one
+from slurm_gpushare.core.waiting import WaitingShare, blocked_now, can_keep_off
 
 from slurm_gpushare.sim.cluster import SPEED_PROFILES
 from slurm_gpushare.sim.engine import Request
@@ -312,7 +315,6 @@ class SimView:
         self._masks = [0] * len(self._views)  # classes resident on each node (bits)
         self._idle = engine.n_gpus.tolist()
         self._version, self._nodes = -1, _Snapshot(self._views)
-        self.touched: set[int] = set()  # nodes whose allocations changed (``take_touched``)
         # The classes in each bit mask of classes, as the node views list them.
         self._classes_of = [tuple(c for c in range(engine.n_classes) if mask >> c & 1)
                             for mask in range(1 << engine.n_classes)]
@@ -321,7 +323,6 @@ class SimView:
         engine = self.engine
         if self._version != engine.version:
             changed = []
-            self.touched |= engine.n_changed
             # Only nodes whose allocations changed since the last look can have other views.
             for i in sorted(engine.n_changed):
                 first, count = int(engine.n_first[i]), int(engine.n_gpus[i])
@@ -368,16 +369,9 @@ class SimView:
             self._nodes.checks, self._nodes.memo = checks, memo
         return self._nodes
 
-    def take_touched(self) -> set[int]:
-        """The nodes whose allocations changed since the last call (their views current)."""
-        self.nodes()
-        touched, self.touched = self.touched, set()
-        return touched
-
-    def node_now(self, i: int, resident_jobs: tuple = ()) -> daemon_policy.NodeView:
-        """Node i's view as of the last ``nodes()``, with the jobs on it where asked."""
-        view = self._views[i]
-        return replace(view, resident_jobs=resident_jobs) if resident_jobs else view
+    def node_now(self, i: int) -> daemon_policy.NodeView:
+        """Node i's view as of the last ``nodes()``."""
+        return self._views[i]
 
 
 class SimCompatibility:
@@ -389,6 +383,76 @@ class SimCompatibility:
     def compatible(self, class_a: int, class_b: int, gpu_type: str | None = None) -> bool:
         profile = self.profile_of.get(gpu_type, 2)
         return self.knowledge.compatible(profile, class_a, class_b)
+
+
+class SimPairs:
+    """The pair predictor as the daemon uses it (``daemon.pairing``), in the simulator: the
+    packaged prior (``pairs.default_model``), without co-runs learned (the simulator does not
+    feed its co-runs back), on each job kind's profile per GPU from Gavel's utilisation proxy
+    (``knowledge.gavel_profiles``: the telemetry the daemon would have measured). Running shares
+    are known by job index; one judge per kind (``for_job``)."""
+
+    def __init__(self, kinds, job_kind: list[int], type_profile: dict[str, int]):
+        from slurm_gpushare.predict.knowledge import GAVEL_MEM_MIB, gavel_profiles
+        from slurm_gpushare.predict.pairs import default_model
+
+        util = {(row.job, row.gpu): float(row.gpu_util_pct)
+                for row in gavel_profiles().itertuples()}
+        # profiles[speed profile][kind]: None where the kind was not measured on that GPU
+        self.profiles = [[{"gpu_util_pct": util[(kind, gpu)], "mem_total_mib": GAVEL_MEM_MIB[gpu]}
+                          if (kind, gpu) in util else None for kind in kinds]
+                         for gpu in SPEED_PROFILES]
+        self.names = tuple(kinds)
+        self.model = default_model()
+        self.job_kind, self.type_profile = job_kind, type_profile
+        self.verdicts: dict[tuple, bool] = {}
+        self._judges: dict[int, _KindPairs | None] = {}
+
+    def for_job(self, j: int) -> "_KindPairs | None":
+        """Job j's judge (``policy.PairCompatibility``); None where its kind has no profile
+        (the class knowledge decides then)."""
+        kind = self.job_kind[j]
+        if kind not in self._judges:
+            known = [self.profiles[p][kind] for p in sorted(set(self.type_profile.values()))
+                     if kind < len(self.names) and self.profiles[p][kind] is not None]
+            self._judges[kind] = _KindPairs(self, kind, known) if known else None
+        return self._judges[kind]
+
+
+class _KindPairs:
+    """One kind's judgement of the running shares (``policy.PairCompatibility``)."""
+
+    def __init__(self, pairs: SimPairs, kind: int, known: list[dict]):
+        self.pairs, self.kind = pairs, kind
+        # Copies of itself per GPU: judged on its profile averaged over the cluster's GPU types
+        # (the daemon's is the mean over the job's own runs, on whichever types they ran).
+        self.typical = {"gpu_util_pct": sum(p["gpu_util_pct"] for p in known) / len(known),
+                        "mem_total_mib": max(p["mem_total_mib"] for p in known)}
+
+    def compatible_with_group(self, resident_jobs, gpu_type: str | None = None) -> bool:
+        pairs = self.pairs
+        p = pairs.type_profile.get(gpu_type, len(SPEED_PROFILES) - 1)
+        profiles = pairs.profiles[p]
+        if profiles[self.kind] is None:
+            return True  # not measured on this GPU: nothing is known against it
+        kinds = tuple(sorted(k for k in (pairs.job_kind[i] for i in resident_jobs)
+                             if profiles[k] is not None))
+        if not kinds:
+            return True
+        key = (p, self.kind, kinds)
+        verdict = pairs.verdicts.get(key)
+        if verdict is None:
+            group = (self.kind,) + kinds
+            speeds = pairs.model.safe_speeds([profiles[k] for k in group],
+                                             [pairs.names[k] for k in group])
+            verdict = pairs.verdicts[key] = bool(min(speeds) >= pairs.model.threshold)
+        return verdict
+
+    def compatible_with(self, resident_job, gpu_type: str | None = None) -> bool:
+        return self.compatible_with_group((resident_job,), gpu_type)
+
+    def copies_allowed(self, limit: int) -> int:
+        return self.pairs.model.copies_allowed(self.typical, self.pairs.names[self.kind], limit)
 
 
 def job_kind_utilisation(kinds, type_names) -> dict[int, float]:
@@ -451,8 +515,9 @@ class GpuShare(Policy):
                                     sharing="shard", shard_mib=engine.unit_mib)
                             for t in cluster.types))
         self.view = SimView(engine, cluster.partition)
-        self.compat = SimCompatibility(self.knowledge, {
-            t.name: SPEED_PROFILES.index(t.speed_profile) for t in cluster.types})
+        type_profile = {t.name: SPEED_PROFILES.index(t.speed_profile) for t in cluster.types}
+        self.compat = SimCompatibility(self.knowledge, type_profile)
+        self.pairs = SimPairs(engine.work.kinds, engine.work.kind.tolist(), type_profile)
         self.node_index = {n.name: i for i, n in enumerate(cluster.nodes)}
         self.type_names = cluster.type_names
         self.all_types = engine.work.allowed.shape[1]
@@ -468,13 +533,15 @@ class GpuShare(Policy):
         self.percent_asked = np.where(work.gpu_request < work.n_gpus,
                                       np.ceil(100 * work.gpu_request), 0).astype(int).tolist()
         self._requests: dict = {}
-        # Waiting shares to review (job -> WaitingShare), and per node the jobs kept off it.
-        self.waiting: dict[int, WaitingShare] = {}
-        self.excluders: dict[int, set[int]] = {}
-        self.counters = {"lifted": 0}
+        # Shares whose exclusions follow the cluster (job -> its judgement: a waiting share,
+        # ``core/waiting.py``), the judges' caches, node views with free units per GPU.
+        self.judgements: dict[int, WaitingShare] = {}
+        self._caches: dict = {}
+        self._now: dict[int, tuple] = {}
+        self._usable: dict = {}
+        self.counters = {"started_kept_off": 0}
         self._type_masks: dict = {}
         self._shards: dict = {}
-        self._node_sets: dict = {}
         # Peak utilisations matter only to a GPU-time budget (and cost a slow import).
         self.util = (job_kind_utilisation(engine.work.kinds, self.type_names)
                      if self.gpu_time_budget_pct > 0 else {})
@@ -518,11 +585,12 @@ class GpuShare(Policy):
             detail="simulated history")
 
     def admit(self, j, engine):
-        if j in self.waiting:  # re-admitted after a kill: its old request is gone
-            self._forget(j)
+        self.judgements.pop(j, None)  # re-admitted after a kill: its old request is gone
+        # As the daemon: the pair predictor for a job with a profile, else the classes.
+        knowledge = self.pairs.for_job(j) or self.compat
         decision = daemon_policy.decide(self.request(j, engine), self.config,
                                         estimate=self.estimate(j, engine), view=self.view,
-                                        knowledge=self.compat, decision_id=f"sim-{j}")
+                                        knowledge=knowledge, decision_id=f"sim-{j}")
         nice = int(decision.writes.get("nice", 0))
         if decision.code == "already-shared":
             # Kept as submitted: the share it asked for, its fraction of whichever GPU it
@@ -537,88 +605,71 @@ class GpuShare(Policy):
         shards = self._shards.get(units)
         if shards is None:  # one array per share size (requests only read it)
             shards = self._shards[units] = np.full(len(self.type_names), units, np.int64)
-        exclude = self._node_set(decision.writes.get("exc_nodes", ""))
         # Its longest predicted run time on those types (0 where a type is not one of them).
         est = max([r if ok else 0.0 for r, ok in zip(self.runtime_rows[j], flags)])
-        req = Request(False, types, shards, exclude, est, decision.code, nice)
-        away = tuple(decision.details.get("excluded_nodes") or ())
-        if away:
-            self._follow(j, engine, decision, away)
+        # The decision's exclusions (``exc_nodes``) are not fixed here: they follow the cluster
+        # (``place``), as the daemon makes them follow.
+        req = Request(False, types, shards, frozenset(), est, decision.code, nice)
+        entry = WaitingShare(
+            f"sim-{j}", "", decision.writes.get("features", ""), types=(), later=(),
+            user_exc_nodes="", away=(), blockers={}, partitions=(engine.cluster.partition,),
+            units=units, job_class=decision.details.get("job_class"), knowledge=knowledge)
+        if can_keep_off(entry):
+            self.judgements[j] = entry
         return req
 
-    # -- waiting shares follow the cluster (core/waiting.py, as the daemon does in Slurm) ----
-    def _follow(self, j, engine, decision, away) -> None:
-        """Keep job j's share to review while it waits: the nodes it is kept off and the jobs
-        on them now (the shares that caused it). No slower type is kept to add (``later``):
-        with no free units in these views, the decision left none out."""
-        gpu_type = self.config.gpu_type
-        blockers = {name: frozenset(self._jobs_on(engine, self.node_index[name]))
-                    for name in away}
-        entry = WaitingShare(
-            f"sim-{j}", "", decision.writes.get("features", ""),
-            types=tuple(g for g in map(gpu_type, decision.gpu_types) if g),
-            later=(), user_exc_nodes="", away=away,
-            blockers=blockers, partitions=(engine.cluster.partition,),
-            units=decision.details.get("units", 1), job_class=decision.details.get("job_class"),
-            knowledge=self.compat)
-        self.waiting[j] = entry
-        for name in away:
-            self.excluders.setdefault(self.node_index[name], set()).add(j)
+    def memo_key(self, j, req):
+        """Shares judged alike (one judge, one size) share a queue bucket: where one cannot
+        start, the others cannot either."""
+        entry = None if req.whole else self.judgements.get(j)
+        judge = -1 if entry is None else (id(entry.knowledge), entry.job_class, entry.units)
+        return (req.whole, self.engine.ngpus[j], req.key[0], req.exclude, judge)
 
-    @staticmethod
-    def _jobs_on(engine, node: int) -> tuple:
-        return tuple(job for g in engine._n_gpu_range[node] for job in engine.g_jobs[g])
+    # -- exclusions follow the cluster (core/waiting.py, as the daemon does in Slurm) ---------
+    def place(self, j, req, engine, exclude):
+        """The first node in Slurm's order with room whose landing GPU the job may join (the
+        daemon's exclusions made with a view that is never stale: ``waiting.blocked_now``);
+        the first with room where it would be kept off every node it could use."""
+        entry = None if req.whole else self.judgements.get(j)
+        if entry is None:
+            return super().place(j, req, engine, exclude)
+        self.view.nodes()  # node views current
+        caches = self._caches.setdefault(
+            (entry.job_class, id(entry.knowledge), entry.units), ({}, {}))
+        node_of, seen, first = engine.g_node_list, set(), None
+        for g in engine.share_candidates(req, exclude):
+            node = node_of[g]
+            if node in seen:
+                continue  # a node's first GPU with room is where Slurm lands the share
+            seen.add(node)
+            if first is None:
+                first = g
+            if not blocked_now(entry, self._node_now(engine, node), caches):
+                self.counters["started_kept_off"] += len(seen) > 1
+                return [g]
+        if first is not None and len(seen) >= self._usable_nodes(engine, req):
+            return [first]  # never kept off every node it could use: it would only wait
+        return None
 
-    def _forget(self, j: int, names=None) -> None:
-        """Job j is no longer kept off ``names`` (default: any node; then forgotten)."""
-        if names is None:
-            names = self.waiting.pop(j).away
-        for name in names:
-            self.excluders[self.node_index[name]].discard(j)
+    def _node_now(self, engine, i: int) -> daemon_policy.NodeView:
+        """Node i's view now with the free units and the shares of each GPU (what the
+        daemon's view estimates), made once per change of the allocations."""
+        hit = self._now.get(i)
+        if hit is not None and hit[0] == engine.version:
+            return hit[1]
+        gpus = engine._n_gpu_range[i]
+        gpu_jobs = tuple(tuple(engine.g_jobs[g]) for g in gpus)
+        view = replace(self.view.node_now(i), free_units=tuple(int(engine.g_free[g]) for g in gpus),
+                       gpu_jobs=gpu_jobs, resident_jobs=tuple(x for jobs in gpu_jobs for x in jobs))
+        self._now[i] = (engine.version, view)
+        return view
 
-    def review(self, engine) -> None:
-        """After a release: the waiting shares kept off a node whose allocations changed are
-        reviewed as the daemon reviews them after each refresh of its view (the daemon does
-        it within ``view_refresh_s``, here at once); a change moves the job's request."""
-        if not self.waiting:
-            return
-        due: dict[int, list[str]] = {}  # job -> its nodes touched since the last review
-        nodes = engine.cluster.nodes
-        for node in self.view.take_touched():
-            for j in self.excluders.get(node, ()):
-                due.setdefault(j, []).append(nodes[node].name)
-        if not due:
-            return
-        view = self.view
-        seen: dict = {}
-        memo: dict = {}  # judgements shared by the jobs of one class
-
-        def node_of(name: str):  # each node's view once per review
-            node = seen.get(name)
-            if node is None:
-                i = self.node_index[name]
-                node = seen[name] = view.node_now(i, self._jobs_on(engine, i))
-            return node
-
-        for j in sorted(due):
-            entry = self.waiting.get(j)
-            if entry is None:
-                continue
-            if engine.j_state[j] != "queued":  # started (a re-admission forgot it already)
-                self._forget(j)
-                continue
-            change = review_one(entry, view, node_of, due[j], memo)
-            if change is None:
-                continue
-            lifted = [name for name in entry.away if name not in change.still]
-            req = engine.j_req[j]
-            engine.revise(j, replace(req, exclude=req.exclude - frozenset(
-                self.node_index[name] for name in lifted)))
-            self.counters["lifted"] += len(lifted)
-            self._forget(j, lifted)
-            entry.away = change.still
-            if not entry.away:
-                del self.waiting[j]
+    def _usable_nodes(self, engine, req: Request) -> int:
+        """How many nodes of the request's types there are (the nodes it could use)."""
+        count = self._usable.get(req.key[0])
+        if count is None:
+            count = self._usable[req.key[0]] = int(req.types[engine.n_type].sum())
+        return count
 
     def _type_mask(self, gpu_types: tuple[str, ...], j: int) -> tuple[np.ndarray, list[bool]]:
         """The decision's GPU types that job j allows, as a mask over the cluster's types and
@@ -630,17 +681,6 @@ class GpuShare(Policy):
                 self.engine.work.allowed[j]
             mask = self._type_masks[key] = (types, types.tolist())
         return mask
-
-    def _node_set(self, exc_nodes: str) -> frozenset[int]:
-        """The indices of the nodes in an ``exc_nodes`` hostlist (one per distinct list)."""
-        nodes = self._node_sets.get(exc_nodes)
-        if nodes is None:
-            if len(self._node_sets) > 65536:
-                self._node_sets.clear()
-            nodes = self._node_sets[exc_nodes] = frozenset(
-                self.node_index[name] for name in expand_hostlist(exc_nodes)
-                if name in self.node_index)
-        return nodes
 
     def key(self, j, engine):
         return (engine.j_req[j].nice + self.AGE_WEIGHT * engine.submit[j] / self.MAX_AGE_S, j)

@@ -50,6 +50,7 @@ class WaitingShare:
     user_req_nodes: str = ""  # the job's own --nodelist, as written (never excluded)
     scanned: bool = False  # every node it could use judged once for exclusions to add
     own_nodes: frozenset[str] | None = None  # both lists of the user's expanded (read once)
+    type_names: frozenset[str] | None = None  # of ``types`` (read once per set of types)
 
 
 def can_keep_off(entry: WaitingShare) -> bool:
@@ -63,11 +64,18 @@ def usable(entry: WaitingShare, node: NodeView) -> bool:
     of its types, one of its partitions, on neither of the job's own node lists (the nodes it
     excluded itself; the nodes it named: Slurm refuses a job whose --nodelist node is also
     excluded)."""
+    if entry.type_names is None:
+        entry.type_names = frozenset(g.name for g in entry.types)
+    return (node.gpu_type in entry.type_names and node.name not in own_nodes(entry)
+            and in_partitions(node, set(entry.partitions)))
+
+
+def own_nodes(entry: WaitingShare) -> frozenset[str]:
+    """The nodes on the job's own lists (--exclude, --nodelist), which the daemon never adds."""
     if entry.own_nodes is None:
         entry.own_nodes = frozenset(expand_hostlist(entry.user_exc_nodes)
                                     + expand_hostlist(entry.user_req_nodes))
-    return (any(g.name == node.gpu_type for g in entry.types)
-            and in_partitions(node, set(entry.partitions)) and node.name not in entry.own_nodes)
+    return entry.own_nodes
 
 
 @dataclass(frozen=True)

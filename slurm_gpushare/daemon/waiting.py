@@ -31,8 +31,9 @@ from typing import Any
 
 from slurm_gpushare.core.policy import retype_features
 from slurm_gpushare.core.tag import Tag
+from slurm_gpushare.core.policy import in_partitions
 from slurm_gpushare.core.waiting import (Change, WaitingShare, can_keep_off, exc_node_list,
-                                        review_one, usable)
+                                        own_nodes, review_one)
 from slurm_gpushare.daemon.logs import event
 from slurm_gpushare.slurm import cmd
 
@@ -103,7 +104,7 @@ class WaitingShares:
         by_type: dict[str, list] = {}
         for node in nodes:
             by_type.setdefault(node.gpu_type, []).append(node)
-        changes, memo, scans = [], {}, SCANS_PER_PASS
+        changes, memo, scans, pools = [], {}, SCANS_PER_PASS, {}
         for entry in entries:
             if now - entry.decided_at < SETTLE_S:
                 continue  # a decision made this instant may not be a job in the queue yet
@@ -114,14 +115,23 @@ class WaitingShares:
                 entry.seen_on = None
             new_from, could_use = (), 0
             if can_keep_off(entry) and (entry.scanned or scans > 0):
-                mine = [n for g in entry.types for n in by_type.get(g.name, ())
-                        if usable(entry, n)]
-                could_use = len(mine)
+                # The nodes of its types and partitions (one list per pass for each such set),
+                # less those on the user's own lists.
+                key = (tuple(g.name for g in entry.types), entry.partitions)
+                pool = pools.get(key)
+                if pool is None:
+                    wanted = set(entry.partitions)
+                    listed = [n for g in entry.types for n in by_type.get(g.name, ())
+                              if in_partitions(n, wanted)]
+                    pool = pools[key] = (listed, {n.name for n in listed})
+                listed, names = pool
+                own = own_nodes(entry) & names
+                could_use = len(names) - len(own)
                 if entry.scanned:
-                    names = {n.name for n in mine}
-                    new_from = [n for n in changed if n.name in names]
+                    new_from = [n for n in changed if n.name in names and n.name not in own]
                 else:
-                    new_from, entry.scanned, scans = mine, True, scans - 1
+                    new_from = [n for n in listed if n.name not in own]
+                    entry.scanned, scans = True, scans - 1
             change = review_one(entry, view, by_name.get, memo=memo, new_from=new_from,
                                 could_use=could_use)
             if change is not None:
@@ -167,7 +177,8 @@ class WaitingShares:
                 args.append(f"Features={features}")
                 record.update(added_types=sorted(added), types=[g.name for g in types])
                 entry.features = features
-                entry.scanned = False  # the added types' nodes are judged whole next pass
+                # The added types' nodes are judged whole at the next pass.
+                entry.scanned, entry.type_names = False, None
         done = []
         for job_id in jobs if args else ():
             result = cmd.run(["scontrol", "update", f"JobId={job_id}", *args,

@@ -3,32 +3,34 @@
     .venv/bin/python bench/sim_bounds.py [--seeds 0-4] [--jobs 2] [--data-dir ../shared/data]
                                          [--limit N] [--out bench/results/sim_bounds.json]
 
-gpushare with the SJF lever (``gpushare-sjf``, default settings) decides each share once, at
-submission, and Slurm then lands it on the first GPU with room on a node it may use. Its shared
-jobs are slowed far more than SJF-BSBF's, which picks the best partner when a job starts. These
-variants keep everything else (decisions, queue order, backfill) and change only what the share
-may land next to, by an oracle that no Slurm site has:
+gpushare with the SJF lever (``gpushare-sjf``, default settings) decides each share at
+submission, Slurm lands it on the first GPU with room on a node it may use, and the daemon keeps
+its exclusions current while it waits (a node where it would land next to a partner its pair
+predictor or class says it should not join is excluded; ``core/waiting.py``). These variants
+keep everything else (decisions, queue order, backfill) and change only what the share may land
+next to, some by an oracle that no Slurm site has:
 
-- ``slurm``: as simulated everywhere else (``bench/sim_philly.py``);
+- ``gpushare``: as simulated everywhere else (``bench/sim_philly.py``): the product;
+- ``slurm``: Slurm's packing alone: the first GPU with room, exclusions neither made nor
+  followed (what the daemon's exclusions are measured against);
 - ``class-at-start``: when a share starts, GPUs holding a class that the policy's class-pair
   knowledge calls incompatible are skipped (perfect, always-current exclusions with today's
   class knowledge);
 - ``pair-at-start``: skipped where the measured pair speeds (Gavel's, the simulator's truth) put
   a co-runner below the 0.7x threshold (perfect pair knowledge, always current);
-- ``pair-at-submit``: the same knowledge used as the daemon uses exclusions: once, at
-  submission, on the GPU each node would land the share on (kept when it would exclude every
-  candidate node).
+- ``pair-at-submit``: the same knowledge used once, at submission, on the GPU each node would
+  land the share on (kept when it would exclude every candidate node), never followed.
 - ``predicted-at-start``: as ``pair-at-start``, but by the product's own pair predictor (the
   packaged prior, ``pairs.default_model``, on the kinds' Gavel utilisation) with corrections
   learned from 3 measured co-runs per kind on each GPU (``pairs.history_split``, drawn by the
-  seed): what that knowledge, once a site has seen a few co-runs of each job, would keep of
-  the oracle's gain if it followed the cluster; ``predicted-cold-at-start`` and
-  ``predicted-10-at-start``: the same with no co-run and with 10 per kind.
+  seed), on any GPU with room (not only where Slurm would land the share);
+  ``predicted-cold-at-start`` and ``predicted-10-at-start``: the same with no co-run and with
+  10 per kind.
 
 Records per variant and seed mean and p95 JCT, the mean slowdown of shared runs (ISD) and the
-shared fraction; averages over seeds; wins against SJF-BSBF. The gap between ``slurm`` and
-``pair-at-start`` is what pair knowledge that follows the cluster could earn; between
-``pair-at-submit`` and ``pair-at-start``, what following the cluster adds to it.
+shared fraction; averages over seeds (changes against ``slurm``); wins against SJF-BSBF. The gap
+between ``slurm`` and ``pair-at-start`` is what pair knowledge that follows the cluster could
+earn; ``gpushare`` shows how much of it the product keeps.
 """
 
 from __future__ import annotations
@@ -55,13 +57,13 @@ from slurm_gpushare.sim.cluster import SPEED_PROFILES, load_cluster  # noqa: E40
 from slurm_gpushare.sim.engine import Engine  # noqa: E402
 from slurm_gpushare.sim.interference import make_model  # noqa: E402
 from slurm_gpushare.sim.metrics import summarise  # noqa: E402
-from slurm_gpushare.sim.policies import GpuShare, make_policy  # noqa: E402
+from slurm_gpushare.sim.policies import GpuShare, Policy, make_policy  # noqa: E402
 from slurm_gpushare.sim.run import default_data_dir, knowledge_table, load_workload  # noqa: E402
 from slurm_gpushare.sim.workload import WorkloadOptions  # noqa: E402
 
 THRESHOLD = 0.7
-VARIANTS = ("slurm", "class-at-start", "pair-at-start", "pair-at-submit", "predicted-cold-at-start",
-            "predicted-at-start", "predicted-10-at-start")
+VARIANTS = ("slurm", "gpushare", "class-at-start", "pair-at-start", "pair-at-submit",
+            "predicted-cold-at-start", "predicted-at-start", "predicted-10-at-start")
 # Measured co-runs per kind the predictor learned from, per predicted-* variant.
 CO_RUNS = {"predicted-cold-at-start": 0, "predicted-at-start": HISTORY_PER_JOB,
            "predicted-10-at-start": 10}
@@ -75,7 +77,13 @@ def pair_ok(engine, g: int, j: int) -> bool:
     return speeds is not None and min(speeds) >= THRESHOLD
 
 
-class ClassAtStart(GpuShare):
+class Packed(GpuShare):
+    """gpushare's decisions, placed by Slurm's packing alone (its exclusions not followed)."""
+
+    place, memo_key = Policy.place, Policy.memo_key
+
+
+class ClassAtStart(Packed):
     def place(self, j, req, engine, exclude):
         if req.whole:
             return self.first_whole(j, req, engine, exclude)
@@ -88,7 +96,7 @@ class ClassAtStart(GpuShare):
         return None
 
 
-class PairAtStart(GpuShare):
+class PairAtStart(Packed):
     def place(self, j, req, engine, exclude):
         if req.whole:
             return self.first_whole(j, req, engine, exclude)
@@ -98,7 +106,7 @@ class PairAtStart(GpuShare):
         return None
 
 
-class PairAtSubmit(GpuShare):
+class PairAtSubmit(Packed):
     def admit(self, j, engine):
         req = super().admit(j, engine)
         if req.whole:
@@ -120,7 +128,7 @@ class PairAtSubmit(GpuShare):
         return replace(req, exclude=frozenset(away))
 
 
-class PredictedAtStart(GpuShare):
+class PredictedAtStart(Packed):
     def __init__(self, *args, seed: int = 0, co_runs: int = HISTORY_PER_JOB, **kwargs):
         super().__init__(*args, **kwargs)
         self.models, self.profiles = learned_predictors(seed, co_runs)
@@ -174,7 +182,7 @@ def run(task) -> dict:
     if variant == "sjf-bsbf":
         policy = make_policy("sjf-bsbf", knowledge, seed)
     else:
-        kind = {"slurm": GpuShare, "class-at-start": ClassAtStart,
+        kind = {"gpushare": GpuShare, "slurm": Packed, "class-at-start": ClassAtStart,
                 "pair-at-start": PairAtStart, "pair-at-submit": PairAtSubmit}.get(
                     variant, PredictedAtStart)
         extra = {"seed": seed, "co_runs": CO_RUNS[variant]} if kind is PredictedAtStart else {}

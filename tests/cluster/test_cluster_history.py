@@ -308,6 +308,22 @@ def test_a_lighter_job_keeps_off_nodes_full_of_heavy_shares(cluster):
 
 
 
+def take_whole(cluster, jobs: list[str], gres: str, node: str) -> str:
+    """A job that holds ``gres`` on ``node`` whole for five minutes, running (its id added to
+    ``jobs``)."""
+    job_id = cluster.sbatch(f"--gres={gres}", "-w", node, "--comment=gpushare=off",
+                            script=cluster.training_script(work_s=300))
+    jobs.append(job_id)
+    assert cluster.wait_state(job_id, {"RUNNING"}, timeout=60) == "RUNNING"
+    return job_id
+
+
+def updates_of(cluster, job_id: str) -> list[dict]:
+    """The daemon's logged updates of a waiting share's job."""
+    return [e for e in map(json.loads, (cluster.log / "gpushare.log").read_text().splitlines())
+            if e.get("event") == "waiting-share-updated" and e.get("job_id") == job_id]
+
+
 def test_an_exclusion_is_lifted_once_the_shares_that_caused_it_end(cluster):
     import os
 
@@ -326,10 +342,7 @@ def test_an_exclusion_is_lifted_once_the_shares_that_caused_it_end(cluster):
     heavy, medium = profiled_pair(cluster, heavy_mib=9000, other_util=47, other_mem_util=20)
     jobs: list[str] = []
     try:
-        blocker = cluster.sbatch("--gres=gpu:v100:2", "-w", "v100-2", "--comment=gpushare=off",
-                                 script=cluster.training_script(work_s=300))
-        jobs.append(blocker)
-        assert cluster.wait_state(blocker, {"RUNNING"}, timeout=60) == "RUNNING"
+        blocker = take_whole(cluster, jobs, "gpu:v100:2", "v100-2")
         heavy_jobs = [cluster.sbatch("--gres=gpu:v100:1", script=heavy, env={"WORK": "300"})
                       for _ in range(2)]
         jobs += heavy_jobs
@@ -365,11 +378,54 @@ def test_an_exclusion_is_lifted_once_the_shares_that_caused_it_end(cluster):
         started = cluster.job(waiting["JobId"])
         assert started["NodeList"] == "v100-1" and started["ExcNodeList"] == "(null)", started
         assert started["AdminComment"] == waiting["AdminComment"]
-        lifted = [e for e in map(json.loads, (cluster.log / "gpushare.log").read_text()
-                                 .splitlines())
-                  if e.get("event") == "waiting-share-updated"
-                  and e.get("job_id") == waiting["JobId"]]
+        lifted = updates_of(cluster, waiting["JobId"])
         assert [(e["lifted"], e["still"]) for e in lifted] == [(["v100-1"], [])], lifted
+    finally:
+        for job_id in jobs:
+            cluster.slurm("scancel", job_id, check=False)
+
+
+def test_a_waiting_share_is_kept_off_a_node_once_a_partner_it_should_not_join_lands_there(cluster):
+    # A held share decided while v100-1 is empty has no exclusion (v100-2, the only other node
+    # of its type, is taken whole). Then a busy share starts on v100-1, on the GPU where the
+    # held one would land: the daemon adds v100-1 to its ExcNodeList (v100-2 stays open: a job
+    # is never kept off every node it could use). Released, it waits instead of joining the
+    # busy share; once that ends, v100-1 comes off the list and it starts there.
+    # The pair as in test_an_exclusion_is_lifted_once_the_shares_that_caused_it_end: a 10 GiB
+    # busy share leaves room for the 6 GiB share beside it, and the two should not share.
+    heavy, medium = profiled_pair(cluster, heavy_mib=9000, other_util=47, other_mem_util=20)
+    jobs: list[str] = []
+    try:
+        take_whole(cluster, jobs, "gpu:v100:2", "v100-2")
+        held = cluster.job(cluster.sbatch("--gres=gpu:v100:1", "--hold", script=medium))
+        jobs.append(held["JobId"])
+        decision = decision_of(cluster, held)
+        assert decision["action"] == "share" and "exc_nodes" not in decision["writes"], decision
+        assert held["ExcNodeList"] == "(null)", held
+        # Until the view no longer counts the held share where it would go (a decided share is
+        # counted there for a few refreshes, and the busy one should not join it either).
+        time.sleep(6)
+        busy = cluster.sbatch("--gres=gpu:v100:1", script=heavy, env={"WORK": "300"})
+        jobs.append(busy)
+        assert cluster.job(busy)["TresPerNode"].startswith(f"{cluster.gres_prefix}shard:")
+        assert cluster.wait_state(busy, {"RUNNING"}, timeout=60) == "RUNNING"
+        assert cluster.job(busy)["NodeList"] == "v100-1"
+        deadline = time.monotonic() + 30
+        while cluster.job(held["JobId"])["ExcNodeList"] != "v100-1":
+            assert time.monotonic() < deadline, cluster.job(held["JobId"])
+            time.sleep(0.5)
+        cluster.slurm("scontrol", "release", held["JobId"])
+        time.sleep(3)  # a few refreshes: the exclusion stays while the busy share runs
+        now = cluster.job(held["JobId"])
+        assert now["JobState"] == "PENDING" and now["ExcNodeList"] == "v100-1", now
+        cluster.slurm("scancel", busy)
+        assert cluster.wait_state(held["JobId"], {"RUNNING"}, timeout=60) == "RUNNING"
+        started = cluster.job(held["JobId"])
+        assert started["NodeList"] == "v100-1" and started["ExcNodeList"] == "(null)", started
+        assert started["AdminComment"] == held["AdminComment"]
+        updates = updates_of(cluster, held["JobId"])
+        assert [(e.get("excluded"), e["lifted"], e["still"]) for e in updates] == [
+            (["v100-1"], [], ["v100-1"]), (None, ["v100-1"], [])], updates
     finally:
         for job_id in jobs:
             cluster.slurm("scancel", job_id, check=False)
@@ -386,16 +442,9 @@ def test_a_waiting_share_whose_types_filled_up_is_widened_to_an_idle_slower_type
     profile(cluster, light, "--gres=gpu:v100:1")
     jobs: list[str] = []
 
-    def take(gpus: int, node: str) -> str:
-        job_id = cluster.sbatch(f"--gres=gpu:a100:{gpus}", "-w", node, "--comment=gpushare=off",
-                                script=cluster.training_script(work_s=300))
-        jobs.append(job_id)
-        assert cluster.wait_state(job_id, {"RUNNING"}, timeout=60) == "RUNNING"
-        return job_id
-
     try:
-        take(2, "a100-1")
-        take(1, "a100-2")
+        take_whole(cluster, jobs, "gpu:a100:2", "a100-1")
+        take_whole(cluster, jobs, "gpu:a100:1", "a100-2")
         deadline = time.monotonic() + 30
         while True:  # until the daemon's view shows them (a100-2 still has a free GPU)
             time.sleep(1)
@@ -408,7 +457,7 @@ def test_a_waiting_share_whose_types_filled_up_is_widened_to_an_idle_slower_type
             cluster.slurm("scancel", held["JobId"])
         assert decision["gpu_types"] == ["a100"] and held["Features"] == "a100", decision
         assert "not offered on v100" in decision["reason"], decision
-        take(1, "a100-2")  # the last a100 GPU
+        take_whole(cluster, jobs, "gpu:a100:1", "a100-2")  # the last a100 GPU
         deadline = time.monotonic() + 30
         while cluster.job(held["JobId"])["Features"] == "a100":
             assert time.monotonic() < deadline, cluster.job(held["JobId"])
@@ -420,10 +469,7 @@ def test_a_waiting_share_whose_types_filled_up_is_widened_to_an_idle_slower_type
         cluster.slurm("scontrol", "release", held["JobId"])
         assert cluster.wait_state(held["JobId"], {"RUNNING"}, timeout=60) == "RUNNING"
         assert cluster.job(held["JobId"])["NodeList"].startswith("v100-")
-        updated = [e for e in map(json.loads, (cluster.log / "gpushare.log").read_text()
-                                  .splitlines())
-                   if e.get("event") == "waiting-share-updated"
-                   and e.get("job_id") == held["JobId"]]
+        updated = updates_of(cluster, held["JobId"])
         assert [(e["added_types"], e["types"]) for e in updated] == [(["v100"],
                                                                       ["a100", "v100"])]
     finally:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, field, replace
-from typing import Mapping, Protocol, Sequence
+from typing import AbstractSet, Mapping, Protocol, Sequence
 
 from slurm_gpushare.core import feasibility
 from slurm_gpushare.core import tres as tresmod
@@ -204,7 +204,7 @@ def incompatible_nodes(job_class: int | None, fits: Sequence[GpuType], partition
     return answer(excluded, len(candidates))
 
 
-def in_partitions(node: NodeView, wanted: set[str]) -> bool:
+def in_partitions(node: NodeView, wanted: AbstractSet[str]) -> bool:
     """Whether a node serves one of the job's partitions (a node the view gives none serves all)."""
     return not node.partitions or not wanted.isdisjoint(node.partitions)
 

@@ -50,7 +50,8 @@ class WaitingShare:
     user_req_nodes: str = ""  # the job's own --nodelist, as written (never excluded)
     scanned: bool = False  # every node it could use judged once for exclusions to add
     own_nodes: frozenset[str] | None = None  # both lists of the user's expanded (read once)
-    type_names: frozenset[str] | None = None  # of ``types`` (read once per set of types)
+    # Its types' names and its partitions as sets (made once per set of types).
+    reach: tuple[frozenset[str], frozenset[str]] | None = None
 
 
 def can_keep_off(entry: WaitingShare) -> bool:
@@ -64,10 +65,11 @@ def usable(entry: WaitingShare, node: NodeView) -> bool:
     of its types, one of its partitions, on neither of the job's own node lists (the nodes it
     excluded itself; the nodes it named: Slurm refuses a job whose --nodelist node is also
     excluded)."""
-    if entry.type_names is None:
-        entry.type_names = frozenset(g.name for g in entry.types)
-    return (node.gpu_type in entry.type_names and node.name not in own_nodes(entry)
-            and in_partitions(node, set(entry.partitions)))
+    if entry.reach is None:
+        entry.reach = (frozenset(g.name for g in entry.types), frozenset(entry.partitions))
+    types, partitions = entry.reach
+    return (node.gpu_type in types and node.name not in own_nodes(entry)
+            and in_partitions(node, partitions))
 
 
 def own_nodes(entry: WaitingShare) -> frozenset[str]:
@@ -96,7 +98,10 @@ def exc_node_list(user_exc_nodes: str, away: Sequence[str]) -> str:
 def blocked_now(entry: WaitingShare, node: NodeView, caches: tuple | None = None) -> bool:
     """Whether the job should be kept off ``node`` (its view now): a share that kept it off
     there is still there, or the judgement made now keeps it off (``policy.keeps_off``).
-    ``caches``: ``(answers, verdicts)`` shared by the calls judged alike."""
+    ``caches``: ``(answers, verdicts)`` shared by the calls judged alike, and optionally a third
+    dict of verdicts by node name, valid while the view does not change (one review)."""
+    if not (entry.blockers or {}).get(node.name, frozenset()).isdisjoint(node.resident_jobs):
+        return True
     if entry.decision_id in node.resident_jobs:
         # Its own claim (the view counts a decided share where it will go until it runs):
         # a job is no partner of itself.
@@ -104,18 +109,23 @@ def blocked_now(entry: WaitingShare, node: NodeView, caches: tuple | None = None
                                                  if j != entry.decision_id),
                        gpu_jobs=tuple(tuple(j for j in gpu if j != entry.decision_id)
                                       for gpu in node.gpu_jobs))
-    answers, verdicts = caches or (None, None)
-    return (not (entry.blockers or {}).get(node.name, frozenset()).isdisjoint(node.resident_jobs)
-            or keeps_off(node, entry.job_class, entry.knowledge, entry.units,
-                         _answers=answers, _verdicts=verdicts))
+        caches = caches[:2] if caches else None  # this node's view is the job's own
+    answers, verdicts, by_node = (caches or ()) + (None,) * (3 - len(caches or ()))
+    if by_node is not None and node.name in by_node:
+        return by_node[node.name]
+    kept = keeps_off(node, entry.job_class, entry.knowledge, entry.units,
+                     _answers=answers, _verdicts=verdicts)
+    if by_node is not None:
+        by_node[node.name] = kept
+    return kept
 
 
 def _caches(entry: WaitingShare, memo: dict | None) -> tuple | None:
     """The judgement caches of entries judged alike (one class or one pair predictor, one
-    share size) within one review."""
+    share size) within one review: node verdicts too (the view is fixed)."""
     if memo is None:
         return None
-    return memo.setdefault((entry.job_class, id(entry.knowledge), entry.units), ({}, {}))
+    return memo.setdefault((entry.job_class, id(entry.knowledge), entry.units), ({}, {}, {}))
 
 
 def still_blocked(entry: WaitingShare, node_of: Callable[[str], NodeView | None],

@@ -178,7 +178,7 @@ class WaitingShares:
                 record.update(added_types=sorted(added), types=[g.name for g in types])
                 entry.features = features
                 # The added types' nodes are judged whole at the next pass.
-                entry.scanned, entry.type_names = False, None
+                entry.scanned, entry.reach = False, None
         done = []
         for job_id in jobs if args else ():
             result = cmd.run(["scontrol", "update", f"JobId={job_id}", *args,

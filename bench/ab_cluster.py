@@ -265,17 +265,18 @@ def _per_job(records, profile_of: dict[str, str]) -> list[dict]:
 def _waiting(cluster: TestCluster, since: float, until: float) -> dict[str, int]:
     """From the daemon's log, within the arm: decisions that kept their share off nodes, and
     what was changed for waiting shares as the cluster moved on (daemon/waiting.py)."""
-    excluded = lifted = widened = 0
+    excluded = added = lifted = widened = 0
     for entry in daemon_events(cluster):
         if not since <= entry.get("ts", 0) <= until:
             continue
         if entry.get("event") == "decision" and entry.get("writes", {}).get("exc_nodes"):
             excluded += 1
         elif entry.get("event") == "waiting-share-updated":
+            added += len(entry.get("excluded", ()))
             lifted += len(entry.get("lifted", ()))
             widened += bool(entry.get("added_types"))
-    return {"decisions_with_exclusions": excluded, "exclusions_lifted": lifted,
-            "shares_widened": widened}
+    return {"decisions_with_exclusions": excluded, "exclusions_added": added,
+            "exclusions_lifted": lifted, "shares_widened": widened}
 
 
 def _codes(records) -> dict[str, int]:
@@ -288,7 +289,7 @@ def _codes(records) -> dict[str, int]:
 
 METRICS = ("makespan_s", "mean_jct_s", "p95_jct_s", "mean_queue_s", "gpu_hours_used",
            "shared_jobs", "isd_mean", "isd_median", "isd_max", "ps", "oom", "failed",
-           "decisions_with_exclusions", "exclusions_lifted", "shares_widened")
+           "decisions_with_exclusions", "exclusions_added", "exclusions_lifted", "shares_widened")
 
 
 def summary(runs: list[dict]) -> dict:

@@ -31,9 +31,9 @@ Policies:
   sharing benefit (sum of predicted speeds > 1), no preemption, no reservation.
 - ``gpushare``: the daemon's own ``slurm_gpushare.core.policy.decide`` at submission (a
   ``JobRequest`` as the hook would send it, the job's safe memory estimate and run times, a
-  view of the simulated cluster, the same class-pair knowledge as the class-aware policies);
-  a share goes where Slurm would put ``gres/shard``: the first node in weight order of an
-  allowed type, not in ``exc_nodes``, with enough free shards. Queue in priority order with
+  view of the simulated cluster, and the judgement below); a share goes where Slurm would put
+  ``gres/shard``: the first node in weight order of an allowed type, not kept off, with enough
+  free shards. Queue in priority order with
   the decision's nice and Slurm's age factor; ``gpushare-sjf`` is the same with the SJF lever
   on (``policy.priority = "sjf"``). Partners are not chosen by gpushare: Slurm's packing picks
   the GPU within the decision's types and exclusions (no best-first choice, and no matching,

@@ -1,7 +1,8 @@
 """Benchmark: how much better shares could be placed -- upper bounds, on the Philly trace.
 
-    .venv/bin/python bench/sim_bounds.py [--seeds 0-4] [--jobs 2] [--data-dir ../shared/data]
-                                         [--limit N] [--out bench/results/sim_bounds.json]
+    .venv/bin/python bench/sim_bounds.py [--seeds 0-4] [--draws 1] [--variants slurm,gpushare]
+                                         [--jobs 2] [--data-dir ../shared/data] [--limit N]
+                                         [--out bench/results/sim_bounds.json]
 
 gpushare with the SJF lever (``gpushare-sjf``, default settings) decides each share at
 submission, Slurm lands it on the first GPU with room on a node it may use, and the daemon keeps
@@ -28,7 +29,10 @@ next to, some by an oracle that no Slurm site has:
   10 per kind.
 
 Records per variant and seed mean and p95 JCT, the mean slowdown of shared runs (ISD) and the
-shared fraction; averages over seeds (changes against ``slurm``); wins against SJF-BSBF. The gap
+shared fraction; averages over seeds (changes against ``slurm``); wins against SJF-BSBF.
+``--draws N`` runs each seed N times (the seed and replicates whose true run times move by
+~0.1%, as ``bench/sim_philly.py --draws``): a seed's figures are then its averages over the
+draws, and the runs where a variant is below ``slurm`` are counted pair by pair. The gap
 between ``slurm`` and ``pair-at-start`` is what pair knowledge that follows the cluster could
 earn; ``gpushare`` shows how much of it the product keeps.
 """
@@ -175,9 +179,10 @@ def learned_predictors(seed: int, per_job: int = HISTORY_PER_JOB) -> tuple[dict,
 
 
 def run(task) -> dict:
-    seed, variant, data_dir, limit = task
+    seed, draw, variant, data_dir, limit = task
     cluster = load_cluster("philly")
-    work = load_workload("philly", cluster, data_dir, WorkloadOptions(seed=seed, limit=limit))
+    work = load_workload("philly", cluster, data_dir,
+                         WorkloadOptions(seed=seed, draw=draw, limit=limit))
     knowledge = knowledge_table(data_dir)
     if variant == "sjf-bsbf":
         policy = make_policy("sjf-bsbf", knowledge, seed)
@@ -190,7 +195,7 @@ def run(task) -> dict:
     started = time.process_time()
     result = Engine(cluster, work, policy, make_model("gavel", data_dir)).run()
     summary = summarise(result, cap_jobs=cluster.max_jobs_per_gpu)
-    return {"seed": seed, "variant": variant,
+    return {"seed": seed, "draw": draw, "variant": variant,
             **{k: summary[k] for k in ("jct_mean_s", "jct_p95_s", "isd_mean", "shared_jobs",
                                        "oom_kills", "pair_failures")},
             "cpu_s": round(time.process_time() - started, 1)}
@@ -202,18 +207,30 @@ def main(argv=None) -> int:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--data-dir", default=None)
     parser.add_argument("--limit", type=int, default=None, help="first N jobs (a quick look)")
+    parser.add_argument("--draws", type=int, default=1, help="runs per seed (see above)")
+    parser.add_argument("--variants", default=",".join(VARIANTS),
+                        help="comma-separated; slurm (the reference) and sjf-bsbf always run")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "sim_bounds.json"))
     args = parser.parse_args(argv)
     data_dir = args.data_dir or default_data_dir()
-    seeds = expand_ranges(args.seeds)
-    tasks = [(s, v, data_dir, args.limit) for s in seeds for v in ("sjf-bsbf",) + VARIANTS]
+    seeds, draws = expand_ranges(args.seeds), range(args.draws)
+    chosen = [v.strip() for v in args.variants.split(",") if v.strip()]
+    unknown = sorted(set(chosen) - set(VARIANTS))
+    if unknown:
+        parser.error(f"unknown variants {', '.join(unknown)} (of {', '.join(VARIANTS)})")
+    variants = ("sjf-bsbf",) + tuple(v for v in VARIANTS if v == "slurm" or v in chosen)
+    tasks = [(s, d, v, data_dir, args.limit) for s in seeds for d in draws for v in variants]
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         rows = list(pool.map(run, tasks))
     for row in rows:
         print(json.dumps(row), flush=True)
-    by = {(r["variant"], r["seed"]): r for r in rows}
+    runs = {(r["variant"], r["seed"], r["draw"]): r for r in rows}
+    # A seed's figure: its average over the draws (the run itself with one draw).
+    by = {(v, s): {m: float(np.mean([runs[(v, s, d)][m] for d in draws]))
+                   for m in ("jct_mean_s", "jct_p95_s", "isd_mean", "shared_jobs")}
+          for v in variants for s in seeds}
     summary = {}
-    for variant in ("sjf-bsbf",) + VARIANTS:
+    for variant in variants:
         out = {}
         for metric in ("jct_mean_s", "jct_p95_s", "isd_mean", "shared_jobs"):
             values = [by[(variant, s)][metric] for s in seeds]
@@ -225,14 +242,19 @@ def main(argv=None) -> int:
                     by[(variant, s)][metric] < by[("sjf-bsbf", s)][metric] for s in seeds)
                 out[f"{metric}_vs_slurm"] = float(np.mean(
                     [by[(variant, s)][metric] / by[("slurm", s)][metric] - 1 for s in seeds]))
-        out["cpu_s_max"] = max(by[(variant, s)]["cpu_s"] for s in seeds)
-        out["oom_kills"] = sum(by[(variant, s)]["oom_kills"] for s in seeds)
-        out["pair_failures"] = sum(by[(variant, s)]["pair_failures"] for s in seeds)
+                out[f"{metric}_runs_below_slurm"] = sum(
+                    runs[(variant, s, d)][metric] < runs[("slurm", s, d)][metric]
+                    for s in seeds for d in draws)
+        mine = [r for r in rows if r["variant"] == variant]
+        out["cpu_s_max"] = max(r["cpu_s"] for r in mine)
+        out["oom_kills"] = sum(r["oom_kills"] for r in mine)
+        out["pair_failures"] = sum(r["pair_failures"] for r in mine)
         summary[variant] = out
     doc = {"what": __doc__.splitlines()[0],
            "command": "python bench/sim_bounds.py " + " ".join(
                argv if argv is not None else sys.argv[1:]),
-           "threshold": THRESHOLD, "seeds": seeds, "load_average": os.getloadavg(),
+           "threshold": THRESHOLD, "seeds": seeds, "draws": args.draws,
+           "load_average": os.getloadavg(),
            "summary": summary, "runs": rows}
     Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")
     for variant, out in summary.items():

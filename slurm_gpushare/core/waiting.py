@@ -98,10 +98,10 @@ def exc_node_list(user_exc_nodes: str, away: Sequence[str]) -> str:
 def blocked_now(entry: WaitingShare, node: NodeView, caches: tuple | None = None) -> bool:
     """Whether the job should be kept off ``node`` (its view now): a share that kept it off
     there is still there, or the judgement made now keeps it off (``policy.keeps_off``).
-    ``caches``: ``(answers, verdicts)`` shared by the calls judged alike, and optionally a third
-    dict of verdicts by node name, valid while the view does not change (one review)."""
+    ``caches``: from ``judge_caches``."""
     if not (entry.blockers or {}).get(node.name, frozenset()).isdisjoint(node.resident_jobs):
         return True
+    answers, verdicts, by_node = caches or (None, None, None)
     if entry.decision_id in node.resident_jobs:
         # Its own claim (the view counts a decided share where it will go until it runs):
         # a job is no partner of itself.
@@ -109,8 +109,7 @@ def blocked_now(entry: WaitingShare, node: NodeView, caches: tuple | None = None
                                                  if j != entry.decision_id),
                        gpu_jobs=tuple(tuple(j for j in gpu if j != entry.decision_id)
                                       for gpu in node.gpu_jobs))
-        caches = caches[:2] if caches else None  # this node's view is the job's own
-    answers, verdicts, by_node = (caches or ()) + (None,) * (3 - len(caches or ()))
+        by_node = None  # this node's view is the job's own
     if by_node is not None and node.name in by_node:
         return by_node[node.name]
     kept = keeps_off(node, entry.job_class, entry.knowledge, entry.units,
@@ -120,12 +119,16 @@ def blocked_now(entry: WaitingShare, node: NodeView, caches: tuple | None = None
     return kept
 
 
-def _caches(entry: WaitingShare, memo: dict | None) -> tuple | None:
-    """The judgement caches of entries judged alike (one class or one pair predictor, one
-    share size) within one review: node verdicts too (the view is fixed)."""
+def judge_caches(entry: WaitingShare, memo: dict | None, fixed_view: bool = True
+                 ) -> tuple | None:
+    """``(answers, verdicts, by_node)``: the judgement caches that entries judged alike (one
+    class or pair predictor, one share size) share in ``memo``. ``by_node`` (verdicts per node
+    name) only while the view stays fixed (one review); None otherwise (the simulator, whose
+    nodes change between calls)."""
     if memo is None:
         return None
-    return memo.setdefault((entry.job_class, id(entry.knowledge), entry.units), ({}, {}, {}))
+    key = (entry.job_class, id(entry.knowledge), entry.units, fixed_view)
+    return memo.setdefault(key, ({}, {}, {} if fixed_view else None))
 
 
 def still_blocked(entry: WaitingShare, node_of: Callable[[str], NodeView | None],
@@ -136,7 +139,7 @@ def still_blocked(entry: WaitingShare, node_of: Callable[[str], NodeView | None]
     ``judged``: only these nodes can have changed since the last review (the others stay;
     default: all). ``memo``: one dict for the entries of one review (entries judged alike
     share their answers)."""
-    caches = _caches(entry, memo)
+    caches = judge_caches(entry, memo)
 
     def blocked(name: str) -> bool:
         node = node_of(name)
@@ -154,7 +157,7 @@ def newly_blocked(entry: WaitingShare, nodes: Iterable[NodeView], memo: dict | N
     be kept off now (``blocked_now``), each with the shares on it now."""
     if not can_keep_off(entry):
         return {}
-    caches = _caches(entry, memo)
+    caches = judge_caches(entry, memo)
     return {node.name: frozenset(node.resident_jobs) for node in nodes
             if node.name not in entry.away and usable(entry, node)
             and blocked_now(entry, node, caches)}

@@ -70,8 +70,7 @@ class PairCompatibility:
         if found is None:
             return True
         profile, key = found
-        speeds = self.model.safe_speeds([self.profile, profile], [self.key, key])
-        return bool(min(speeds) >= self.model.threshold)
+        return self.model.fast_enough([self.profile, profile], [self.key, key])
 
     def compatible_with_group(self, resident_ids, gpu_type: str | None = None) -> bool:
         """Whether the job may join these shares on one GPU, all together: every side's
@@ -80,9 +79,8 @@ class PairCompatibility:
         found = [r for r in (self.resident(i) for i in resident_ids) if r is not None]
         if not found:
             return True
-        speeds = self.model.safe_speeds([self.profile] + [p for p, _ in found],
-                                        [self.key] + [k for _, k in found])
-        return bool(min(speeds) >= self.model.threshold)
+        return self.model.fast_enough([self.profile] + [p for p, _ in found],
+                                      [self.key] + [k for _, k in found])
 
     def copies_allowed(self, limit: int) -> int:
         """How many copies of the job (the tasks of its array, its next submissions) may share

@@ -29,9 +29,8 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from slurm_gpushare.core.policy import retype_features
+from slurm_gpushare.core.policy import in_partitions, retype_features
 from slurm_gpushare.core.tag import Tag
-from slurm_gpushare.core.policy import in_partitions
 from slurm_gpushare.core.waiting import (Change, WaitingShare, can_keep_off, exc_node_list,
                                         own_nodes, review_one)
 from slurm_gpushare.daemon.logs import event
@@ -115,8 +114,8 @@ class WaitingShares:
                 entry.seen_on = None
             new_from, could_use = (), 0
             if can_keep_off(entry) and (entry.scanned or scans > 0):
-                # The nodes of its types and partitions (one list per pass for each such set),
-                # less those on the user's own lists.
+                # The nodes of its types and partitions (one list per pass for each such set);
+                # newly_blocked leaves out those on the user's own lists.
                 key = (tuple(g.name for g in entry.types), entry.partitions)
                 pool = pools.get(key)
                 if pool is None:
@@ -125,13 +124,11 @@ class WaitingShares:
                               if in_partitions(n, wanted)]
                     pool = pools[key] = (listed, {n.name for n in listed})
                 listed, names = pool
-                own = own_nodes(entry) & names
-                could_use = len(names) - len(own)
+                could_use = len(names) - len(own_nodes(entry) & names)
                 if entry.scanned:
-                    new_from = [n for n in changed if n.name in names and n.name not in own]
+                    new_from = [n for n in changed if n.name in names]
                 else:
-                    new_from = [n for n in listed if n.name not in own]
-                    entry.scanned, scans = True, scans - 1
+                    new_from, entry.scanned, scans = listed, True, scans - 1
             change = review_one(entry, view, by_name.get, memo=memo, new_from=new_from,
                                 could_use=could_use)
             if change is not None:

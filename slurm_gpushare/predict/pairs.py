@@ -338,6 +338,12 @@ class PairModel:
         pessimistic speed is at least the threshold."""
         if fits_memory(profiles) is False:
             return False
+        return self.fast_enough(profiles, keys)
+
+    def fast_enough(self, profiles: Sequence[Mapping[str, Any]],
+                    keys: Sequence[str | None] | None = None) -> bool:
+        """Whether every side's pessimistic speed (``safe_speeds``) is at least the threshold
+        (memory aside: where Slurm accounts it, by shards)."""
         return bool(min(self.safe_speeds(profiles, keys)) >= self.threshold)
 
     def with_margin_at_least(self, margin: float) -> "PairModel":

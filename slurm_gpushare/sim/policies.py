@@ -59,7 +59,7 @@ import numpy as np
 from slurm_gpushare.core import policy as daemon_policy
 from slurm_gpushare.core.config import Config, GpuType, PolicyConfig
 from slurm_gpushare.core.types import JobRequest
-from slurm_gpushare.core.waiting import WaitingShare, blocked_now, can_keep_off
+from slurm_gpushare.core.waiting import WaitingShare, blocked_now, can_keep_off, judge_caches
 
 from slurm_gpushare.sim.cluster import SPEED_PROFILES
 from slurm_gpushare.sim.engine import Request
@@ -443,9 +443,8 @@ class _KindPairs:
         verdict = pairs.verdicts.get(key)
         if verdict is None:
             group = (self.kind,) + kinds
-            speeds = pairs.model.safe_speeds([profiles[k] for k in group],
-                                             [pairs.names[k] for k in group])
-            verdict = pairs.verdicts[key] = bool(min(speeds) >= pairs.model.threshold)
+            verdict = pairs.verdicts[key] = pairs.model.fast_enough(
+                [profiles[k] for k in group], [pairs.names[k] for k in group])
         return verdict
 
     def compatible_with(self, resident_job, gpu_type: str | None = None) -> bool:
@@ -634,8 +633,7 @@ class GpuShare(Policy):
         if entry is None:
             return super().place(j, req, engine, exclude)
         self.view.nodes()  # node views current
-        caches = self._caches.setdefault(
-            (entry.job_class, id(entry.knowledge), entry.units), ({}, {}))
+        caches = judge_caches(entry, self._caches, fixed_view=False)
         node_of, seen, first = engine.g_node_list, set(), None
         for g in engine.share_candidates(req, exclude):
             node = node_of[g]

@@ -116,6 +116,7 @@ class Learner:
         that now has both sides joins the knowledge base. Returns the sides recorded."""
         from slurm_gpushare.predict.history import config_type_of, observed_runtimes
         from slurm_gpushare.predict.knowledge import measured_isd
+        from slurm_gpushare.predict.pairs import MEASURED_OVERLAP
 
         coruns = [c for c in summary.get("coruns") or [] if c.get("job_id")]
         record = self.store.decision(job.decision_id) if coruns else None
@@ -136,7 +137,7 @@ class Learner:
             other_class = other.tag.job_class if other and other.tag else None
             # A measured slowdown only when the co-run covered (nearly) the whole run.
             isd = (measured_isd(duration, solo) if solo and duration
-                   and float(corun.get("overlap_s") or 0) >= 0.8 * duration else None)
+                   and float(corun.get("overlap_s") or 0) >= MEASURED_OVERLAP * duration else None)
             self.store.record_corun(
                 job.job_id, str(corun["job_id"]), cluster=cluster,
                 gpu_uuid=str(summary.get("gpu_uuid") or ""), overlap_s=corun.get("overlap_s"),

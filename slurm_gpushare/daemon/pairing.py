@@ -15,20 +15,11 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, Sequence
 
-from slurm_gpushare.predict.pairs import (PairModel, collision_isd, default_model,
-                                          demand_of)
+from slurm_gpushare.predict.pairs import CoRun, PairModel, default_model, pair_speeds
 
 CACHE_SIZE = 4096
-
-
-class CoRun(NamedTuple):
-    """One co-run row as learning reads it: both jobs' fingerprint keys, each side's measured
-    slowdown (ISD; None where not measured) and how long they overlapped (seconds)."""
-    keys: tuple[str, str]
-    isd: tuple[float | None, float | None]
-    overlap_s: float | None
 
 
 def profile_of_history(history: Sequence[dict[str, Any]]) -> tuple[dict[str, Any] | None, int]:
@@ -191,44 +182,8 @@ class Pairing:
                                               None if overlap is None else float(overlap))
             added += 1
         if added:
-            self.model = self.model.fitted_copy().learn(self._pair_speeds(), self._profiles)
+            self.model = self.model.fitted_copy().learn(
+                pair_speeds(self._observations, self._profiles, self.model.latency),
+                self._profiles)
         return self
 
-    def _pair_speeds(self) -> list[tuple[str, str, float | None, float | None]]:
-        """The co-runs as pair measurements ``(key_a, key_b, speed_a, speed_b)`` for learning.
-
-        A job's measured slowdown (ISD) is its whole run's, and it appears on every row of the
-        co-run: with several partners on its GPU it was slowed by all of them, not by each.
-        Taken as a pair's, it makes every pair look that bad (four light jobs and two larger
-        ones, each at 0.56x, taught that two light jobs run at 0.56x together). So each side's
-        ISD is split over its partners on that GPU the way the prior splits it (each partner's
-        term, weighted by its overlap relative to the longest): the pair terms then add up to
-        what was measured. (A side is measured only where the partner overlapped nearly its
-        whole run, so the longest overlap is about the run's length.) A job with one partner
-        is taken as measured."""
-        sides: dict[tuple, list[tuple[tuple, int]]] = {}  # (cluster, job, GPU) -> its rows
-        for ident in self._observations:
-            cluster, job_a, job_b, gpu = ident
-            sides.setdefault((cluster, job_a, gpu), []).append((ident, 0))
-            sides.setdefault((cluster, job_b, gpu), []).append((ident, 1))
-        speeds = {ident: [None, None] for ident in self._observations}
-        for members in sides.values():
-            rows = [(ident, side, self._observations[ident]) for ident, side in members]
-            measured = [run.isd[side] for _, side, run in rows if run.isd[side] is not None]
-            if not measured:
-                continue
-            isd = sum(float(v) for v in measured) / len(measured)
-            _, side, run = rows[0]
-            own = demand_of(self._profiles[run.keys[side]])
-            longest = max((run.overlap_s or 0.0 for _, _, run in rows), default=0.0)
-            terms = [collision_isd(own, [demand_of(self._profiles[run.keys[1 - side]])],
-                                   self.model.latency)[0] for _, side, run in rows]
-            weights = [1.0 if not longest or run.overlap_s is None else run.overlap_s / longest
-                       for _, _, run in rows]
-            exposure = sum(w * t for w, t in zip(weights, terms))
-            for (ident, side, run), term in zip(rows, terms):
-                if run.isd[side] is None:
-                    continue  # this side was not measured against this partner
-                pair_isd = isd if len(rows) == 1 or exposure <= 0 else isd * term / exposure
-                speeds[ident][side] = 1.0 / (1.0 + max(pair_isd, -0.99))
-        return [(*run.keys, *speeds[ident]) for ident, run in self._observations.items()]

@@ -98,7 +98,7 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import combinations
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 
 from typing import TYPE_CHECKING
 
@@ -377,6 +377,62 @@ class PairModel:
                          "pred_speed_b": round(speed_b, 4), "fits_memory": fits,
                          "recommended": self.recommend(group, names)})
         return rows
+
+
+# A side of a co-run is measured only where the partner overlapped at least this share of the
+# job's run (the node agent reports the overlap; the daemon and the simulator learn alike).
+MEASURED_OVERLAP = 0.8
+
+
+class CoRun(NamedTuple):
+    """One co-run as learning reads it: both jobs' keys (whose corrections it teaches), each
+    side's measured slowdown (ISD; None where not measured) and how long they overlapped
+    (seconds)."""
+    keys: tuple[str, str]
+    isd: tuple[float | None, float | None]
+    overlap_s: float | None
+
+
+def pair_speeds(runs: Mapping[tuple, CoRun], profiles: Mapping[str, Mapping[str, Any]],
+                latency: float) -> list[tuple[str, str, float | None, float | None]]:
+    """Co-runs as pair measurements ``(key_a, key_b, speed_a, speed_b)`` for ``PairModel.learn``.
+    ``runs`` is keyed by ``(cluster, job_a, job_b, gpu)``: one run of two jobs on one GPU.
+
+    A job's measured slowdown (ISD) is its whole run's, and it appears on every row of the
+    co-run: with several partners on its GPU it was slowed by all of them, not by each.
+    Taken as a pair's, it makes every pair look that bad (four light jobs and two larger
+    ones, each at 0.56x, taught that two light jobs run at 0.56x together). So each side's
+    ISD is split over its partners on that GPU the way the prior splits it (each partner's
+    term, weighted by its overlap relative to the longest): the pair terms then add up to
+    what was measured. (A side is measured only where the partner overlapped nearly its
+    whole run, so the longest overlap is about the run's length.) A job with one partner
+    is taken as measured."""
+    sides: dict[tuple, list[tuple[tuple, int]]] = {}  # (cluster, job, GPU) -> its rows
+    for ident in runs:
+        cluster, job_a, job_b, gpu = ident
+        sides.setdefault((cluster, job_a, gpu), []).append((ident, 0))
+        sides.setdefault((cluster, job_b, gpu), []).append((ident, 1))
+    speeds = {ident: [None, None] for ident in runs}
+    for members in sides.values():
+        rows = [(ident, side, runs[ident]) for ident, side in members]
+        measured = [run.isd[side] for _, side, run in rows if run.isd[side] is not None]
+        if not measured:
+            continue
+        isd = sum(float(v) for v in measured) / len(measured)
+        _, side, run = rows[0]
+        own = demand_of(profiles[run.keys[side]])
+        longest = max((run.overlap_s or 0.0 for _, _, run in rows), default=0.0)
+        terms = [collision_isd(own, [demand_of(profiles[run.keys[1 - side]])], latency)[0]
+                 for _, side, run in rows]
+        weights = [1.0 if not longest or run.overlap_s is None else run.overlap_s / longest
+                   for _, _, run in rows]
+        exposure = sum(w * t for w, t in zip(weights, terms))
+        for (ident, side, run), term in zip(rows, terms):
+            if run.isd[side] is None:
+                continue  # this side was not measured against this partner
+            pair_isd = isd if len(rows) == 1 or exposure <= 0 else isd * term / exposure
+            speeds[ident][side] = 1.0 / (1.0 + max(pair_isd, -0.99))
+    return [(*run.keys, *speeds[ident]) for ident, run in runs.items()]
 
 
 HISTORY_PER_JOB = 3

@@ -12,6 +12,8 @@ keep everything else (decisions, queue order, backfill) and change only what the
 next to, some by an oracle that no Slurm site has:
 
 - ``gpushare``: as simulated everywhere else (``bench/sim_philly.py``): the product;
+- ``gpushare-cold``: the product without learning from the co-runs it measures (the pair
+  predictor's packaged prior throughout; decisions change too, not only placement);
 - ``slurm``: Slurm's packing alone: the first GPU with room, exclusions neither made nor
   followed (what the daemon's exclusions are measured against);
 - ``class-at-start``: when a share starts, GPUs holding a class that the policy's class-pair
@@ -66,7 +68,7 @@ from slurm_gpushare.sim.run import default_data_dir, knowledge_table, load_workl
 from slurm_gpushare.sim.workload import WorkloadOptions  # noqa: E402
 
 THRESHOLD = 0.7
-VARIANTS = ("slurm", "gpushare", "class-at-start", "pair-at-start", "pair-at-submit",
+VARIANTS = ("slurm", "gpushare", "gpushare-cold", "class-at-start", "pair-at-start", "pair-at-submit",
             "predicted-cold-at-start", "predicted-at-start", "predicted-10-at-start")
 # Measured co-runs per kind the predictor learned from, per predicted-* variant.
 CO_RUNS = {"predicted-cold-at-start": 0, "predicted-at-start": HISTORY_PER_JOB,
@@ -85,6 +87,13 @@ class Packed(GpuShare):
     """gpushare's decisions, placed by Slurm's packing alone (its exclusions not followed)."""
 
     place, memo_key = Policy.place, Policy.memo_key
+
+
+class ColdGpuShare(GpuShare):
+    """The product without learning from co-runs: the pair predictor's cold prior throughout."""
+
+    def __init__(self, knowledge, **settings):
+        super().__init__(knowledge, learn_coruns=False, **settings)
 
 
 class ClassAtStart(Packed):
@@ -187,7 +196,8 @@ def run(task) -> dict:
     if variant == "sjf-bsbf":
         policy = make_policy("sjf-bsbf", knowledge, seed)
     else:
-        kind = {"gpushare": GpuShare, "slurm": Packed, "class-at-start": ClassAtStart,
+        kind = {"gpushare": GpuShare, "gpushare-cold": ColdGpuShare, "slurm": Packed,
+                "class-at-start": ClassAtStart,
                 "pair-at-start": PairAtStart, "pair-at-submit": PairAtSubmit}.get(
                     variant, PredictedAtStart)
         extra = {"seed": seed, "co_runs": CO_RUNS[variant]} if kind is PredictedAtStart else {}

@@ -227,6 +227,11 @@ class Engine:
         self.j_req: list[Request | None] = [None] * J
         self.j_shared = [False] * J
         self.j_pending_kill = [None] * J
+        # Seconds each running job has shared a GPU with each partner (partner -> seconds), kept
+        # only for a policy that learns from co-runs (``Policy.run_ended``), as the node agent
+        # reports a job's co-runs to the daemon.
+        self.learns = bool(getattr(policy, "learns_coruns", False))
+        self.j_overlap: list[dict | None] = [None] * J
         self.kind = work.kind.tolist()
         self.jclass = work.job_class.tolist()
         self.submit = work.submit.tolist()
@@ -480,6 +485,15 @@ class Engine:
             self.g_work[g] += dt * self.g_speedsum[g]
             if njobs > 1:
                 self.g_shared[g] += dt
+                if self.learns:
+                    jobs = self.g_jobs[g]
+                    for a in jobs:
+                        overlap = self.j_overlap[a]
+                        if overlap is None:
+                            overlap = self.j_overlap[a] = {}
+                        for b in jobs:
+                            if b != a:
+                                overlap[b] = overlap.get(b, 0.0) + dt
         self.g_last[g] = now
 
     def _replan_gpu(self, g: int):
@@ -624,9 +638,17 @@ class Engine:
         self._release(j)
         self.j_end[j] = self.now
         self.j_state[j] = DONE
+        overlap = self.j_overlap[j]
+        if overlap is not None:
+            # What the node agent would report at the job's end: its partners, how long each
+            # overlapped its run, and the run's length against its time alone on that type.
+            self.j_overlap[j] = None
+            self.policy.run_ended(j, self, overlap, self.now - self.j_start[j],
+                                  float(self.work.solo[j, self.j_type[j]]))
 
     def _kill(self, j: int, cause: str):
         self._release(j)
+        self.j_overlap[j] = None  # a killed run reports no slowdown
         self.j_kills[j] += 1
         if cause == "oom":
             self.counters["oom_kills"] += 1
@@ -1062,9 +1084,7 @@ class Engine:
                 self.j_state[j] = CUTOFF
             elif self.j_state[j] in ("queued", PENDING):
                 self.j_state[j] = CUTOFF if until < math.inf else self.j_state[j]
-        # What the policy changed while jobs waited (gpushare: exclusions lifted).
-        self.counters.update({f"waiting_{k}": v
-                              for k, v in getattr(self.policy, "counters", {}).items()})
+        self.counters.update(self.policy.final_counters())
         result = self._result(_time.perf_counter() - wall)
         result.cpu_s = _time.process_time() - cpu
         return result

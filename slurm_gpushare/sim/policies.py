@@ -119,6 +119,16 @@ class Policy:
         reads only the GPU's own state). Called per GPU on every start and end: a tuple."""
         return (True,) * engine.n_classes
 
+    def final_counters(self) -> dict[str, int]:
+        """What the policy counted itself, added to the run's counters at its end."""
+        return {}
+
+    def run_ended(self, j: int, engine, overlap: dict[int, float], duration_s: float,
+                  solo_s: float) -> None:
+        """Job j's run ended after ``duration_s`` (``solo_s`` alone), sharing its GPU with
+        each partner for ``overlap[partner]`` seconds. Called only for a policy with
+        ``learns_coruns``."""
+
     def memo_key(self, j: int, req: Request):
         cls = self.engine.jclass[j] if (self.class_aware and not req.whole) else -1
         return (req.whole, self.engine.ngpus[j], req.key[0], req.exclude, cls)
@@ -387,12 +397,21 @@ class SimCompatibility:
 
 class SimPairs:
     """The pair predictor as the daemon uses it (``daemon.pairing``), in the simulator: the
-    packaged prior (``pairs.default_model``), without co-runs learned (the simulator does not
-    feed its co-runs back), on each job kind's profile per GPU from Gavel's utilisation proxy
-    (``knowledge.gavel_profiles``: the telemetry the daemon would have measured). Running shares
-    are known by job index; one judge per kind (``for_job``)."""
+    packaged prior (``pairs.default_model``) on each job kind's profile per GPU from Gavel's
+    utilisation proxy (``knowledge.gavel_profiles``: the telemetry the daemon would have
+    measured), with corrections learned from the co-runs the simulation measures (``observe``:
+    a job's run against its time alone, as the daemon learns at each job's end). A kind is one
+    fingerprint key: every job of a kind resubmits one script (the daemon's best case). Running
+    shares are known by job index; one judge per kind (``for_job``).
 
-    def __init__(self, kinds, job_kind: list[int], type_profile: dict[str, int]):
+    The daemon re-learns at every measured co-run; here the model is re-learned each time the
+    measured sides have grown by half (from ``FIRST_LEARN``), so the whole trace costs about
+    three re-learnings of all of them. ``learn=False``: the cold prior throughout."""
+
+    FIRST_LEARN, GROWTH = 8, 1.5
+
+    def __init__(self, kinds, job_kind: list[int], type_profile: dict[str, int], *,
+                 learn: bool = True):
         from slurm_gpushare.predict.knowledge import GAVEL_MEM_MIB, gavel_profiles
         from slurm_gpushare.predict.pairs import default_model
 
@@ -405,29 +424,78 @@ class SimPairs:
         self.names = tuple(kinds)
         self.model = default_model()
         self.job_kind, self.type_profile = job_kind, type_profile
+        # Each kind's profile on the cluster's GPU types averaged (the daemon's is the mean
+        # over the job's own runs, on whichever types they ran): copies and learning read it.
+        self.typical: dict[str, dict] = {}
+        for kind, name in enumerate(self.names):
+            known = [self.profiles[p][kind] for p in sorted(set(type_profile.values()))
+                     if self.profiles[p][kind] is not None]
+            if known:
+                self.typical[name] = {
+                    "gpu_util_pct": sum(p["gpu_util_pct"] for p in known) / len(known),
+                    "mem_total_mib": max(p["mem_total_mib"] for p in known)}
         self.verdicts: dict[tuple, bool] = {}
         self._judges: dict[int, _KindPairs | None] = {}
+        self.learn = learn
+        self.runs: dict = {}  # (cluster, job a, job b, GPU) -> pairs.CoRun
+        self.measured = 0  # measured sides among them
+        self.learn_at = self.FIRST_LEARN
+        self.relearned = 0
 
     def for_job(self, j: int) -> "_KindPairs | None":
         """Job j's judge (``policy.PairCompatibility``); None where its kind has no profile
         (the class knowledge decides then)."""
         kind = self.job_kind[j]
         if kind not in self._judges:
-            known = [self.profiles[p][kind] for p in sorted(set(self.type_profile.values()))
-                     if kind < len(self.names) and self.profiles[p][kind] is not None]
-            self._judges[kind] = _KindPairs(self, kind, known) if known else None
+            name = self.names[kind] if kind < len(self.names) else None
+            self._judges[kind] = _KindPairs(self, kind) if name in self.typical else None
         return self._judges[kind]
+
+    def observe(self, j: int, gpu: int, overlap: dict[int, float], duration_s: float,
+                solo_s: float) -> bool:
+        """Job j ended after ``duration_s`` on GPU ``gpu`` (``solo_s`` alone), next to each
+        partner for ``overlap[partner]`` seconds: its side of each co-run, measured where the
+        partner overlapped nearly its whole run (``pairs.MEASURED_OVERLAP``). Returns whether
+        the model was re-learned (the judges' verdicts are then new)."""
+        from slurm_gpushare.predict.knowledge import measured_isd
+        from slurm_gpushare.predict.pairs import MEASURED_OVERLAP, CoRun, pair_speeds
+
+        own = self.names[self.job_kind[j]] if self.job_kind[j] < len(self.names) else None
+        if not self.learn or own not in self.typical or duration_s <= 0 or solo_s <= 0:
+            return False
+        isd = measured_isd(duration_s, solo_s)
+        for partner, seconds in overlap.items():
+            kind = self.job_kind[partner]
+            other = self.names[kind] if kind < len(self.names) else None
+            if other not in self.typical:
+                continue
+            first = j < partner
+            ident = ("", *((str(j), str(partner)) if first else (str(partner), str(j))), gpu)
+            keys = (own, other) if first else (other, own)
+            run = self.runs.get(ident)
+            sides = list(run.isd) if run else [None, None]
+            measured = seconds >= MEASURED_OVERLAP * duration_s
+            sides[0 if first else 1] = isd if measured else None
+            self.measured += measured
+            self.runs[ident] = CoRun(keys, tuple(sides),
+                                     max(seconds, run.overlap_s or 0.0) if run else seconds)
+        if self.measured < self.learn_at:
+            return False
+        self.learn_at = math.ceil(self.measured * self.GROWTH)
+        self.model = self.model.fitted_copy().learn(
+            pair_speeds(self.runs, self.typical, self.model.latency), self.typical)
+        self.verdicts.clear()
+        self.relearned += 1
+        return True
 
 
 class _KindPairs:
     """One kind's judgement of the running shares (``policy.PairCompatibility``)."""
 
-    def __init__(self, pairs: SimPairs, kind: int, known: list[dict]):
+    def __init__(self, pairs: SimPairs, kind: int):
         self.pairs, self.kind = pairs, kind
-        # Copies of itself per GPU: judged on its profile averaged over the cluster's GPU types
-        # (the daemon's is the mean over the job's own runs, on whichever types they ran).
-        self.typical = {"gpu_util_pct": sum(p["gpu_util_pct"] for p in known) / len(known),
-                        "mem_total_mib": max(p["mem_total_mib"] for p in known)}
+        # Copies of itself per GPU: judged on its typical profile (``SimPairs.typical``).
+        self.typical = pairs.typical[pairs.names[kind]]
 
     def compatible_with_group(self, resident_jobs, gpu_type: str | None = None) -> bool:
         pairs = self.pairs
@@ -489,8 +557,12 @@ class GpuShare(Policy):
     AGE_WEIGHT, MAX_AGE_S = 1000.0, 7 * 86400.0
 
     def __init__(self, knowledge: ClassPairTable, gpu_time_budget_pct: float = 0.0,
-                 priority: str = "none", keep_whole_when_idle: bool = True, **settings):
+                 priority: str = "none", keep_whole_when_idle: bool = True,
+                 learn_coruns: bool = True, **settings):
         self.knowledge = knowledge
+        # The pair predictor learns from the co-runs the simulation measures, as the daemon
+        # learns from the node agents' reports (``SimPairs.observe``); False: the cold prior.
+        self.learns_coruns = learn_coruns
         # The daemon's [policy] settings (``settings``: any other PolicyConfig field).
         self.gpu_time_budget_pct = gpu_time_budget_pct
         self.priority = priority
@@ -516,7 +588,8 @@ class GpuShare(Policy):
         self.view = SimView(engine, cluster.partition)
         type_profile = {t.name: SPEED_PROFILES.index(t.speed_profile) for t in cluster.types}
         self.compat = SimCompatibility(self.knowledge, type_profile)
-        self.pairs = SimPairs(engine.work.kinds, engine.work.kind.tolist(), type_profile)
+        self.pairs = SimPairs(engine.work.kinds, engine.work.kind.tolist(), type_profile,
+                              learn=self.learns_coruns)
         self.node_index = {n.name: i for i, n in enumerate(cluster.nodes)}
         self.type_names = cluster.type_names
         self.all_types = engine.work.allowed.shape[1]
@@ -616,6 +689,15 @@ class GpuShare(Policy):
         if can_keep_off(entry):
             self.judgements[j] = entry
         return req
+
+    def final_counters(self):
+        # Shares started on a node after others were kept off; co-run sides learned from.
+        return {"waiting_started_kept_off": self.counters["started_kept_off"],
+                "coruns_measured": self.pairs.measured, "pairs_relearned": self.pairs.relearned}
+
+    def run_ended(self, j, engine, overlap, duration_s, solo_s):
+        if self.pairs.observe(j, engine.j_gpus[j][0], overlap, duration_s, solo_s):
+            self._caches.clear()  # verdicts of the model before
 
     def memo_key(self, j, req):
         """Shares judged alike (one judge, one size) share a queue bucket: where one cannot

@@ -438,3 +438,44 @@ def test_gpushare_keeps_an_exclusion_while_a_partner_it_should_not_join_is_there
     _, r = run(cl, jobs, policies.GpuShare(table(bad=[(0, 2)]), keep_whole_when_idle=False))
     assert list(r.jobs["start"]) == [0, 1, 600, 3]
     assert list(r.jobs["end"])[:1] == [197]
+
+
+def test_a_policy_that_learns_hears_each_runs_partners_overlap_and_length():
+    # Job 1 joins job 0 at t=10, both at 0.5x: job 1 needs 40 s for 20 s of work (ends at 50);
+    # job 0 did 10 + 20 s of work by then, 70 s alone after (ends at 120). Each end reports
+    # its partners and overlap as the node agent would; a killed run reports nothing.
+    heard = []
+
+    class Listening(policies.FirstFitShare):
+        learns_coruns = True
+
+        def run_ended(self, j, engine, overlap, duration_s, solo_s):
+            heard.append((j, dict(overlap), duration_s, solo_s))
+
+    cl = cluster(cap=2)
+    run(cl, [{"solo": 100}, {"submit": 10, "solo": 20}], Listening(), Constant(0.5))
+    assert heard == [(1, {0: 40.0}, 40.0, 20.0), (0, {1: 40.0}, 120.0, 100.0)]
+    heard.clear()
+    run(cl, [{"solo": 100}, {"submit": 10, "solo": 20}], policies.FirstFitShare(), Constant(0.5))
+    assert heard == []  # (a policy that does not learn is told nothing)
+
+
+def test_gpushare_learns_from_the_coruns_it_measures(monkeypatch):
+    # Cold, A3C (14% busy) may join ResNet-18 at batch 64 (35%), and does; measured there at
+    # 0.3x, it teaches the pair predictor, and the next A3C is kept off ResNet-18's GPU.
+    # Without learning, the next one joins again.
+    monkeypatch.setattr(policies.SimPairs, "FIRST_LEARN", 1)
+    jobs = [{"solo": 1000, "kind": 0}, {"submit": 1, "solo": 10, "kind": 1},
+            {"submit": 100, "solo": 10, "kind": 1}]
+    cl = cluster(((2, 1, "v100"),), cap=3)
+    w = work(cl, jobs)
+    w.kinds = ("ResNet-18 (batch size 64)", "A3C")
+    placed = {}
+    for learn in (True, False):
+        policy = policies.GpuShare(table(), keep_whole_when_idle=False, learn_coruns=learn)
+        e = Engine(cl, w, policy, Constant(0.3))
+        r = e.run()
+        placed[learn] = [e.j_gpus[j] for j in range(3)]
+        assert r.counters["coruns_measured"] == (1 if learn else 0)
+        assert r.counters["pairs_relearned"] == (1 if learn else 0)
+    assert placed == {True: [[0], [0], [1]], False: [[0], [0], [0]]}

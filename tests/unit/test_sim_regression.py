@@ -46,7 +46,7 @@ def test_philly_slice_results_are_unchanged():
     assert digest == EXPECTED, json.dumps(rows)
 
 
-COUNTS_EXPECTED = "50b6242f304b64f8"  # gpushare counts the shares it kept off a node
+COUNTS_EXPECTED = "094c17504c19deed"  # gpushare counts co-run sides learned from, re-learnings
 
 
 @needs_data

@@ -38,8 +38,10 @@ Policies:
   on (``policy.priority = "sjf"``). Partners are not chosen by gpushare: Slurm's packing picks
   the GPU within the decision's types and exclusions (no best-first choice, and no matching,
   which Slurm cannot be asked for). A job whose kind has a utilisation profile is judged by
-  the daemon's pair predictor (``SimPairs``: the packaged prior, no co-runs learned), others by
-  the class knowledge, as the daemon judges jobs with and without a telemetry profile. While a
+  the daemon's pair predictor (``SimPairs``: the packaged prior, with corrections learned from
+  the co-runs the simulation measures, as the daemon learns from the node agents' reports),
+  others by the class knowledge, as the daemon judges jobs with and without a telemetry
+  profile. While a
   share waits, its exclusions follow the cluster as the daemon makes them follow in Slurm's
   queue (``core/waiting.py``), here with a view that is never stale: when it could start, a
   node is skipped while the rule keeps the job off it now (``waiting.blocked_now``: where Slurm
@@ -474,7 +476,7 @@ class SimPairs:
             keys = (own, other) if first else (other, own)
             run = self.runs.get(ident)
             sides = list(run.isd) if run else [None, None]
-            measured = seconds >= MEASURED_OVERLAP * duration_s
+            measured = bool(seconds >= MEASURED_OVERLAP * duration_s)
             sides[0 if first else 1] = isd if measured else None
             self.measured += measured
             self.runs[ident] = CoRun(keys, tuple(sides),

@@ -481,3 +481,32 @@ def test_gpushare_learns_from_the_coruns_it_measures(monkeypatch):
         assert r.counters["pairs_relearned"] == (1 if learn else 0)
         json.dumps(r.counters)  # recorded as JSON by the benchmarks: plain numbers
     assert placed == {True: [[0], [0], [1]], False: [[0], [0], [0]]}
+
+
+def test_gpushare_reads_the_landing_gpu_as_blocked_now_does():
+    # place() judges a node by its landing GPU's shares read off the engine's arrays (no node
+    # view per node): on a random trace with pair judges and learning, every verdict equals
+    # waiting.blocked_now on the node's view.
+    from slurm_gpushare.core.waiting import blocked_now
+    verdicts = []
+
+    class Both(policies.GpuShare):
+        def _blocked(self, entry, engine, g, node, caches, group):
+            fast = super()._blocked(entry, engine, g, node, caches, group)
+            slow = blocked_now(entry, self._node_now(engine, node), caches)
+            verdicts.append((group is not None, fast == slow, fast))
+            return fast
+
+    rng = np.random.default_rng(3)
+    cl = cluster(((3, 2, "v100"), (3, 2, "k80")), cap=3, types=("v100", "k80"))
+    jobs = sorted(({"submit": float(rng.integers(0, 3000)), "solo": float(rng.integers(50, 900)),
+                    "mem": float(rng.uniform(1, 6)), "cls": int(rng.integers(0, 3)),
+                    "kind": int(rng.integers(0, 4))} for _ in range(200)),
+                  key=lambda j: j["submit"])
+    w = work(cl, jobs)
+    w.kinds = ("CycleGAN", "A3C", "ResNet-18 (batch size 64)", "LM (batch size 80)")
+    policy = Both(table(), keep_whole_when_idle=False, priority="sjf")
+    Engine(cl, w, policy, Constant(0.6)).run()
+    judged = [v for v in verdicts if v[0]]
+    assert judged and all(same for _, same, _ in verdicts)
+    assert {blocked for *_, blocked in judged} == {True, False}  # both answers were given

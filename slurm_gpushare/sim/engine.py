@@ -269,11 +269,13 @@ class Engine:
     # --- queries used by policies --------------------------------------------------------
 
     def share_candidates(self, req: Request, exclude=None, *, cap: int | None = None,
-                         rooms: list | None = None, first: bool = False) -> list[int]:
+                         rooms: list | None = None, first: bool = False,
+                         landing: bool = False) -> list[int]:
         """GPUs (ascending, i.e. Slurm's node order) where the share fits now, outside its and
         the pass's exclusions. Only nodes whose room (``rooms``: default ``node_room``; a
         class's room for class-aware policies) reaches the share are looked at: few, on a
-        busy cluster. ``first``: the first such GPU only."""
+        busy cluster. ``first``: the first such GPU only; ``landing``: each node's first (where
+        Slurm lands a share on that node)."""
         need = self._node_need(req)
         skip = req.exclude | exclude if exclude else req.exclude
         tight = cap is not None and cap < self.cap  # the job cap of free GiB is not enough
@@ -290,6 +292,8 @@ class Engine:
                     out.append(g)
                     if first:
                         return out
+                    if landing:
+                        break
         return out
 
     def _node_mask(self, req: Request, exclude) -> np.ndarray:

@@ -720,36 +720,31 @@ class GpuShare(Policy):
         entry = None if req.whole else self.judgements.get(j)
         if entry is None:
             return super().place(j, req, engine, exclude)
-        self.view.nodes()  # node views current
-        caches = judge_caches(entry, self._caches, fixed_view=False)
         # A pair judge that can judge a group, and no blockers (the simulator keeps none):
         # ``blocked_now`` comes to ``keeps_off``'s judgement of the shares on the landing GPU,
         # read here off the engine's arrays instead of a node view made per node (the
         # simulator's costliest step; test_sim_engine checks both agree).
         group = (getattr(entry.knowledge, "compatible_with_group", None)
                  if not entry.blockers else None)
-        node_of, seen, first = engine.g_node_list, set(), None
-        for g in engine.share_candidates(req, exclude):
-            node = node_of[g]
-            if node in seen:
-                continue  # a node's first GPU with room is where Slurm lands the share
-            seen.add(node)
-            if first is None:
-                first = g
-            if not self._blocked(entry, engine, g, node, caches, group):
-                self.counters["started_kept_off"] += len(seen) > 1
+        # Each node's first GPU with room: where Slurm lands the share on that node.
+        landing = engine.share_candidates(req, exclude, landing=True)
+        for seen, g in enumerate(landing):
+            if not self._blocked(entry, engine, g, group):
+                self.counters["started_kept_off"] += seen > 0
                 return [g]
-        if first is not None and len(seen) >= self._usable_nodes(engine, req):
-            return [first]  # never kept off every node it could use: it would only wait
+        if landing and len(landing) >= self._usable_nodes(engine, req):
+            return [landing[0]]  # never kept off every node it could use: it would only wait
         return None
 
-    def _blocked(self, entry, engine, g: int, node: int, caches, group) -> bool:
-        """Whether the share should be kept off ``node``, whose first GPU with room is ``g``
+    def _blocked(self, entry, engine, g: int, group) -> bool:
+        """Whether the share should be kept off the node whose first GPU with room is ``g``
         (``waiting.blocked_now``; with a group judge, read off the engine's arrays)."""
         if group is not None:
             joined = engine.g_jobs[g]
             return bool(joined) and not group(joined, self.type_names[engine.g_type_list[g]])
-        return blocked_now(entry, self._node_now(engine, node), caches)
+        self.view.nodes()  # node views current
+        return blocked_now(entry, self._node_now(engine, engine.g_node_list[g]),
+                           judge_caches(entry, self._caches, fixed_view=False))
 
     def _node_now(self, engine, i: int) -> daemon_policy.NodeView:
         """Node i's view now with the free units and the shares of each GPU (what the

@@ -324,8 +324,15 @@ class Checked(Engine):
                                  if not r.whole else None)
                 assert (key, i) == (self.policy.key(i, self), i)
 
-    def share_candidates(self, req, exclude=None, *, cap=None, rooms=None, first=False):
-        got = super().share_candidates(req, exclude, cap=cap, rooms=rooms, first=first)
+    def share_candidates(self, req, exclude=None, *, cap=None, rooms=None, first=False,
+                         landing=False):
+        got = super().share_candidates(req, exclude, cap=cap, rooms=rooms, first=first,
+                                       landing=landing)
+        if landing:  # each node's first GPU of the full list
+            every = super().share_candidates(req, exclude, cap=cap, rooms=rooms)
+            assert got == [g for i, g in enumerate(every)
+                           if i == 0 or self.g_node[g] != self.g_node[every[i - 1]]]
+            return got
         # against every GPU, from the arrays: the GPUs the share fits now outside the exclusions
         need = req.shards[self.g_type]
         ok = (req.types[self.g_type] & ~self.g_whole & (self.g_njobs < (cap or self.cap))
@@ -487,13 +494,15 @@ def test_gpushare_reads_the_landing_gpu_as_blocked_now_does():
     # place() judges a node by its landing GPU's shares read off the engine's arrays (no node
     # view per node): on a random trace with pair judges and learning, every verdict equals
     # waiting.blocked_now on the node's view.
-    from slurm_gpushare.core.waiting import blocked_now
+    from slurm_gpushare.core.waiting import blocked_now, judge_caches
     verdicts = []
 
     class Both(policies.GpuShare):
-        def _blocked(self, entry, engine, g, node, caches, group):
-            fast = super()._blocked(entry, engine, g, node, caches, group)
-            slow = blocked_now(entry, self._node_now(engine, node), caches)
+        def _blocked(self, entry, engine, g, group):
+            fast = super()._blocked(entry, engine, g, group)
+            self.view.nodes()
+            slow = blocked_now(entry, self._node_now(engine, engine.g_node_list[g]),
+                               judge_caches(entry, self._caches, fixed_view=False))
             verdicts.append((group is not None, fast == slow, fast))
             return fast
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, field, replace
-from typing import AbstractSet, Mapping, Protocol, Sequence
+from typing import AbstractSet, Any, Callable, Mapping, Protocol, Sequence
 
 from slurm_gpushare.core import feasibility
 from slurm_gpushare.core import tres as tresmod
@@ -105,6 +105,20 @@ def landing_gpu(node: NodeView, units: int) -> int | None:
     return None
 
 
+def should_not_join(joined: Sequence, gpu_type: str, knowledge: PairCompatibility,
+                    clashes: Callable[[Any, str], bool] | None = None) -> bool:
+    """Whether a job judged by its pair predictor should not join the shares ``joined`` of
+    one GPU: all of them together where the knowledge can judge a group, else any one of
+    them (``clashes``: a cached answer per resident; default: asked each time)."""
+    if not joined:
+        return False
+    if hasattr(knowledge, "compatible_with_group"):
+        return not knowledge.compatible_with_group(joined, gpu_type)
+    if clashes is None:
+        return any(not knowledge.compatible_with(r, gpu_type) for r in joined)
+    return any(clashes(r, gpu_type) for r in joined)
+
+
 def keeps_off(node: NodeView, job_class: int | None,
               knowledge: Compatibility | PairCompatibility | None, units: int | None = None,
               *, _answers: dict | None = None, _verdicts: dict | None = None) -> bool:
@@ -139,9 +153,7 @@ def keeps_off(node: NodeView, job_class: int | None,
             # residents are others (an exclusion is for good; the view is seconds old).
             return False
         joined = node.gpu_jobs[gpu] if gpu < len(node.gpu_jobs) else ()
-        if hasattr(knowledge, "compatible_with_group"):
-            return bool(joined) and not knowledge.compatible_with_group(joined, node.gpu_type)
-        return any(clashes(r, node.gpu_type) for r in joined)
+        return should_not_join(joined, node.gpu_type, knowledge, clashes)
     if node.gpu_classes and not pairwise:
         if () in node.gpu_classes:  # a GPU without shares: the job can land there
             return False

@@ -17,7 +17,7 @@ import threading
 from collections import OrderedDict
 from typing import Any, Callable, Sequence
 
-from slurm_gpushare.predict.pairs import CoRun, PairModel, default_model, pair_speeds
+from slurm_gpushare.predict.pairs import CoRun, PairModel, default_model
 
 CACHE_SIZE = 4096
 
@@ -182,8 +182,6 @@ class Pairing:
                                               None if overlap is None else float(overlap))
             added += 1
         if added:
-            self.model = self.model.fitted_copy().learn(
-                pair_speeds(self._observations, self._profiles, self.model.latency),
-                self._profiles)
+            self.model = self.model.learned_from(self._observations, self._profiles)
         return self
 

@@ -346,6 +346,13 @@ class PairModel:
         (memory aside: where Slurm accounts it, by shards)."""
         return bool(min(self.safe_speeds(profiles, keys)) >= self.threshold)
 
+    def learned_from(self, runs: Mapping[tuple, "CoRun"],
+                     profiles: Mapping[str, Mapping[str, Any]]) -> "PairModel":
+        """The same prior and margins with corrections learned from all of ``runs`` (co-runs
+        keyed by ``(cluster, job_a, job_b, gpu)``, read by ``pair_speeds``); ``profiles`` maps
+        the runs' keys to profiles. What the daemon and the simulator call at each re-learning."""
+        return self.fitted_copy().learn(pair_speeds(runs, profiles, self.latency), profiles)
+
     def with_margin_at_least(self, margin: float) -> "PairModel":
         """The same model (corrections shared, not copied) with both margins raised to at
         least ``margin``."""

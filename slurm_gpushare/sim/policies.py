@@ -408,12 +408,12 @@ class SimPairs:
 
     The daemon re-learns at every measured co-run; here the model is re-learned each time the
     measured sides have grown by half (from ``FIRST_LEARN``), so the whole trace costs about
-    three re-learnings of all of them. ``learn=False``: the cold prior throughout."""
+    three re-learnings of all of them. Without ``observe`` (``GpuShare(learn_coruns=False)``):
+    the cold prior throughout."""
 
     FIRST_LEARN, GROWTH = 8, 1.5
 
-    def __init__(self, kinds, job_kind: list[int], type_profile: dict[str, int], *,
-                 learn: bool = True):
+    def __init__(self, kinds, job_kind: list[int], type_profile: dict[str, int]):
         from slurm_gpushare.predict.knowledge import GAVEL_MEM_MIB, gavel_profiles
         from slurm_gpushare.predict.pairs import default_model
 
@@ -438,7 +438,6 @@ class SimPairs:
                     "mem_total_mib": max(p["mem_total_mib"] for p in known)}
         self.verdicts: dict[tuple, bool] = {}
         self._judges: dict[int, _KindPairs | None] = {}
-        self.learn = learn
         self.runs: dict = {}  # (cluster, job a, job b, GPU) -> pairs.CoRun
         self.measured = 0  # measured sides among them
         self.learn_at = self.FIRST_LEARN
@@ -449,9 +448,13 @@ class SimPairs:
         (the class knowledge decides then)."""
         kind = self.job_kind[j]
         if kind not in self._judges:
-            name = self.names[kind] if kind < len(self.names) else None
-            self._judges[kind] = _KindPairs(self, kind) if name in self.typical else None
+            self._judges[kind] = _KindPairs(self, kind) if self._name(kind) else None
         return self._judges[kind]
+
+    def _name(self, kind: int) -> str | None:
+        """The kind's name where it has a profile (its key for corrections), else None."""
+        name = self.names[kind] if kind < len(self.names) else None
+        return name if name in self.typical else None
 
     def observe(self, j: int, gpu: int, overlap: dict[int, float], duration_s: float,
                 solo_s: float) -> bool:
@@ -460,16 +463,15 @@ class SimPairs:
         partner overlapped nearly its whole run (``pairs.MEASURED_OVERLAP``). Returns whether
         the model was re-learned (the judges' verdicts are then new)."""
         from slurm_gpushare.predict.knowledge import measured_isd
-        from slurm_gpushare.predict.pairs import MEASURED_OVERLAP, CoRun, pair_speeds
+        from slurm_gpushare.predict.pairs import MEASURED_OVERLAP, CoRun
 
-        own = self.names[self.job_kind[j]] if self.job_kind[j] < len(self.names) else None
-        if not self.learn or own not in self.typical or duration_s <= 0 or solo_s <= 0:
+        own = self._name(self.job_kind[j])
+        if own is None or duration_s <= 0 or solo_s <= 0:
             return False
         isd = measured_isd(duration_s, solo_s)
         for partner, seconds in overlap.items():
-            kind = self.job_kind[partner]
-            other = self.names[kind] if kind < len(self.names) else None
-            if other not in self.typical:
+            other = self._name(self.job_kind[partner])
+            if other is None:
                 continue
             first = j < partner
             ident = ("", *((str(j), str(partner)) if first else (str(partner), str(j))), gpu)
@@ -484,8 +486,7 @@ class SimPairs:
         if self.measured < self.learn_at:
             return False
         self.learn_at = math.ceil(self.measured * self.GROWTH)
-        self.model = self.model.fitted_copy().learn(
-            pair_speeds(self.runs, self.typical, self.model.latency), self.typical)
+        self.model = self.model.learned_from(self.runs, self.typical)
         self.verdicts.clear()
         self.relearned += 1
         return True
@@ -594,8 +595,7 @@ class GpuShare(Policy):
         self.view = SimView(engine, cluster.partition)
         type_profile = {t.name: SPEED_PROFILES.index(t.speed_profile) for t in cluster.types}
         self.compat = SimCompatibility(self.knowledge, type_profile)
-        self.pairs = SimPairs(engine.work.kinds, engine.work.kind.tolist(), type_profile,
-                              learn=self.learns_coruns)
+        self.pairs = SimPairs(engine.work.kinds, engine.work.kind.tolist(), type_profile)
         self.node_index = {n.name: i for i, n in enumerate(cluster.nodes)}
         self.type_names = cluster.type_names
         self.all_types = engine.work.allowed.shape[1]
@@ -720,28 +720,27 @@ class GpuShare(Policy):
         entry = None if req.whole else self.judgements.get(j)
         if entry is None:
             return super().place(j, req, engine, exclude)
-        # A pair judge that can judge a group, and no blockers (the simulator keeps none):
-        # ``blocked_now`` comes to ``keeps_off``'s judgement of the shares on the landing GPU,
+        # A pair judge and no blockers (the simulator keeps none): ``blocked_now`` comes to
+        # ``keeps_off``'s judgement of the shares on the landing GPU (``should_not_join``),
         # read here off the engine's arrays instead of a node view made per node (the
         # simulator's costliest step; test_sim_engine checks both agree).
-        group = (getattr(entry.knowledge, "compatible_with_group", None)
-                 if not entry.blockers else None)
+        pairwise = hasattr(entry.knowledge, "compatible_with") and not entry.blockers
         # Each node's first GPU with room: where Slurm lands the share on that node.
         landing = engine.share_candidates(req, exclude, landing=True)
         for seen, g in enumerate(landing):
-            if not self._blocked(entry, engine, g, group):
+            if not self._blocked(entry, engine, g, pairwise):
                 self.counters["started_kept_off"] += seen > 0
                 return [g]
         if landing and len(landing) >= self._usable_nodes(engine, req):
             return [landing[0]]  # never kept off every node it could use: it would only wait
         return None
 
-    def _blocked(self, entry, engine, g: int, group) -> bool:
+    def _blocked(self, entry, engine, g: int, pairwise: bool) -> bool:
         """Whether the share should be kept off the node whose first GPU with room is ``g``
-        (``waiting.blocked_now``; with a group judge, read off the engine's arrays)."""
-        if group is not None:
-            joined = engine.g_jobs[g]
-            return bool(joined) and not group(joined, self.type_names[engine.g_type_list[g]])
+        (``waiting.blocked_now``; for a pair judge, read off the engine's arrays)."""
+        if pairwise:
+            return daemon_policy.should_not_join(
+                engine.g_jobs[g], self.type_names[engine.g_type_list[g]], entry.knowledge)
         self.view.nodes()  # node views current
         return blocked_now(entry, self._node_now(engine, engine.g_node_list[g]),
                            judge_caches(entry, self._caches, fixed_view=False))

@@ -498,12 +498,12 @@ def test_gpushare_reads_the_landing_gpu_as_blocked_now_does():
     verdicts = []
 
     class Both(policies.GpuShare):
-        def _blocked(self, entry, engine, g, group):
-            fast = super()._blocked(entry, engine, g, group)
+        def _blocked(self, entry, engine, g, pairwise):
+            fast = super()._blocked(entry, engine, g, pairwise)
             self.view.nodes()
             slow = blocked_now(entry, self._node_now(engine, engine.g_node_list[g]),
                                judge_caches(entry, self._caches, fixed_view=False))
-            verdicts.append((group is not None, fast == slow, fast))
+            verdicts.append((pairwise, fast == slow, fast))
             return fast
 
     rng = np.random.default_rng(3)

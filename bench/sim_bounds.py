@@ -11,7 +11,8 @@ predictor or class says it should not join is excluded; ``core/waiting.py``). Th
 keep everything else (decisions, queue order, backfill) and change only what the share may land
 next to, some by an oracle that no Slurm site has:
 
-- ``gpushare``: as simulated everywhere else (``bench/sim_philly.py``): the product;
+- ``gpushare``: as simulated everywhere else (``bench/sim_philly.py``): the product (its
+  landing-GPU judgements counted against the measured speeds: ``judged_*`` per run);
 - ``gpushare-cold``: the product without learning from the co-runs it measures (the pair
   predictor's packaged prior throughout; decisions change too, not only placement);
 - ``slurm``: Slurm's packing alone: the first GPU with room, exclusions neither made nor
@@ -21,6 +22,12 @@ next to, some by an oracle that no Slurm site has:
   class knowledge);
 - ``pair-at-start``: skipped where the measured pair speeds (Gavel's, the simulator's truth) put
   a co-runner below the 0.7x threshold (perfect pair knowledge, always current);
+- ``pair-at-landing``: the same knowledge where Slurm lands a share: each node's first GPU with
+  room, judged as the product judges it (its exclusions follow the cluster, never every node it
+  could use): what a perfect pair predictor would earn the product in Slurm;
+- ``no-co-location``: gpushare's decisions (types, share sizes, the lever), but a share never
+  joins another job on a GPU: it takes an empty one on any node (not only the GPU Slurm would
+  land it on) or waits (what the product earns without any co-location);
 - ``pair-at-submit``: the same knowledge used once, at submission, on the GPU each node would
   land the share on (kept when it would exclude every candidate node), never followed.
 - ``predicted-at-start``: as ``pair-at-start``, but by the product's own pair predictor (the
@@ -29,6 +36,9 @@ next to, some by an oracle that no Slurm site has:
   seed), on any GPU with room (not only where Slurm would land the share);
   ``predicted-cold-at-start`` and ``predicted-10-at-start``: the same with no co-run and with
   10 per kind.
+
+``--priority none`` runs every gpushare variant with the SJF lever off (``slurm-default`` is then
+the reference the issue's goal names; it always runs).
 
 Records per variant and seed mean and p95 JCT, the mean slowdown of shared runs (ISD) and the
 shared fraction; averages over seeds (changes against ``slurm``); wins against SJF-BSBF.
@@ -68,7 +78,8 @@ from slurm_gpushare.sim.run import default_data_dir, knowledge_table, load_workl
 from slurm_gpushare.sim.workload import WorkloadOptions  # noqa: E402
 
 THRESHOLD = 0.7
-VARIANTS = ("slurm", "gpushare", "gpushare-cold", "class-at-start", "pair-at-start", "pair-at-submit",
+VARIANTS = ("slurm", "gpushare", "gpushare-cold", "no-co-location", "class-at-start", "pair-at-start",
+            "pair-at-landing", "pair-at-submit",
             "predicted-cold-at-start", "predicted-at-start", "predicted-10-at-start")
 # Measured co-runs per kind the predictor learned from, per predicted-* variant.
 CO_RUNS = {"predicted-cold-at-start": 0, "predicted-at-start": HISTORY_PER_JOB,
@@ -81,6 +92,34 @@ def pair_ok(engine, g: int, j: int) -> bool:
     speeds = engine.model.speeds(engine.g_profile[g], [engine.kind[i] for i in group],
                                  [engine.jclass[i] for i in group])
     return speeds is not None and min(speeds) >= THRESHOLD
+
+
+class JudgedGpuShare(GpuShare):
+    """The product, counting its landing-GPU judgements against the measured pair speeds (per
+    GPU model: allowed where the measured pair is at the threshold or better, ``ok_joined``,
+    or below, ``bad_joined``; kept off where it is good, ``ok_kept_off``, or bad,
+    ``bad_kept_off``). A waiting share is judged again at every pass, so these count
+    judgements, not jobs."""
+
+    def prepare(self, engine):
+        super().prepare(engine)
+        self.judged: dict[str, int] = {}
+
+    def place(self, j, req, engine, exclude):
+        self._judging = j
+        return super().place(j, req, engine, exclude)
+
+    def _blocked(self, entry, engine, g, pairwise):
+        blocked = super()._blocked(entry, engine, g, pairwise)
+        if engine.g_jobs[g]:
+            truth = "ok" if pair_ok(engine, g, self._judging) else "bad"
+            key = (f"judged_{SPEED_PROFILES[engine.g_profile[g]]}_{truth}_"
+                   f"{'kept_off' if blocked else 'joined'}")
+            self.judged[key] = self.judged.get(key, 0) + 1
+        return blocked
+
+    def final_counters(self):
+        return {**super().final_counters(), **self.judged}
 
 
 class Packed(GpuShare):
@@ -115,6 +154,31 @@ class PairAtStart(Packed):
             return self.first_whole(j, req, engine, exclude)
         for g in engine.share_candidates(req, exclude):
             if not engine.g_jobs[g] or pair_ok(engine, g, j):
+                return [g]
+        return None
+
+
+class PairAtLanding(GpuShare):
+    """The product with a perfect pair judge: ``GpuShare.place`` with the measured speeds."""
+
+    def place(self, j, req, engine, exclude):
+        if req.whole or j not in self.judgements:
+            return Policy.place(self, j, req, engine, exclude)
+        landing = engine.share_candidates(req, exclude, landing=True)
+        for g in landing:
+            if not engine.g_jobs[g] or pair_ok(engine, g, j):
+                return [g]
+        if landing and len(landing) >= self._usable_nodes(engine, req):
+            return [landing[0]]  # as the product: never kept off every node it could use
+        return None
+
+
+class NoCoLocation(GpuShare):
+    def place(self, j, req, engine, exclude):
+        if req.whole or j not in self.judgements:
+            return Policy.place(self, j, req, engine, exclude)
+        for g in engine.share_candidates(req, exclude):  # any GPU with room, not only Slurm's
+            if not engine.g_jobs[g]:
                 return [g]
         return None
 
@@ -188,26 +252,27 @@ def learned_predictors(seed: int, per_job: int = HISTORY_PER_JOB) -> tuple[dict,
 
 
 def run(task) -> dict:
-    seed, draw, variant, data_dir, limit = task
+    seed, draw, variant, data_dir, limit, priority = task
     cluster = load_cluster("philly")
     work = load_workload("philly", cluster, data_dir,
                          WorkloadOptions(seed=seed, draw=draw, limit=limit))
     knowledge = knowledge_table(data_dir)
-    if variant == "sjf-bsbf":
-        policy = make_policy("sjf-bsbf", knowledge, seed)
+    if variant in ("sjf-bsbf", "slurm-default"):
+        policy = make_policy(variant, knowledge, seed)
     else:
-        kind = {"gpushare": GpuShare, "gpushare-cold": ColdGpuShare, "slurm": Packed,
-                "class-at-start": ClassAtStart,
-                "pair-at-start": PairAtStart, "pair-at-submit": PairAtSubmit}.get(
-                    variant, PredictedAtStart)
+        kind = {"gpushare": JudgedGpuShare, "gpushare-cold": ColdGpuShare, "slurm": Packed,
+                "no-co-location": NoCoLocation, "class-at-start": ClassAtStart,
+                "pair-at-start": PairAtStart, "pair-at-landing": PairAtLanding,
+                "pair-at-submit": PairAtSubmit}.get(variant, PredictedAtStart)
         extra = {"seed": seed, "co_runs": CO_RUNS[variant]} if kind is PredictedAtStart else {}
-        policy = kind(knowledge, priority="sjf", **extra)
+        policy = kind(knowledge, priority=priority, **extra)
     started = time.process_time()
     result = Engine(cluster, work, policy, make_model("gavel", data_dir)).run()
     summary = summarise(result, cap_jobs=cluster.max_jobs_per_gpu)
     return {"seed": seed, "draw": draw, "variant": variant,
             **{k: summary[k] for k in ("jct_mean_s", "jct_p95_s", "isd_mean", "shared_jobs",
                                        "oom_kills", "pair_failures")},
+            **{k: int(v) for k, v in result.counters.items() if k.startswith("judged_")},
             "cpu_s": round(time.process_time() - started, 1)}
 
 
@@ -219,7 +284,9 @@ def main(argv=None) -> int:
     parser.add_argument("--limit", type=int, default=None, help="first N jobs (a quick look)")
     parser.add_argument("--draws", type=int, default=1, help="runs per seed (see above)")
     parser.add_argument("--variants", default=",".join(VARIANTS),
-                        help="comma-separated; slurm (the reference) and sjf-bsbf always run")
+                        help="comma-separated; slurm (the reference), slurm-default and sjf-bsbf always run")
+    parser.add_argument("--priority", choices=("sjf", "none"), default="sjf",
+                        help="the gpushare variants' SJF lever (none: off)")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "sim_bounds.json"))
     args = parser.parse_args(argv)
     data_dir = args.data_dir or default_data_dir()
@@ -228,8 +295,10 @@ def main(argv=None) -> int:
     unknown = sorted(set(chosen) - set(VARIANTS))
     if unknown:
         parser.error(f"unknown variants {', '.join(unknown)} (of {', '.join(VARIANTS)})")
-    variants = ("sjf-bsbf",) + tuple(v for v in VARIANTS if v == "slurm" or v in chosen)
-    tasks = [(s, d, v, data_dir, args.limit) for s in seeds for d in draws for v in variants]
+    variants = ("slurm-default", "sjf-bsbf") + tuple(
+        v for v in VARIANTS if v == "slurm" or v in chosen)
+    tasks = [(s, d, v, data_dir, args.limit, args.priority)
+             for s in seeds for d in draws for v in variants]
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         rows = list(pool.map(run, tasks))
     for row in rows:
@@ -246,7 +315,10 @@ def main(argv=None) -> int:
             values = [by[(variant, s)][metric] for s in seeds]
             out[metric] = {"mean": float(np.mean(values)), "min": float(np.min(values)),
                            "max": float(np.max(values)), "per_seed": values}
-        if variant != "sjf-bsbf":
+        if variant not in ("sjf-bsbf", "slurm-default"):
+            out["jct_mean_s_vs_slurm_default"] = float(np.mean(
+                [by[(variant, s)]["jct_mean_s"] / by[("slurm-default", s)]["jct_mean_s"] - 1
+                 for s in seeds]))
             for metric in ("jct_mean_s", "jct_p95_s"):
                 out[f"{metric}_seeds_beating_sjf-bsbf"] = sum(
                     by[(variant, s)][metric] < by[("sjf-bsbf", s)][metric] for s in seeds)
@@ -256,6 +328,9 @@ def main(argv=None) -> int:
                     runs[(variant, s, d)][metric] < runs[("slurm", s, d)][metric]
                     for s in seeds for d in draws)
         mine = [r for r in rows if r["variant"] == variant]
+        judged = sorted({k for r in mine for k in r if k.startswith("judged_")})
+        if judged:  # totals over the runs
+            out["judged"] = {k: sum(r.get(k, 0) for r in mine) for k in judged}
         out["cpu_s_max"] = max(r["cpu_s"] for r in mine)
         out["oom_kills"] = sum(r["oom_kills"] for r in mine)
         out["pair_failures"] = sum(r["pair_failures"] for r in mine)
@@ -263,14 +338,15 @@ def main(argv=None) -> int:
     doc = {"what": __doc__.splitlines()[0],
            "command": "python bench/sim_bounds.py " + " ".join(
                argv if argv is not None else sys.argv[1:]),
-           "threshold": THRESHOLD, "seeds": seeds, "draws": args.draws,
+           "threshold": THRESHOLD, "priority": args.priority, "seeds": seeds, "draws": args.draws,
            "load_average": os.getloadavg(),
            "summary": summary, "runs": rows}
     Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")
     for variant, out in summary.items():
         print(f"{variant:15s} mean {out['jct_mean_s']['mean']:8.0f}  p95 "
               f"{out['jct_p95_s']['mean']:8.0f}  ISD {out['isd_mean']['mean']:.3f}  "
-              f"shared {out['shared_jobs']['mean']:.3f}")
+              f"shared {out['shared_jobs']['mean']:.3f}  vs slurm-default "
+              f"{out.get('jct_mean_s_vs_slurm_default', 0.0):+.1%}")
     print(f"wrote {args.out}")
     return 0
 

@@ -78,8 +78,8 @@ from slurm_gpushare.sim.run import default_data_dir, knowledge_table, load_workl
 from slurm_gpushare.sim.workload import WorkloadOptions  # noqa: E402
 
 THRESHOLD = 0.7
-VARIANTS = ("slurm", "gpushare", "gpushare-cold", "no-co-location", "class-at-start", "pair-at-start",
-            "pair-at-landing", "pair-at-submit",
+VARIANTS = ("slurm", "gpushare", "gpushare-cold", "no-co-location", "class-at-start",
+            "pair-at-start", "pair-at-landing", "pair-at-submit",
             "predicted-cold-at-start", "predicted-at-start", "predicted-10-at-start")
 # Measured co-runs per kind the predictor learned from, per predicted-* variant.
 CO_RUNS = {"predicted-cold-at-start": 0, "predicted-at-start": HISTORY_PER_JOB,
@@ -94,7 +94,15 @@ def pair_ok(engine, g: int, j: int) -> bool:
     return speeds is not None and min(speeds) >= THRESHOLD
 
 
-class JudgedGpuShare(GpuShare):
+class _Judging(GpuShare):
+    """The product, remembering which job ``place`` judges (``_blocked`` is told only the GPU)."""
+
+    def place(self, j, req, engine, exclude):
+        self._judging = j
+        return super().place(j, req, engine, exclude)
+
+
+class JudgedGpuShare(_Judging):
     """The product, counting its landing-GPU judgements against the measured pair speeds (per
     GPU model: allowed where the measured pair is at the threshold or better, ``ok_joined``,
     or below, ``bad_joined``; kept off where it is good, ``ok_kept_off``, or bad,
@@ -104,10 +112,6 @@ class JudgedGpuShare(GpuShare):
     def prepare(self, engine):
         super().prepare(engine)
         self.judged: dict[str, int] = {}
-
-    def place(self, j, req, engine, exclude):
-        self._judging = j
-        return super().place(j, req, engine, exclude)
 
     def _blocked(self, entry, engine, g, pairwise):
         blocked = super()._blocked(entry, engine, g, pairwise)
@@ -158,22 +162,17 @@ class PairAtStart(Packed):
         return None
 
 
-class PairAtLanding(GpuShare):
-    """The product with a perfect pair judge: ``GpuShare.place`` with the measured speeds."""
+class PairAtLanding(_Judging):
+    """The product with a perfect pair judge: ``GpuShare.place`` (each node's landing GPU,
+    never kept off every node it could use), judged by the measured speeds."""
 
-    def place(self, j, req, engine, exclude):
-        if req.whole or j not in self.judgements:
-            return Policy.place(self, j, req, engine, exclude)
-        landing = engine.share_candidates(req, exclude, landing=True)
-        for g in landing:
-            if not engine.g_jobs[g] or pair_ok(engine, g, j):
-                return [g]
-        if landing and len(landing) >= self._usable_nodes(engine, req):
-            return [landing[0]]  # as the product: never kept off every node it could use
-        return None
+    def _blocked(self, entry, engine, g, pairwise):
+        return bool(engine.g_jobs[g]) and not pair_ok(engine, g, self._judging)
 
 
 class NoCoLocation(GpuShare):
+    """gpushare's decisions; a share only ever takes an empty GPU."""
+
     def place(self, j, req, engine, exclude):
         if req.whole or j not in self.judgements:
             return Policy.place(self, j, req, engine, exclude)
@@ -284,7 +283,8 @@ def main(argv=None) -> int:
     parser.add_argument("--limit", type=int, default=None, help="first N jobs (a quick look)")
     parser.add_argument("--draws", type=int, default=1, help="runs per seed (see above)")
     parser.add_argument("--variants", default=",".join(VARIANTS),
-                        help="comma-separated; slurm (the reference), slurm-default and sjf-bsbf always run")
+                        help="comma-separated; slurm (the reference), slurm-default and "
+                             "sjf-bsbf always run")
     parser.add_argument("--priority", choices=("sjf", "none"), default="sjf",
                         help="the gpushare variants' SJF lever (none: off)")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "sim_bounds.json"))
@@ -343,10 +343,11 @@ def main(argv=None) -> int:
            "summary": summary, "runs": rows}
     Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")
     for variant, out in summary.items():
+        change = out.get("jct_mean_s_vs_slurm_default")
         print(f"{variant:15s} mean {out['jct_mean_s']['mean']:8.0f}  p95 "
               f"{out['jct_p95_s']['mean']:8.0f}  ISD {out['isd_mean']['mean']:.3f}  "
-              f"shared {out['shared_jobs']['mean']:.3f}  vs slurm-default "
-              f"{out.get('jct_mean_s_vs_slurm_default', 0.0):+.1%}")
+              f"shared {out['shared_jobs']['mean']:.3f}"
+              + ("" if change is None else f"  vs slurm-default {change:+.1%}"))
     print(f"wrote {args.out}")
     return 0
 

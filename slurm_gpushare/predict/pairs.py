@@ -98,7 +98,7 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import combinations
-from typing import Any, Iterable, Mapping, NamedTuple, Sequence
+from typing import Any, Callable, Iterable, Mapping, NamedTuple, Sequence
 
 from typing import TYPE_CHECKING
 
@@ -206,19 +206,18 @@ def corrected(isd: float, factor: float) -> float:
     return max(0.0, (isd + EPS) * factor - EPS)
 
 
-def prior_isd(demands: Sequence[Demand], latency: float, suffers: Sequence[float] = (),
-              hurts: Sequence[float] = ()) -> list[float]:
+def prior_isd(demands: Sequence[Demand], latency: float,
+              correction: Callable[[int, int], float] | None = None) -> list[float]:
     """Each co-runner's slowdown: the larger of its collision and saturation slowdowns (see the
-    module text), the collision terms with each co-runner's learned corrections in log space
-    where given (``suffers``, ``hurts``: one per co-runner; none: the prior itself)."""
-    suffers = list(suffers) or [0.0] * len(demands)
-    hurts = list(hurts) or [0.0] * len(demands)
+    module text), co-runner i's collision term next to j scaled by ``exp(correction(i, j))``
+    (learned, log space) where given (none: the prior itself)."""
     saturation = saturation_isd([occupancy(d) for d in demands])
     out = []
     for i, own in enumerate(demands):
         others = [j for j in range(len(demands)) if j != i]
         collision = sum(corrected(collision_isd(own, [demands[j]], latency)[0],
-                                  math.exp(suffers[i] + hurts[j])) for j in others)
+                                  math.exp(correction(i, j)) if correction else 1.0)
+                        for j in others)
         # Saturation is the GPU's time running out: no job's history lifts it.
         out.append(float(max(collision, saturation[i])))
     return out
@@ -259,19 +258,7 @@ class PairModel:
         """Per-job corrections from measured co-runs ``(job_a, job_b, speed_a, speed_b)``
         (a speed may be None: that side was not measured); ``profiles`` maps job keys to
         profiles. Replaces earlier corrections (the co-runs given are the whole evidence)."""
-        obs: list[tuple[str, str, float]] = []
-        for a, b, speed_a, speed_b in coruns:
-            if a not in profiles or b not in profiles:
-                continue
-            da, db = demand_of(profiles[a]), demand_of(profiles[b])
-            sides = [(a, b, da, db, speed_a)] + ([] if a == b else [(b, a, db, da, speed_b)])
-            for own, other, d_own, d_other, speed in sides:
-                speed = _number(speed)
-                if speed is None:
-                    continue
-                isd = 1.0 / min(max(speed, MIN_SPEED), 1.0) - 1.0
-                prior = prior_isd([d_own, d_other], self.latency)[0]
-                obs.append((own, other, math.log((isd + EPS) / (prior + EPS))))
+        obs = self.residuals(coruns, profiles)
         suffers: dict[str, float] = {}
         hurts: dict[str, float] = {}
         for _ in range(10):  # alternating ridge updates; converges in a few rounds
@@ -286,14 +273,34 @@ class PairModel:
         self.suffers, self.hurts = suffers, hurts
         return self
 
+    def residuals(self, coruns: Iterable[tuple[str, str, float | None, float | None]],
+                  profiles: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, str, float]]:
+        """``(job, partner, log((ISD + eps) / (prior ISD + eps)))`` per measured side of
+        ``coruns`` (as ``learn`` takes them) whose jobs both have a profile: what learning fits."""
+        obs: list[tuple[str, str, float]] = []
+        for a, b, speed_a, speed_b in coruns:
+            if a not in profiles or b not in profiles:
+                continue
+            da, db = demand_of(profiles[a]), demand_of(profiles[b])
+            sides = [(a, b, da, db, speed_a)] + ([] if a == b else [(b, a, db, da, speed_b)])
+            for own, other, d_own, d_other, speed in sides:
+                speed = _number(speed)
+                if speed is None:
+                    continue
+                isd = 1.0 / min(max(speed, MIN_SPEED), 1.0) - 1.0
+                prior = prior_isd([d_own, d_other], self.latency)[0]
+                obs.append((own, other, math.log((isd + EPS) / (prior + EPS))))
+        return obs
+
     # -- prediction -----------------------------------------------------------------------
     def predict_isd(self, profiles: Sequence[Mapping[str, Any]],
                     keys: Sequence[str | None] | None = None) -> list[float]:
         """Each co-runner's predicted slowdown (ISD) in a group of two or more."""
         demands = [demand_of(p) for p in profiles]
         keys = list(keys) if keys is not None else [None] * len(profiles)
-        return prior_isd(demands, self.latency, [self.suffers.get(k, 0.0) for k in keys],
-                         [self.hurts.get(k, 0.0) for k in keys])
+        suffers = [self.suffers.get(k, 0.0) for k in keys]
+        hurts = [self.hurts.get(k, 0.0) for k in keys]
+        return prior_isd(demands, self.latency, lambda i, j: suffers[i] + hurts[j])
 
     def predict_group(self, profiles: Sequence[Mapping[str, Any]],
                       keys: Sequence[str | None] | None = None) -> list[float]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import socket
@@ -22,6 +23,15 @@ from slurm_gpushare.predict.datasets import default_data_dir
 REPO = Path(__file__).resolve().parents[1]
 # Everything a predictor's fit or evaluation can read: its code and the packaged data.
 PREDICTOR_INPUTS = ("slurm_gpushare/predict", "slurm_gpushare/core", "slurm_gpushare/data")
+
+
+def bench_module(name: str):
+    """The benchmark script ``bench/<name>.py`` loaded as a module (to test its helpers)."""
+    path = Path(__file__).resolve().parents[1] / "bench" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def cached_json(name: str, compute: Callable[[], Any], key: str = "") -> Any:

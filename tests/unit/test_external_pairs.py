@@ -4,17 +4,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
+from conftest import bench_module
 from slurm_gpushare.cli import kb as kb_cli
 from slurm_gpushare.predict.evaluate import held_out_public
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 # Lucid's two files, in their own layout (a few rows; the real ones have 66 jobs, 1,388 pairs).
 ALONE = """model,dataset,batchsize,amp,speed,gpu_util,gmem_util,gmem,label
@@ -32,10 +30,7 @@ COLOCATED = """,model1,dataset1,gpu_num1,batchsize1,amp1,speed1,model2,dataset2,
 
 
 def _bench(name: str):
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return bench_module(name)
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ recorded."""
 from __future__ import annotations
 
 import csv
-import importlib.util
 import itertools
 import json
 import shutil
@@ -13,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from conftest import bench_module
 
 from slurm_gpushare.cli import kb as kb_cli
 from slurm_gpushare.predict.datasets import load_measured, package_path
@@ -22,10 +22,7 @@ MEASURED = package_path("measured", "h100")
 
 
 def _bench(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return bench_module(name)
 
 
 def test_the_set_has_every_job_alone_and_nearly_every_pair_with_self_pairs():

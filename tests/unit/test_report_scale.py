@@ -6,17 +6,15 @@ row-by-row code gave for the same input (commit 6479ceb)."""
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import io
 import json
 from pathlib import Path
 
+from conftest import bench_module
 from slurm_gpushare.cli.report import write_json
-
 from slurm_gpushare.reports.savings import build_report
 from slurm_gpushare.slurm.accounting import ingest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "report_scale.py"
 # sha256 of the JSON report (less "generated" and "source") of 3,000 job rows, seed 7, by
 # account and by user, from commit 6479ceb's code.
 EXPECTED = {
@@ -26,10 +24,7 @@ EXPECTED = {
 
 
 def _generator():
-    spec = importlib.util.spec_from_file_location("report_scale", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return bench_module("report_scale")
 
 
 def figures_digest(tmp_path: Path, by: str) -> str:

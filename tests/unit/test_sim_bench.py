@@ -1,18 +1,12 @@
 """bench/sim_philly.py's checks over draws: averages per seed, paired wins, ranges."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "sim_philly.py"
+from conftest import bench_module
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("sim_philly_bench", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return bench_module("sim_philly")
 
 
 def _run(**figures):

@@ -15,6 +15,10 @@ next to, some by an oracle that no Slurm site has:
   landing-GPU judgements counted against the measured speeds: ``judged_*`` per run);
 - ``gpushare-cold``: the product without learning from the co-runs it measures (the pair
   predictor's packaged prior throughout; decisions change too, not only placement);
+- ``pair-evidence``: the product judging shares by the prior and what each pair of kinds ran
+  at together (``PairEvidenceModel``): per-job corrections, learned from partners a job ran
+  next to, are not carried to partners it never met (a pair the product keeps apart is never
+  measured, so such a correction is never put right); decisions change too;
 - ``slurm``: Slurm's packing alone: the first GPU with room, exclusions neither made nor
   followed (what the daemon's exclusions are measured against);
 - ``class-at-start``: when a share starts, GPUs holding a class that the policy's class-pair
@@ -67,8 +71,9 @@ sys.path.insert(0, str(ROOT))
 
 from slurm_gpushare.core.hostlist import expand_ranges  # noqa: E402
 from slurm_gpushare.predict.knowledge import GAVEL_MEM_MIB, gavel_profiles  # noqa: E402
-from slurm_gpushare.predict.pairs import (HISTORY_PER_JOB, data_sets, default_model,  # noqa: E402
-                                          history_split)
+from slurm_gpushare.predict.pairs import (HISTORY_PER_JOB, PairModel, data_sets,  # noqa: E402
+                                          default_model, demand_of, history_split,
+                                          prior_isd)
 from slurm_gpushare.sim.cluster import SPEED_PROFILES, load_cluster  # noqa: E402
 from slurm_gpushare.sim.engine import Engine  # noqa: E402
 from slurm_gpushare.sim.interference import make_model  # noqa: E402
@@ -78,7 +83,8 @@ from slurm_gpushare.sim.run import default_data_dir, knowledge_table, load_workl
 from slurm_gpushare.sim.workload import WorkloadOptions  # noqa: E402
 
 THRESHOLD = 0.7
-VARIANTS = ("slurm", "gpushare", "gpushare-cold", "no-co-location", "class-at-start",
+VARIANTS = ("slurm", "gpushare", "gpushare-cold", "pair-evidence", "no-co-location",
+            "class-at-start",
             "pair-at-start", "pair-at-landing", "pair-at-submit",
             "predicted-cold-at-start", "predicted-at-start", "predicted-10-at-start")
 # Measured co-runs per kind the predictor learned from, per predicted-* variant.
@@ -137,6 +143,56 @@ class ColdGpuShare(GpuShare):
 
     def __init__(self, knowledge, **settings):
         super().__init__(knowledge, learn_coruns=False, **settings)
+
+
+class PairEvidenceModel(PairModel):
+    """The pair predictor judging a share by the prior and what its jobs ran at together: each
+    ordered pair of keys measured together gets its own term (its sides' mean log residual,
+    ``n / (n + 1)`` of the way with ``n`` sides), and the per-job corrections, still learned,
+    decide nothing. The cold margin throughout: it is the one calibrated on the prior."""
+
+    pair_terms: dict[tuple[str, str], float] = {}
+
+    def learn(self, coruns, profiles):
+        coruns = list(coruns)
+        super().learn(coruns, profiles)
+        totals: dict[tuple[str, str], list[float]] = {}
+        for own, other, r in self.residuals(coruns, profiles):
+            totals.setdefault((own, other), []).append(r)
+        self.pair_terms = {pair: sum(v) / (len(v) + 1.0) for pair, v in totals.items()}
+        return self
+
+    @classmethod
+    def of(cls, model: PairModel) -> "PairEvidenceModel":
+        """``model``'s prior and margins, without corrections."""
+        return cls(latency=model.latency, threshold=model.threshold, margin=model.margin,
+                   margin_learned=model.margin_learned, shrinkage=model.shrinkage,
+                   n_train=model.n_train)
+
+    def fitted_copy(self):
+        return PairEvidenceModel.of(self)
+
+    def safe_speeds(self, profiles, keys=None):
+        keys = list(keys) if keys is not None else [None] * len(profiles)
+        terms = self.pair_terms
+        isd = prior_isd([demand_of(p) for p in profiles], self.latency,
+                        lambda i, j: terms.get((keys[i], keys[j]), 0.0))
+        return [1.0 / (1.0 + self.margin * d) for d in isd]
+
+    def copies_allowed(self, profile, key=None, limit=1_000):
+        # The product's closed form, with the self-pair's own term as the only correction.
+        judge = PairModel(latency=self.latency, threshold=self.threshold, margin=self.margin,
+                          margin_learned=self.margin)
+        judge.suffers = {key: self.pair_terms.get((key, key), 0.0)}
+        return judge.copies_allowed(profile, key, limit)
+
+
+class PairEvidenceGpuShare(GpuShare):
+    """The product with ``PairEvidenceModel`` deciding its shares."""
+
+    def prepare(self, engine):
+        super().prepare(engine)
+        self.pairs.model = PairEvidenceModel.of(self.pairs.model)
 
 
 class ClassAtStart(Packed):
@@ -260,6 +316,7 @@ def run(task) -> dict:
         policy = make_policy(variant, knowledge, seed)
     else:
         kind = {"gpushare": JudgedGpuShare, "gpushare-cold": ColdGpuShare, "slurm": Packed,
+                "pair-evidence": PairEvidenceGpuShare,
                 "no-co-location": NoCoLocation, "class-at-start": ClassAtStart,
                 "pair-at-start": PairAtStart, "pair-at-landing": PairAtLanding,
                 "pair-at-submit": PairAtSubmit}.get(variant, PredictedAtStart)

@@ -84,8 +84,7 @@ from slurm_gpushare.sim.workload import WorkloadOptions  # noqa: E402
 
 THRESHOLD = 0.7
 VARIANTS = ("slurm", "gpushare", "gpushare-cold", "pair-evidence", "no-co-location",
-            "class-at-start",
-            "pair-at-start", "pair-at-landing", "pair-at-submit",
+            "class-at-start", "pair-at-start", "pair-at-landing", "pair-at-submit",
             "predicted-cold-at-start", "predicted-at-start", "predicted-10-at-start")
 # Measured co-runs per kind the predictor learned from, per predicted-* variant.
 CO_RUNS = {"predicted-cold-at-start": 0, "predicted-at-start": HISTORY_PER_JOB,

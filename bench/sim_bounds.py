@@ -147,14 +147,12 @@ class ColdGpuShare(GpuShare):
 class PairEvidenceModel(PairModel):
     """The pair predictor judging a share by the prior and what its jobs ran at together: each
     ordered pair of keys measured together gets its own term (its sides' mean log residual,
-    ``n / (n + 1)`` of the way with ``n`` sides), and the per-job corrections, still learned,
-    decide nothing. The cold margin throughout: it is the one calibrated on the prior."""
+    ``n / (n + 1)`` of the way with ``n`` sides); no per-job correction is learned. The cold
+    margin throughout: it is the one calibrated on the prior."""
 
     pair_terms: dict[tuple[str, str], float] = {}
 
     def learn(self, coruns, profiles):
-        coruns = list(coruns)
-        super().learn(coruns, profiles)
         totals: dict[tuple[str, str], list[float]] = {}
         for own, other, r in self.residuals(coruns, profiles):
             totals.setdefault((own, other), []).append(r)

@@ -27,7 +27,7 @@ PREDICTOR_INPUTS = ("slurm_gpushare/predict", "slurm_gpushare/core", "slurm_gpus
 
 def bench_module(name: str):
     """The benchmark script ``bench/<name>.py`` loaded as a module (to test its helpers)."""
-    path = Path(__file__).resolve().parents[1] / "bench" / f"{name}.py"
+    path = REPO / "bench" / f"{name}.py"
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

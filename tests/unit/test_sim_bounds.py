@@ -1,5 +1,5 @@
 """bench/sim_bounds.py's pair-evidence judge: the prior and each pair's own co-runs decide,
-per-job corrections (still learned) decide nothing."""
+per-job corrections play no part."""
 
 from conftest import bench_module
 from slurm_gpushare.predict.pairs import default_model

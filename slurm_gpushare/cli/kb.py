@@ -255,7 +255,8 @@ def kb_show(model_path, store_path, gpu_type, paper_classes, as_json) -> None:
 def _csv_rows(path: str, required: tuple[str, ...]):
     """``(line, row)`` of a CSV with ``required`` columns; ClickException naming the file."""
     try:
-        with open(path, newline="") as handle:
+        # utf-8-sig: a spreadsheet's byte-order mark is not part of the first column's name.
+        with open(path, newline="", encoding="utf-8-sig") as handle:
             reader = csv.DictReader(handle)
             columns = [c.strip() for c in reader.fieldnames or []]
             missing = [c for c in required if c not in columns]

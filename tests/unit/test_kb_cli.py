@@ -86,6 +86,20 @@ def test_predict_pairs_learns_from_co_runs(profiles, tmp_path):
     assert warm[("light", "light")]["recommended"] is False
 
 
+def test_predict_pairs_reads_files_saved_by_a_spreadsheet(profiles, tmp_path):
+    # Spreadsheets save CSV as UTF-8 with a byte-order mark and CRLF line ends: the same rows.
+    coruns = "job_a,job_b,speed_a,speed_b\nlight,medium,0.3,0.95\n"
+    saved = tmp_path / "saved.csv"
+    saved.write_bytes(b"\xef\xbb\xbf" + PROFILES.replace("\n", "\r\n").encode())
+    saved_coruns = tmp_path / "saved_coruns.csv"
+    saved_coruns.write_bytes(b"\xef\xbb\xbf" + coruns.replace("\n", "\r\n").encode())
+    plain_coruns = tmp_path / "coruns.csv"
+    plain_coruns.write_text(coruns)
+    plain = run("kb", "predict-pairs", str(profiles), "--co-runs", str(plain_coruns))
+    result = run("kb", "predict-pairs", str(saved), "--co-runs", str(saved_coruns))
+    assert result.exit_code == 0 and result.output == plain.output
+
+
 def test_predict_pairs_optional_peaks(tmp_path):
     path = tmp_path / "p.csv"
     path.write_text("job,gpu_util_pct,mem_util_pct,mem_used_mib,mem_total_mib,gpu_type,"

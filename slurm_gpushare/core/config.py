@@ -160,7 +160,11 @@ class HookConfig:
 
     timeout_ms: int = 50
     breaker_failures: int = 3  # consecutive failures that open the circuit breaker
-    breaker_cooldown_s: float = 30.0  # how long jobs pass untouched before probing again
+    # How long jobs pass untouched before the hook asks again: breaker_first_cooldown_s when
+    # the breaker opens, doubled each time it opens again soon after closing (or its probe
+    # fails), up to breaker_cooldown_s. A restart of the daemon costs about the first.
+    breaker_cooldown_s: float = 30.0
+    breaker_first_cooldown_s: float = 1.0
     # The breaker also opens when, over the last breaker_window answers, at least
     # breaker_failure_rate of them failed or their mean latency exceeded breaker_slow_ms.
     # Only the daemon's health counts (timeouts, connection errors, unreadable replies),
@@ -305,6 +309,7 @@ RANGES = (
     ("hook", "timeout_ms", 1, 1000),
     ("hook", "breaker_failures", 1, 1000),
     ("hook", "breaker_cooldown_s", 0.1, 86400),
+    ("hook", "breaker_first_cooldown_s", 0.1, 86400),
     ("hook", "breaker_window", 2, 1000),
     ("hook", "breaker_failure_rate", 0.01, 1),
     ("hook", "breaker_slow_ms", 1, 1000),

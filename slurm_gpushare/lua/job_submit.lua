@@ -40,6 +40,7 @@ local settings = {
   timeout_ms = 50,
   breaker_failures = 3,
   breaker_cooldown_s = 30,
+  breaker_first_cooldown_s = 1,
   breaker_window = 20,
   breaker_failure_rate = 0.5,
   breaker_slow_ms = 20,
@@ -70,6 +71,13 @@ if has_json then load_settings() end
 local conn = nil
 local failures = 0
 local open_until = 0
+-- The breaker's cooldown: breaker_first_cooldown_s when it opens, doubled (up to
+-- breaker_cooldown_s) each time it opens again soon after it last closed or on a failed
+-- probe. A daemon restart (no socket for a few seconds) costs about the first cooldown; a
+-- daemon that keeps failing is asked ever less often, as with one long cooldown.
+local cooldown_s = 0
+local probing = false -- this call is the probe after a cooldown
+local closed_at = nil -- when a probe last succeeded
 local request_id = 0
 local counters = { asked = 0, shared = 0, kept = 0, failed = 0, skipped = 0, refused = 0 }
 -- The last breaker_window round trips: { failed = bool, latency = seconds } (a ring).
@@ -328,9 +336,25 @@ local function validate(reply, request)
 end
 
 local function open_breaker(why)
-  open_until = socket.gettime() + settings.breaker_cooldown_s
+  local now = socket.gettime()
+  local again = probing or (closed_at ~= nil and now - closed_at < settings.breaker_cooldown_s)
+  if again and cooldown_s > 0 then
+    cooldown_s = math.min(cooldown_s * 2, settings.breaker_cooldown_s)
+  else
+    cooldown_s = math.min(settings.breaker_first_cooldown_s, settings.breaker_cooldown_s)
+  end
+  probing = false
+  open_until = now + cooldown_s
   window, window_next = {}, 1
-  return string.format("; %s: not asking for %ds", why, settings.breaker_cooldown_s)
+  return string.format("; %s: not asking for %gs", why, cooldown_s)
+end
+
+-- The daemon answered (whatever it decided): a probe that gets an answer closes the breaker.
+local function answered()
+  failures = 0
+  if probing then
+    probing, closed_at = false, socket.gettime()
+  end
 end
 
 -- Record one round trip in the sliding window; returns a note if the breaker opened.
@@ -359,7 +383,9 @@ local function record_failure(uid, why, latency)
   failures = failures + 1
   counters.failed = counters.failed + 1
   local note = observe(true, latency)
-  if note == "" and failures >= settings.breaker_failures then
+  if note == "" and probing then
+    note = open_breaker("the probe after the cooldown failed")
+  elseif note == "" and failures >= settings.breaker_failures then
     note = open_breaker(string.format("%d failures in a row", failures))
   end
   slurm.log_info("gpushare: job left as submitted (uid %s): %s%s", tostring(uid), why, note)
@@ -369,7 +395,7 @@ end
 -- daemon's health is not in question (users can provoke refusals; they must not be able to
 -- switch sharing off for everyone).
 local function record_refusal(uid, why, latency)
-  failures = 0
+  answered()
   counters.refused = counters.refused + 1
   local note = observe(false, latency)
   slurm.log_info("gpushare: job left as submitted (uid %s): %s%s", tostring(uid), why, note)
@@ -398,7 +424,7 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
                        tostring(job_desc.user_id))
         return
       end
-      open_until = 0 -- half-open: this call is the probe
+      open_until, probing = 0, true -- half-open: this call is the probe
     end
 
     request_id = request_id + 1
@@ -420,7 +446,7 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
     local decision
     decision, why = validate(reply, request)
     if not decision then return record_refusal(uid, why, latency) end
-    failures = 0
+    answered()
     local note = observe(false, latency)
     if note ~= "" then slurm.log_info("gpushare: breaker open%s", note) end
     remember_digest(request.job.script, reply.script_digest)
@@ -497,5 +523,6 @@ end
 function gpushare_hook_state()
   return { settings = settings, failures = failures, open_until = open_until,
            counters = counters, connected = conn ~= nil, window = #window,
+           cooldown_s = cooldown_s,
            digests_held = digests_held }
 end

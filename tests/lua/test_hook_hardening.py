@@ -150,6 +150,51 @@ def test_a_flaky_daemon_opens_the_breaker(scripted, tmp_path):
     assert hook.state()["open_until"] > 0 and server.count <= 10
 
 
+def test_a_breaker_that_opens_again_soon_after_closing_does_not_start_over(scripted, tmp_path):
+    # A daemon that answers one probe and fails again at once would otherwise be asked (and
+    # waited for) after every first cooldown; a breaker that stayed closed for a whole
+    # breaker_cooldown_s starts over from the first one.
+    hanging = {"now": True}
+    server = scripted(lambda n, r: None if hanging["now"] else {"decision": SHARE})
+    hook = hook_for(server.path, tmp_path, breaker_cooldown_s=0.8, breaker_first_cooldown_s=0.2)
+
+    def fail_until_open():
+        hanging["now"] = True
+        while hook.state()["open_until"] == 0:
+            hook.submit(job_fields())
+        return hook.state()["cooldown_s"]
+
+    def close_with_a_probe():
+        time.sleep(hook.state()["open_until"] - time.time() + 0.01)
+        hanging["now"] = False
+        assert hook.submit(job_fields())[1]["tres_per_node"] == "gres:shard:4"
+        assert hook.state()["open_until"] == 0
+
+    assert fail_until_open() == pytest.approx(0.2)
+    close_with_a_probe()
+    assert fail_until_open() == pytest.approx(0.4)  # reopened soon after closing
+    close_with_a_probe()
+    time.sleep(0.85)  # healthy for longer than breaker_cooldown_s
+    assert fail_until_open() == pytest.approx(0.2)
+
+
+def test_a_failed_probe_opens_the_breaker_again_at_once(scripted, tmp_path):
+    # Opened by the window (half of the answers failed, never three in a row): the probe
+    # after the cooldown fails, and the next submission is not asked about again.
+    mode = {"flaky": True}
+    server = scripted(lambda n, r: None if (n % 2 or not mode["flaky"]) else {"decision": SHARE})
+    hook = hook_for(server.path, tmp_path, breaker_first_cooldown_s=0.2)
+    while hook.state()["open_until"] == 0:
+        hook.submit(job_fields())
+    assert hook.state()["failures"] < 3
+    mode["flaky"] = False  # hangs from now on
+    time.sleep(hook.state()["open_until"] - time.time() + 0.01)
+    asked = server.count
+    for _ in range(3):
+        hook.submit(job_fields())
+    assert server.count == asked + 1 and hook.state()["cooldown_s"] == pytest.approx(0.4)
+
+
 def test_a_healthy_daemon_keeps_the_breaker_closed(scripted, tmp_path):
     server = scripted(lambda n, r: {"decision": SHARE})
     hook = hook_for(server.path, tmp_path)

@@ -220,6 +220,44 @@ def test_breaker_probes_again_after_cooldown(tmp_path, misbehaving):
         running.stop()
 
 
+def test_a_daemon_restart_costs_the_first_cooldown_not_the_whole_one(tmp_path):
+    from conftest import RunningDaemon, make_config
+
+    # A restart (an upgrade, a reload that needs one) leaves no socket for a few seconds: the
+    # submissions then open the breaker, which probes again after its first, short cooldown,
+    # not after breaker_cooldown_s (half a minute of jobs kept whole on a busy site).
+    config = make_config(tmp_path)
+    hook = hook_for(config.daemon.socket, tmp_path, breaker_failures=3, breaker_cooldown_s=30,
+                    breaker_first_cooldown_s=0.3)
+    running = RunningDaemon(config)
+    os.rename(config.daemon.socket, config.daemon.socket + ".away")
+    for _ in range(3):
+        hook.submit(job_fields())  # nobody listens: the breaker opens
+    os.rename(config.daemon.socket + ".away", config.daemon.socket)
+    try:
+        assert hook.state()["cooldown_s"] == pytest.approx(0.3)
+        assert hook.submit(job_fields())[1]["tres_per_node"] == "gres:gpu:1"  # still open
+        time.sleep(0.35)
+        assert hook.submit(job_fields())[1]["tres_per_node"] == "gres:shard:8"  # probe succeeds
+    finally:
+        running.stop()
+
+
+def test_a_daemon_that_keeps_failing_is_probed_ever_less_often(misbehaving, tmp_path):
+    server = misbehaving("hang")
+    hook = hook_for(server.path, tmp_path, timeout_ms=50, breaker_failures=3,
+                    breaker_cooldown_s=0.8, breaker_first_cooldown_s=0.2)
+    cooldowns = []
+    for _ in range(4):
+        while hook.state()["open_until"] == 0 or time.time() >= hook.state()["open_until"]:
+            hook.submit(job_fields())  # asks (and waits out the deadline) until it opens
+        cooldowns.append(hook.state()["cooldown_s"])
+        time.sleep(hook.state()["open_until"] - time.time() + 0.01)
+    # 3 failures open it; each failed probe doubles the cooldown, up to breaker_cooldown_s.
+    assert cooldowns == pytest.approx([0.2, 0.4, 0.8, 0.8])
+    assert server.accepted == 3 + 3
+
+
 def test_job_modify_changes_nothing(daemon, tmp_path):
     hook = hook_for(daemon.socket, tmp_path)
     before = job_fields(tres_per_node="gres:gpu:2", time_limit=120)

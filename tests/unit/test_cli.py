@@ -27,6 +27,7 @@ def test_hook_config_writes_the_hooks_settings(tmp_path, capsys):
     settings = json.loads(out.read_text())
     assert settings == {"socket": "/run/slurm-gpushare/daemon.sock", "timeout_ms": 50,
                         "breaker_failures": 3, "breaker_cooldown_s": 30.0,
+                        "breaker_first_cooldown_s": 1.0,
                         "breaker_window": 20, "breaker_failure_rate": 0.5,
                         "breaker_slow_ms": 20.0, "max_script_bytes": 65536,
                         "max_reply_bytes": 65536, "max_share_count": 80}

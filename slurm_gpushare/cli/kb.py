@@ -297,10 +297,17 @@ def read_profiles(path: str) -> list[dict[str, Any]]:
             raise click.ClickException(f"{path} line {line}: job {row['job']} appears twice")
         seen.add(row["job"])
         for name in PROFILE_COLUMNS[1:5]:
-            upper = 100.0 if name.endswith("_pct") else None
-            row[name] = _number(path, line, name, raw[name], upper=upper)
+            # A blank utilisation was not measured: the model then reads the peak, or the
+            # other utilisation (predict/pairs.py, demand_of). Memory figures are required.
+            blank_ok = name.endswith("_pct")
+            upper = 100.0 if blank_ok else None
+            row[name] = _number(path, line, name, raw[name], upper=upper, optional=blank_ok)
         for name in OPTIONAL_PROFILE_COLUMNS:
             row[name] = _number(path, line, name, raw.get(name, ""), optional=True, upper=100.0)
+        if all(row[name] is None for name in ("gpu_util_pct", "mem_util_pct",
+                                               *OPTIONAL_PROFILE_COLUMNS)):
+            raise click.ClickException(f"{path} line {line}: gpu_util_pct is blank, and so are "
+                                       "mem_util_pct and the peaks")
         if row["mem_total_mib"] <= 0:
             raise click.ClickException(f"{path} line {line}: mem_total_mib must be > 0")
         rows.append(row)
@@ -344,7 +351,11 @@ def predict_pairs(profiles: list[dict[str, Any]],
                    "(columns job_a,job_b,speed_a,speed_b).")
 @json_option
 def kb_predict_pairs(profiles_csv, coruns_csv, as_json) -> None:
-    """Predict each job's speed for every pair of jobs in PROFILES.csv (self-pairs too)."""
+    """Predict each job's speed for every pair of jobs in PROFILES.csv (self-pairs too).
+
+    PROFILES.csv columns: job,gpu_util_pct,mem_util_pct,mem_used_mib,mem_total_mib,gpu_type
+    (mean utilisations; a blank one was not measured), optional gpu_util_max_pct and
+    mem_util_max_pct (peaks)."""
     profiles = read_profiles(profiles_csv)
     coruns = read_coruns(coruns_csv, {p["job"] for p in profiles}) if coruns_csv else []
     rows = predict_pairs(profiles, coruns)

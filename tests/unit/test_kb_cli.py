@@ -108,6 +108,22 @@ def test_predict_pairs_optional_peaks(tmp_path):
     assert [(r["job_a"], r["job_b"]) for r in rows] == [("x", "x")]
 
 
+def test_predict_pairs_takes_a_blank_utilisation_as_not_measured(tmp_path):
+    # A set without memory-controller figures (or only peaks of SM use) leaves those blank:
+    # predicted as the model does without them (docs: predict/pairs.py), not refused.
+    path = tmp_path / "p.csv"
+    path.write_text("job,gpu_util_pct,mem_util_pct,mem_used_mib,mem_total_mib,gpu_type,"
+                    "gpu_util_max_pct\nx,60,,1000,16384,v100,\ny,,10,1000,16384,v100,80\n")
+    rows = json.loads(run("kb", "predict-pairs", str(path), "--json").output)
+    from slurm_gpushare.predict.pairs import default_model
+
+    expected = default_model().predict_group(
+        [{"gpu_util_pct": 60}, {"gpu_util_max_pct": 80, "mem_util_pct": 10}])
+    by_pair = {(r["job_a"], r["job_b"]): r for r in rows}
+    assert (by_pair[("x", "y")]["pred_speed_a"], by_pair[("x", "y")]["pred_speed_b"]) == (
+        round(expected[0], 4), round(expected[1], 4))
+
+
 @pytest.mark.parametrize("content, message", [
     ("job,gpu_util_pct\nx,1\n",
      "missing column(s) mem_util_pct, mem_used_mib, mem_total_mib, gpu_type"),
@@ -115,6 +131,9 @@ def test_predict_pairs_optional_peaks(tmp_path):
     (PROFILES.replace("95,55", "195,55"), "line 2: gpu_util_pct must be a number between 0 and 100"),
     (PROFILES.replace(",16384,v100\nlight", ",0,v100\nlight"), "line 2: mem_total_mib must be > 0"),
     (PROFILES + "heavy,1,1,1,16384,v100\n", "line 5: job heavy appears twice"),
+    (PROFILES + "idle,,,1,16384,v100\n",
+     "line 5: gpu_util_pct is blank, and so are mem_util_pct and the peaks"),
+    (PROFILES + "nomem,5,1,,16384,v100\n", "line 5: mem_used_mib is not a number"),
 ])
 def test_predict_pairs_errors_are_one_line(tmp_path, content, message):
     path = tmp_path / "bad.csv"

@@ -233,6 +233,15 @@ def _section(cls, raw: dict[str, Any], where: str):
     return replace(defaults, **values)
 
 
+def _hook_section(raw: dict[str, Any]) -> HookConfig:
+    hook = _section(HookConfig, raw, "hook")
+    if "breaker_first_cooldown_s" not in raw and "breaker_cooldown_s" in raw:
+        # A file from before the first cooldown existed, with a shorter longest one: still valid.
+        hook = replace(hook, breaker_first_cooldown_s=min(hook.breaker_first_cooldown_s,
+                                                          hook.breaker_cooldown_s))
+    return hook
+
+
 def parse_config(raw: dict[str, Any], path: str = "") -> Config:
     allowed = {"daemon", "policy", "hook", "shares", "gpu_types"}
     unknown = set(raw) - allowed
@@ -265,7 +274,7 @@ def parse_config(raw: dict[str, Any], path: str = "") -> Config:
     config = Config(
         daemon=_section(DaemonConfig, raw.get("daemon", {}), "daemon"),
         policy=_section(PolicyConfig, raw.get("policy", {}), "policy"),
-        hook=_section(HookConfig, raw.get("hook", {}), "hook"),
+        hook=_hook_section(raw.get("hook", {})),
         shares=shares,
         gpu_types=tuple(gpu_types),
         path=path,
@@ -323,6 +332,10 @@ def _check_ranges(config: Config) -> None:
         value = getattr(getattr(config, section), key)
         if not low <= value <= high:
             raise ConfigError(f"[{section}] {key} = {value} is out of range ({low} to {high})")
+    if config.hook.breaker_first_cooldown_s > config.hook.breaker_cooldown_s:
+        raise ConfigError(f"[hook] breaker_first_cooldown_s = {config.hook.breaker_first_cooldown_s}"
+                          f" is longer than breaker_cooldown_s = {config.hook.breaker_cooldown_s}"
+                          " (the longest cooldown)")
     if config.daemon.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
         raise ConfigError("[daemon] log_level must be debug, info, warning, error or critical")
     for key in ("allowed_uids", "tcp_allowed_uids"):

@@ -205,6 +205,16 @@ def test_config_values_out_of_range_are_one_line_errors(section, key, value):
     assert key in str(error.value) and "\n" not in str(error.value)
 
 
+def test_a_first_breaker_cooldown_longer_than_the_longest_is_an_error():
+    with pytest.raises(ConfigError, match="breaker_first_cooldown_s = 60.0 is longer than "
+                                          "breaker_cooldown_s = 30.0"):
+        parse_config({"hook": {"breaker_first_cooldown_s": 60.0}})
+    assert parse_config({"hook": {"breaker_first_cooldown_s": 30.0}}).hook.breaker_cooldown_s == 30
+    # A file that sets only a longest cooldown shorter than the first one's default still loads.
+    hook = parse_config({"hook": {"breaker_cooldown_s": 0.5}}).hook
+    assert (hook.breaker_first_cooldown_s, hook.breaker_cooldown_s) == (0.5, 0.5)
+
+
 def test_the_client_reads_an_answer_sent_before_the_daemon_closed(tmp_path):
     # The daemon answers a refused peer (or an oversized request) at once and closes without
     # reading: the client's send then meets a closed socket, and the answer must still reach

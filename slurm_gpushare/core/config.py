@@ -6,7 +6,9 @@ Unknown keys are errors (a typo must not silently fall back to a default). See
 
 from __future__ import annotations
 
+import math
 import os
+import re
 import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -221,9 +223,18 @@ def _section(cls, raw: dict[str, Any], where: str):
             if not isinstance(value, list):
                 raise ConfigError(f"[{where}] {key} must be a list")
             value = tuple(value)
-        elif isinstance(default, bool) or not isinstance(default, (int, float, str)):
+        elif isinstance(default, bool):
+            # A quoted "false" would read as true: the opposite of what was meant.
+            if not isinstance(value, bool):
+                raise ConfigError(f"[{where}] {key} must be true or false, "
+                                  f"not {type(value).__name__}")
+        elif not isinstance(default, (int, float, str)):
             pass
-        elif isinstance(default, float) and isinstance(value, int):
+        elif isinstance(default, (int, float)) and isinstance(value, bool):
+            raise ConfigError(f"[{where}] {key} must be a number, not true or false")
+        elif isinstance(default, float) and isinstance(value, (int, float)):
+            if not math.isfinite(value):
+                raise ConfigError(f"[{where}] {key} must be a finite number, not {value}")
             value = float(value)
         elif not isinstance(value, type(default)):
             raise ConfigError(
@@ -259,8 +270,11 @@ def parse_config(raw: dict[str, Any], path: str = "") -> Config:
         if extra:
             raise ConfigError(f"unknown key(s) in [gpu_types.{name}]: {', '.join(sorted(extra))}")
         memory = spec["memory_gib"]
-        if not isinstance(memory, int) or memory <= 0:
+        if isinstance(memory, bool) or not isinstance(memory, int) or memory <= 0:
             raise ConfigError(f"[gpu_types.{name}] memory_gib must be a positive integer")
+        for key in ("feature", "model", "sharing"):
+            if not isinstance(spec.get(key, ""), str):
+                raise ConfigError(f"[gpu_types.{name}] {key} must be a string")
         sharing = spec.get("sharing", "shard")
         if sharing not in ("shard", "mps"):
             raise ConfigError(f"[gpu_types.{name}] sharing must be \"shard\" or \"mps\"")
@@ -324,6 +338,7 @@ RANGES = (
     ("hook", "breaker_slow_ms", 1, 1000),
     ("hook", "max_script_bytes", 0, 64 << 20),
     ("hook", "max_reply_bytes", 1024, 16 << 20),
+    ("daemon", "history_retention_days", 0, 36500),
 )
 
 
@@ -349,6 +364,18 @@ def _check_ranges(config: Config) -> None:
             parse_address(config.daemon.listen_tcp, any_port=True)
         except ValueError as exc:
             raise ConfigError(f"[daemon] listen_tcp: {exc}") from None
+    for key in ("opt_out_token", "mem_hint_token"):
+        # Tokens are matched against the comment's words: an empty one, or one with a
+        # separator in it, would match what users never wrote, or nothing at all.
+        token = getattr(config.policy, key)
+        if not token or re.search(r"[\s,;]", token):
+            raise ConfigError(f"[policy] {key} must be one word (no spaces, commas or "
+                              f"semicolons), not {token!r}")
+    for key in ("socket", "query_socket"):
+        # The hook (inside slurmctld) and users' tools reach them from other directories.
+        path = getattr(config.daemon, key)
+        if (path or key == "socket") and not os.path.isabs(path):
+            raise ConfigError(f"[daemon] {key} must be an absolute path, not {path!r}")
     for name in config.policy.sharing_partitions:
         if not isinstance(name, str) or not name:
             raise ConfigError("[policy] sharing_partitions must be partition names")
@@ -359,11 +386,15 @@ def load_config(path: str | os.PathLike | None = None) -> Config:
     path = Path(path or os.environ.get(CONFIG_ENV) or DEFAULT_CONFIG_PATH)
     try:
         with open(path, "rb") as handle:
-            raw = tomllib.load(handle)
+            data = handle.read()
+        # utf-8-sig: an editor's byte-order mark is not part of the first line.
+        raw = tomllib.loads(data.decode("utf-8-sig"))
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {path}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start})") from None
     except OSError as exc:
         raise ConfigError(f"{path}: {exc.strerror}") from None
     return parse_config(raw, str(path))

@@ -205,6 +205,43 @@ def test_config_values_out_of_range_are_one_line_errors(section, key, value):
     assert key in str(error.value) and "\n" not in str(error.value)
 
 
+@pytest.mark.parametrize("raw, message", [
+    # A quoted "false" is a string, which Python reads as true: the opposite of what was meant.
+    ({"policy": {"keep_whole_when_idle": "false"}}, "keep_whole_when_idle must be true or false"),
+    ({"hook": {"timeout_ms": True}}, "timeout_ms must be a number, not true or false"),
+    ({"hook": {"breaker_cooldown_s": False}}, "breaker_cooldown_s must be a number"),
+    ({"gpu_types": {"a100": {"memory_gib": True}}}, "memory_gib must be a positive integer"),
+    ({"gpu_types": {"a100": {"memory_gib": 80, "feature": 7}}}, "feature must be a string"),
+    ({"daemon": {"history_retention_days": float("nan")}}, "history_retention_days must be a finite number"),
+    ({"policy": {"sjf_reference_s": float("inf")}}, "sjf_reference_s must be a finite number"),
+    ({"daemon": {"history_retention_days": -1.0}}, "history_retention_days = -1.0 is out of range"),
+    ({"policy": {"opt_out_token": ""}}, "opt_out_token must be one word"),
+    ({"policy": {"mem_hint_token": "gpushare mem="}}, "mem_hint_token must be one word"),
+    ({"daemon": {"socket": ""}}, "socket must be an absolute path"),
+    ({"daemon": {"socket": "run/daemon.sock"}}, "socket must be an absolute path"),
+    ({"daemon": {"query_socket": "q.sock"}}, "query_socket must be an absolute path"),
+])
+def test_config_values_of_the_wrong_kind_are_one_line_errors(raw, message):
+    with pytest.raises(ConfigError) as error:
+        parse_config(raw)
+    assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_an_empty_query_socket_still_turns_it_off():
+    assert parse_config({"daemon": {"query_socket": ""}}).daemon.query_socket == ""
+
+
+def test_a_config_file_saved_with_a_byte_order_mark_loads(tmp_path):
+    from slurm_gpushare.core.config import load_config
+
+    path = tmp_path / "gpushare.toml"
+    path.write_bytes(b"\xef\xbb\xbf[policy]\r\nsharing_partitions = [\"gpu\"]\r\n")
+    assert load_config(path).policy.sharing_partitions == ("gpu",)
+    path.write_bytes(b"[policy]\nopt_out_token = \"\xff\"\n")
+    with pytest.raises(ConfigError, match="not UTF-8 text"):
+        load_config(path)
+
+
 def test_a_first_breaker_cooldown_longer_than_the_longest_is_an_error():
     with pytest.raises(ConfigError, match="breaker_first_cooldown_s = 60.0 is longer than "
                                           "breaker_cooldown_s = 30.0"):

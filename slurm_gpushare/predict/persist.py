@@ -190,11 +190,26 @@ class _LegacyEstimator:
     its ``__dict__`` with the estimator's parameters and fitted attributes."""
 
 
+# What an earlier version's pickled estimator holds besides plain data: its fitted transfers,
+# numpy arrays and the GPU catalogue. Any other class is refused: unpickling one may run any
+# code.
+_LEGACY_CLASSES = {
+    ("collections", "OrderedDict"), ("builtins", "set"), ("builtins", "frozenset"),
+    ("numpy", "ndarray"), ("numpy", "dtype"),
+    ("numpy.core.multiarray", "_reconstruct"), ("numpy.core.multiarray", "scalar"),
+    ("numpy._core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "scalar"),
+    ("slurm_gpushare.core.gpus", "Catalogue"), ("slurm_gpushare.core.gpus", "GpuSpec"),
+    ("slurm_gpushare.predict.memory", "PairTransfer"),
+}
+
+
 class _LegacyUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str):
         if (module, name) == ("slurm_gpushare.predict.memory", "CrossTypeMemoryPredictor"):
             return _LegacyEstimator
-        return super().find_class(module, name)
+        if (module, name) in _LEGACY_CLASSES:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"a memory model never holds {module}.{name}")
 
 
 def _load_legacy_predictor(path: str | os.PathLike) -> tuple[MemoryModel, dict]:

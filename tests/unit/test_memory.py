@@ -183,6 +183,20 @@ def test_an_earlier_versions_pickled_model_is_still_read(tmp_path, monkeypatch):
         assert loaded.predict_peak(query, target) == fitted.predict_peak(query, target)
 
 
+def test_a_pickle_that_would_run_code_is_refused(tmp_path):
+    import pickle
+
+    class Payload:  # unpickled, it would call os.system
+        def __reduce__(self):
+            return (os.system, (f"touch {tmp_path / 'ran'}",))
+
+    path = tmp_path / "memory.pkl"
+    path.write_bytes(pickle.dumps({"metadata": {}, "estimator": Payload()}))
+    with pytest.raises(pickle.UnpicklingError, match="never holds"):
+        load_predictor(path)
+    assert not (tmp_path / "ran").exists()
+
+
 def test_cli_predict(capsys):
     assert main(["memory", "predict", "--observed", "v100-16gb:9000", "--target", "A100-80GB",
                  "--target", "RTX3090", "--target", "T4"]) == 0

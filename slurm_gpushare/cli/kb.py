@@ -139,9 +139,7 @@ def classes_fit(data_path, store_path, n_clusters, k_max, model_path, as_json) -
     if store_path:
         if not Path(store_path).exists():
             raise click.ClickException(f"no store at {store_path}")
-        from slurm_gpushare.daemon.store import Store
-
-        with Store(store_path) as store:
+        with _read_store(store_path) as store:
             frame = pd.DataFrame(store.all_summaries())
         source = f"{store_path} ({len(frame)} job summaries)"
     elif data_path:
@@ -230,9 +228,7 @@ def kb_show(model_path, store_path, gpu_type, paper_classes, as_json) -> None:
     if store_path:
         if not Path(store_path).exists():
             raise click.ClickException(f"no store at {store_path}")
-        from slurm_gpushare.daemon.store import Store
-
-        with Store(store_path) as store:
+        with _read_store(store_path) as store:
             kb = KnowledgeBase.from_store(store, classes)
     else:
         kb = KnowledgeBase.seeded(classes)
@@ -250,6 +246,17 @@ def kb_show(model_path, store_path, gpu_type, paper_classes, as_json) -> None:
                    f"{100 * r['isd_b']:6.1f}% {ps:>6} {r['count']:>3} "
                    f"{100 * max(r['isd_a_spread'], r['isd_b_spread']):6.1f}%  "
                    f"{r['source']:<10} {'yes' if r['compatible'] else 'no'}")
+
+
+def _read_store(path: str):
+    """The store at ``path`` opened read-only (never created or migrated); ClickException if
+    it is not one."""
+    from slurm_gpushare.daemon.store import Store, StoreError
+
+    try:
+        return Store(path, readonly=True)
+    except StoreError as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 def _csv_rows(path: str, required: tuple[str, ...]):

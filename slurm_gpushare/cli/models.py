@@ -19,7 +19,7 @@ def models_group() -> None:
 @click.option("--json", "as_json", is_flag=True)
 def fit_command(config_path: str | None, as_json: bool) -> None:
     """Refit the memory predictor on SchedTune plus the site's history; reload the daemon after."""
-    from slurm_gpushare.daemon.store import Store
+    from slurm_gpushare.daemon.store import Store, StoreError
 
     try:
         config = load_config(config_path)
@@ -28,7 +28,11 @@ def fit_command(config_path: str | None, as_json: bool) -> None:
     store_path = Path(config.daemon.state_dir) / "store.sqlite"
     if not store_path.exists():
         raise click.ClickException(f"no store at {store_path}: has the daemon run yet?")
-    with Store(store_path) as store:
+    try:
+        store = Store(store_path, readonly=True)  # fitting only reads; the daemon writes
+    except StoreError as exc:
+        raise click.ClickException(str(exc)) from None
+    with store:
         metadata = fit_memory_model(config, store)
     if as_json:
         click.echo(json.dumps(metadata, default=str))

@@ -116,9 +116,15 @@ class Store:
             self._db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=10.0,
                                        isolation_level=None, check_same_thread=False)
             self._db.row_factory = sqlite3.Row
-            if self.schema_version != SCHEMA_VERSION:
-                raise StoreError(f"{self.path}: schema version {self.schema_version}, this "
-                                 f"program reads {SCHEMA_VERSION}")
+            try:
+                version = self.schema_version
+            except sqlite3.DatabaseError as exc:
+                self._db.close()
+                raise StoreError(f"{self.path}: not a slurm-gpushare store ({exc})") from None
+            if version != SCHEMA_VERSION:
+                self._db.close()
+                raise StoreError(f"{self.path}: schema version {version}, this program "
+                                 f"reads {SCHEMA_VERSION}")
             return
         if str(path) != ":memory:":
             self.path.parent.mkdir(parents=True, exist_ok=True)

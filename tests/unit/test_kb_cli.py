@@ -211,6 +211,20 @@ def test_kb_show_with_store(tmp_path):
     assert cell["source"] == "gpu" and cell["compatible"] is False
 
 
+@pytest.mark.parametrize("argv", [["kb", "show"], ["classes", "fit"]])
+@pytest.mark.parametrize("content", [b"", b"not a database, a text file\n"])
+def test_a_store_that_is_not_one_is_refused_and_left_as_it_was(tmp_path, capsys, argv, content):
+    from slurm_gpushare.cli import main
+
+    path = tmp_path / "store.db"
+    path.write_bytes(content)
+    extra = ["--model", str(tmp_path / "m.json")] if argv[0] == "classes" else []
+    assert main([*argv, "--store", str(path), *extra]) == 1
+    err = capsys.readouterr().err.strip()
+    assert str(path) in err and "\n" not in err
+    assert path.read_bytes() == content  # not turned into an empty store
+
+
 def test_commands_are_registered_in_the_main_cli():
     import click
 

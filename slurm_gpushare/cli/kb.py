@@ -147,6 +147,7 @@ def classes_fit(data_path, store_path, n_clusters, k_max, model_path, as_json) -
             frame = pd.read_csv(data_path)
         except (OSError, ValueError) as exc:
             raise click.ClickException(f"cannot read {data_path}: {exc}") from None
+        _check_percentages(frame, data_path)
         source = f"{data_path} ({len(frame)} rows)"
     else:
         frame = load_alnair("records")
@@ -246,6 +247,25 @@ def kb_show(model_path, store_path, gpu_type, paper_classes, as_json) -> None:
                    f"{100 * r['isd_b']:6.1f}% {ps:>6} {r['count']:>3} "
                    f"{100 * max(r['isd_a_spread'], r['isd_b_spread']):6.1f}%  "
                    f"{r['source']:<10} {'yes' if r['compatible'] else 'no'}")
+
+
+def _check_percentages(frame, path: str) -> None:
+    """Training rows given by hand: each feature a utilisation percentage (a typo such as
+    1e308 or 500 would fit classes around it)."""
+    import numpy as np
+
+    from slurm_gpushare.predict.classes import feature_matrix
+
+    try:
+        X = feature_matrix(frame)
+    except ValueError as exc:
+        raise click.ClickException(f"{path}: {exc}") from None
+    wrong = np.argwhere((X < 0) | (X > 100))
+    if len(wrong):
+        row = int(wrong[0][0])
+        raise click.ClickException(
+            f"{path} line {row + 2}: features are percentages, between 0 and 100 "
+            f"({', '.join(f'{v:g}' for v in X[row])})")
 
 
 def _read_store(path: str):

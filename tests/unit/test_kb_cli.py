@@ -181,6 +181,20 @@ def test_classes_fit_show_and_missing_model(tmp_path):
     assert shown["k"] == 2 and shown["centroids"][0]["MGUP"] < shown["centroids"][1]["MGUP"]
 
 
+@pytest.mark.parametrize("row", ["1,1,1,1,50,1e308,50", "1,1,1,1,-50,20,10", "1,1,1,1,50,500,10"])
+def test_classes_fit_refuses_features_that_are_no_percentages(tmp_path, capsys, row):
+    from slurm_gpushare.cli import main
+    from slurm_gpushare.predict.datasets import package_path
+
+    records = package_path("alnair", "clustering_record_175.csv").read_text().splitlines()
+    data = tmp_path / "records.csv"
+    data.write_text("\n".join([records[0], row, *records[1:50]]) + "\n")
+    model = tmp_path / "m.json"
+    assert main(["classes", "fit", "--data", str(data), "--model", str(model)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "between 0 and 100" in err and "\n" not in err and not model.exists()
+
+
 def test_classes_fit_from_store(tmp_path):
     with Store(tmp_path / "s.db") as store:
         for i in range(12):

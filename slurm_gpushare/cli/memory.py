@@ -20,7 +20,8 @@ def memory_group() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--data", "data", type=click.Path(file_okay=False, path_type=Path),
               help="Directory holding schedtune/ and gavel/ (default: the packaged copy).")
-@click.option("--seeds", default=3, show_default=True, help="Random splits to average.")
+@click.option("--seeds", default=3, show_default=True, type=click.IntRange(min=1),
+              help="Random splits to average.")
 @click.option("--coverage", default=1.0, show_default=True, help="Conformal coverage.")
 def evaluate_command(as_json: bool, data: Path | None, seeds: int, coverage: float) -> None:
     """Print the SchedTune replication, privacy-preserving, OOM-safety and run-time tables."""
@@ -34,6 +35,13 @@ def evaluate_command(as_json: bool, data: Path | None, seeds: int, coverage: flo
     click.echo(json.dumps(result, indent=2) if as_json else render(result))
 
 
+def _plausible_mib(mib: float) -> bool:
+    """A peak or a hint in MiB: positive, finite, at most what the daemon takes in a hint."""
+    from slurm_gpushare.daemon.protocol import MAX_HINT_MIB
+
+    return math.isfinite(mib) and 0 < mib <= MAX_HINT_MIB
+
+
 def _parse_observed(values) -> dict[str, list[float]]:
     observed: dict[str, list[float]] = {}
     for text in values:
@@ -42,7 +50,7 @@ def _parse_observed(values) -> dict[str, list[float]]:
             mib = float(peak)
         except ValueError:
             mib = math.nan
-        if not sep or not name or not math.isfinite(mib) or mib <= 0:
+        if not sep or not name or not _plausible_mib(mib):
             raise click.ClickException(f"--observed wants TYPE:PEAK_MIB, got {text!r}")
         observed.setdefault(name, []).append(mib)
     return observed
@@ -62,6 +70,8 @@ def predict_command(observed, targets, hint_mib, as_json: bool) -> None:
     from slurm_gpushare.predict.memory import default_predictor, estimate_memory
 
     catalogue = default_catalogue()
+    if hint_mib is not None and not _plausible_mib(hint_mib):
+        raise click.ClickException(f"--hint-mib must be a positive number of MiB, got {hint_mib:g}")
     runs = _parse_observed(observed)
     try:
         runs = {catalogue.lookup(name).model: peaks for name, peaks in runs.items()}

@@ -197,6 +197,13 @@ def test_a_pickle_that_would_run_code_is_refused(tmp_path):
     assert not (tmp_path / "ran").exists()
 
 
+@pytest.mark.parametrize("seeds", ["0", "-1"])
+def test_cli_evaluate_needs_a_split(capsys, seeds):
+    assert main(["memory", "evaluate", "--seeds", seeds]) != 0
+    err = capsys.readouterr().err.strip()
+    assert "--seeds" in err and "\n" not in err
+
+
 def test_cli_predict(capsys):
     assert main(["memory", "predict", "--observed", "v100-16gb:9000", "--target", "A100-80GB",
                  "--target", "RTX3090", "--target", "T4"]) == 0
@@ -213,6 +220,10 @@ def test_cli_predict(capsys):
     (["--observed", "v100:-5"], "TYPE:PEAK_MIB"),
     (["--observed", "voodoo:5000"], "unknown GPU model"),
     (["--observed", "a100:5000"], "ambiguous"),
+    (["--observed", "V100-16GB:1e30"], "TYPE:PEAK_MIB"),
+    (["--observed", "V100-16GB:9000", "--hint-mib", "-5"], "--hint-mib must be a positive number"),
+    (["--observed", "V100-16GB:9000", "--hint-mib", "nan"], "--hint-mib must be a positive number"),
+    (["--observed", "V100-16GB:9000", "--hint-mib", "inf"], "--hint-mib must be a positive number"),
 ])
 def test_cli_predict_bad_input(capsys, argv, message):
     assert main(["memory", "predict", *argv]) != 0

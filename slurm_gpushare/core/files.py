@@ -1,8 +1,10 @@
-"""Files that several processes share: written atomically under a lock, read under it; and
-whether a pid file's process is alive.
+"""Files that several processes share: written atomically under a lock; and whether a pid
+file's process is alive.
 
 A writer makes a temporary file in the same directory, fsyncs it and renames it over the
-target, holding ``<path>.lock`` (filelock), so a reader sees the old file or the new, never half.
+target, holding ``<path>.lock`` (filelock) against other writers. A reader needs no lock: it
+opens the old file or the new, never half of one (and leaves no lock file beside a path it
+was only asked to read).
 Used for models (classes, knowledge base, memory predictor) that the daemon and
 ``slurm-gpushare ... fit`` share.
 """
@@ -86,7 +88,3 @@ def write_locked(path: str | os.PathLike, data: bytes | str) -> None:
     with lock_for(path):
         replace_atomically(path, data.encode() if isinstance(data, str) else data)
 
-
-def read_locked(path: str | os.PathLike) -> bytes:
-    with lock_for(path):
-        return Path(path).read_bytes()

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from slurm_gpushare.core.config import Config
-from slurm_gpushare.core.files import read_locked, write_locked
+from slurm_gpushare.core.files import write_locked
 from slurm_gpushare.predict.datasets import package_path
 from slurm_gpushare.predict.history import PREALLOC_PCT
 
@@ -139,7 +139,10 @@ def save_json(path: str | os.PathLike, data: Mapping[str, Any]) -> None:
 
 
 def load_json(path: str | os.PathLike) -> dict[str, Any]:
-    return json.loads(read_locked(path).decode())
+    data = json.loads(Path(path).read_bytes().decode())
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: not a model file (JSON {type(data).__name__}, not an object)")
+    return data
 
 
 # -- the site's memory predictor (JSON: the fitted model and its training metadata) -----------
@@ -217,7 +220,7 @@ def _load_legacy_predictor(path: str | os.PathLike) -> tuple[MemoryModel, dict]:
 
     from slurm_gpushare.predict.memory import MemoryModel
 
-    payload = _LegacyUnpickler(io.BytesIO(read_locked(path))).load()
+    payload = _LegacyUnpickler(io.BytesIO(Path(path).read_bytes())).load()
     state = vars(payload["estimator"])
     params = {k: state[k] for k in ("coverage", "huber_delta", "min_jobs", "min_calibration",
                                     "n_folds", "max_sources", "same_type_margin",

@@ -239,6 +239,22 @@ def test_a_store_that_is_not_one_is_refused_and_left_as_it_was(tmp_path, capsys,
     assert path.read_bytes() == content  # not turned into an empty store
 
 
+@pytest.mark.parametrize("argv", [["classes", "show"], ["kb", "show"]])
+@pytest.mark.parametrize("content", [None, "[]\n", "null\n"])
+def test_a_model_path_that_holds_no_model_is_a_one_line_error_and_gets_no_lock_file(
+        tmp_path, capsys, argv, content):
+    from slurm_gpushare.cli import main
+
+    path = tmp_path / "data.json"
+    if content is not None:
+        path.write_text(content)
+    status = main([*argv, "--model", str(path)])
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and (status != 0 or argv[0] == "kb")
+    # Reading never leaves <path>.lock beside a file it was only asked to read.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ([] if content is None else ["data.json"])
+
+
 def test_commands_are_registered_in_the_main_cli():
     import click
 

@@ -92,11 +92,15 @@ def daemon_reachable(socket_path: str, timeout: float = 1.0) -> tuple[bool, str]
 # ---- what Slurm recorded -------------------------------------------------------------------
 
 def slurm_job(job_id: str, cluster: str | None = None) -> dict[str, str] | None:
-    """``scontrol -o show job`` for one job (its first line for an array), or None."""
+    """``scontrol -o show job`` for one job (its first line for an array), or None where Slurm
+    does not know it; UserError where Slurm did not answer (no controller, no config)."""
     args = ["scontrol", "-o", "show", "job", job_id]
     if cluster:
         args[1:1] = ["-M", cluster]
     result = cmd.run(args)
+    if result.returncode != 0 and "Invalid job id" not in result.stderr:
+        said = (result.stderr.strip().splitlines() or [f"exit status {result.returncode}"])[0]
+        raise UserError(f"Slurm did not answer about job {job_id}: {said[:300]}")
     if result.returncode != 0 or not result.stdout.strip():
         return None
     return parse_scontrol_line(result.stdout.splitlines()[0])

@@ -270,4 +270,24 @@ def test_explain_asks_the_daemon_for_an_array_task_by_its_own_id(monkeypatch):
     assert "73 (class 1)" in explain.format_report(report)
 
 
+@pytest.mark.parametrize("stderr, message", [
+    ("slurm_load_jobs error: Invalid job id specified", "job 123 is unknown to Slurm"),
+    ("slurm_load_jobs error: Unable to contact slurm controller (connect failure)",
+     "Slurm did not answer about job 123: slurm_load_jobs error: Unable to contact slurm "
+     "controller (connect failure)"),
+])
+def test_explain_tells_an_unknown_job_from_a_slurm_that_does_not_answer(
+        tmp_path, monkeypatch, stderr, message):
+    from slurm_gpushare.core.errors import UserError
+    from slurm_gpushare.user import explain
+
+    scontrol = tmp_path / "scontrol"
+    scontrol.write_text(f"#!/bin/sh\necho '{stderr}' >&2\nexit 1\n")
+    scontrol.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    with pytest.raises(UserError) as error:
+        explain.explain_job("123", socket_path=str(tmp_path / "none.sock"))
+    assert message in str(error.value)
+
+
 # ---- on the real test cluster -------------------------------------------------------------------------

@@ -209,7 +209,7 @@ def explain_job(job_id: str, socket_path: str | None = None) -> dict[str, Any]:
         raise UserError(f"job {job_id}: only its owner and admins may see its decision")
     admin_comment = None
     if reply.get("ok"):
-        daemon_job = reply.get("job") or {}
+        daemon_job = reply.get("job") if isinstance(reply.get("job"), dict) else {}
         admin_comment = daemon_job.get("admin_comment")
         if isinstance(reply.get("record"), dict):
             report["decision"] = decision_from_record(reply["record"])

@@ -270,6 +270,18 @@ def test_explain_asks_the_daemon_for_an_array_task_by_its_own_id(monkeypatch):
     assert "73 (class 1)" in explain.format_report(report)
 
 
+def test_explain_reads_a_daemon_reply_of_the_wrong_shape_as_no_record(monkeypatch):
+    from slurm_gpushare.user import explain
+
+    monkeypatch.setattr(explain, "slurm_job", lambda job_id: {
+        "JobId": "7", "JobState": "PENDING",
+        "AdminComment": "gpushare:v1:keep:id=ab12:why=idle-gpu"})
+    monkeypatch.setattr(explain, "job_outcome", lambda job_id: None)
+    monkeypatch.setattr(explain, "query", lambda *a, **k: {"ok": True, "job": 5, "record": []})
+    report = explain.explain_job("7", socket_path="/nonexistent")
+    assert report["source"] == "admin_comment" and report["decision"]["code"] == "idle-gpu"
+
+
 @pytest.mark.parametrize("stderr, message", [
     ("slurm_load_jobs error: Invalid job id specified", "job 123 is unknown to Slurm"),
     ("slurm_load_jobs error: Unable to contact slurm controller (connect failure)",

@@ -7,15 +7,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import gc
 import io
 import json
+import os
 import re
+import sqlite3
 import sys
+import tempfile
 import time
 from datetime import datetime
 from pathlib import Path
+from typing import Iterator, TextIO
 
 import click
 from rich.console import Console
@@ -29,20 +34,29 @@ _RELATIVE = re.compile(r"^(?:now)?-(\d+(?:\.\d+)?)([smhdw])$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
-def parse_when(text: str, now: float) -> float:
-    """``now``, ``-7d`` / ``now-12h``, epoch seconds, or an ISO date/time (local time)."""
+def parse_when(text: str, now: float, option: str | None = None) -> float:
+    """``now``, ``-7d`` / ``now-12h``, epoch seconds, or an ISO date/time (local time).
+    ``option``: the option it came from, named in the error."""
     text = text.strip()
     if text == "now":
         return now
-    relative = _RELATIVE.match(text)
-    if relative:
-        return now - float(relative.group(1)) * _UNIT_S[relative.group(2)]
-    if re.fullmatch(r"\d{9,}(\.\d+)?", text):
-        return float(text)
+    relative, moment = _RELATIVE.match(text), None
+    if not relative and not re.fullmatch(r"\d{9,}(\.\d+)?", text):
+        try:
+            moment = datetime.fromisoformat(text)
+        except ValueError:
+            raise click.BadParameter(f"{text!r}: use now, -7d, -12h, an ISO date or epoch "
+                                     "seconds", param_hint=option) from None
     try:
-        return datetime.fromisoformat(text).timestamp()
-    except ValueError:
-        raise click.BadParameter(f"{text!r}: use now, -7d, -12h, an ISO date or epoch seconds")
+        if relative:
+            when = now - float(relative.group(1)) * _UNIT_S[relative.group(2)]
+        else:
+            when = float(text) if moment is None else moment.timestamp()
+        datetime.fromtimestamp(when)  # sacct's window and every format show it as a date
+    except (ValueError, OverflowError, OSError):
+        raise click.BadParameter(f"{text!r} is out of range (years 1 to 9999)",
+                                 param_hint=option) from None
+    return when
 
 
 def _hours(value) -> str:
@@ -187,6 +201,47 @@ def write_json(report: dict, out) -> None:
     out.write("}\n")
 
 
+def write_report(report: dict, fmt: str, out, terminal: bool) -> None:
+    """The report in ``fmt`` on the text stream ``out`` (``terminal``: standard output, where
+    the table may have colours)."""
+    if fmt == "table":
+        render_table(report, Console(file=out, width=160,
+                                     force_terminal=None if terminal else False))
+    elif fmt == "json":
+        write_json(report, out)
+    elif fmt == "csv":
+        out.write(render_csv(report))
+    else:
+        from slurm_gpushare.reports.html import render_html
+        out.write(render_html(report))
+
+
+@contextlib.contextmanager
+def replacing(path: str) -> Iterator[TextIO]:
+    """A text file that takes ``path``'s place only once it is complete (temporary file in the
+    same directory, renamed over it): a report that fails half-way leaves the old file as it
+    was. The mode is the old file's, or what ``open`` would give a new one."""
+    path = os.path.realpath(path)  # through a symlink to its target, as open() writes
+    try:
+        mode = os.stat(path).st_mode & 0o7777
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        mode = 0o666 & ~umask
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path),
+                               prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, mode)
+        with open(fd, "w") as handle:
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 def store_path_from_config(config_path: str | None) -> tuple[str | None, str]:
     """The daemon's store named by the config (``daemon.state_dir``/store.sqlite), and a note
     when there is none to read."""
@@ -235,8 +290,8 @@ def report_command(since, until, by, fmt, output, anonymise, sacct_file, sacct_j
                    store_path, state_dir, progress, config_path) -> None:
     """Report what GPU sharing saved (packing saving, slowdowns, GPU-hours) and cost."""
     now = time.time()
-    stop = parse_when(until, now)
-    start = parse_when(since, now) if since else stop - DEFAULT_WINDOW_S
+    stop = parse_when(until, now, "--until")
+    start = parse_when(since, now, "--since") if since else stop - DEFAULT_WINDOW_S
     if start >= stop:
         raise click.ClickException("--since must be before --until")
     store, missing_store = None, ""
@@ -248,7 +303,9 @@ def report_command(since, until, by, fmt, output, anonymise, sacct_file, sacct_j
         from slurm_gpushare.daemon.store import Store, StoreError
         try:
             store = Store(store_path, readonly=True)
-        except (StoreError, OSError) as exc:
+        except StoreError as exc:  # "<path>: why"
+            raise click.ClickException(f"cannot open the store {exc}")
+        except (OSError, sqlite3.Error) as exc:
             raise click.ClickException(f"cannot open the store {store_path}: {exc}")
     try:
         ingested = ingest(start, stop, sacct_file=sacct_file, state_dir=state_dir,
@@ -257,6 +314,8 @@ def report_command(since, until, by, fmt, output, anonymise, sacct_file, sacct_j
                               anonymise=anonymise, source=ingested.source, lazy_rows=True)
     except (AccountingError, ValueError) as exc:
         raise click.ClickException(str(exc))
+    except sqlite3.Error as exc:
+        raise click.ClickException(f"cannot read the store {store_path}: {exc}")
     finally:
         if store is not None:
             store.close()
@@ -266,31 +325,15 @@ def report_command(since, until, by, fmt, output, anonymise, sacct_file, sacct_j
     gc.freeze()
     if missing_store:
         report["notes"].insert(0, missing_store)
-    if fmt == "table":
-        console = Console(file=open(output, "w") if output else None, width=160,
-                          force_terminal=False if output else None)
-        render_table(report, console)
-        if output:
-            console.file.close()
+    if not output:
+        write_report(report, fmt, sys.stdout, terminal=True)
         return
-    if fmt == "json":
-        if output:
-            with open(output, "w") as handle:
-                write_json(report, handle)
-            click.echo(f"wrote {output}", err=True)
-        else:
-            write_json(report, sys.stdout)
-        return
-    if fmt == "csv":
-        text = render_csv(report)
-    else:
-        from slurm_gpushare.reports.html import render_html
-        text = render_html(report)
-    if output:
-        Path(output).write_text(text)
-        click.echo(f"wrote {output}", err=True)
-    else:
-        click.echo(text, nl=False)
+    try:
+        with replacing(output) as handle:
+            write_report(report, fmt, handle, terminal=False)
+    except OSError as exc:
+        raise click.ClickException(f"cannot write {output}: {exc.strerror or exc}")
+    click.echo(f"wrote {output}", err=True)
 
 
 commands = [report_command]

@@ -419,7 +419,8 @@ def _psv_jobs(rows: Iterable[tuple[int, str]], header: list[str]) -> list[JobRec
     """Job lines become records, step lines (``123.batch``) join their job's ``steps`` in the
     order read; refuses a line that was cut short or is not sacct's (a report from it would be
     wrong). A job id seen more than once (a requeued job under ``sacct -D``) is one job: its
-    latest run, holding the earlier ones in ``earlier_runs`` and every step line of the id."""
+    latest run, holding the earlier ones in ``earlier_runs`` and every step line of the id.
+    A line read twice (overlapping exports put together) counts once: the later one."""
     width = len(header)
     column = {name: i for i, name in enumerate(header)}
 
@@ -461,10 +462,9 @@ def _psv_jobs(rows: Iterable[tuple[int, str]], header: list[str]) -> list[JobRec
             step = step_of[step_id, fields[i_state], fields[i_exit], fields[i_elapsed],
                            parse_gpu_usage(fields[i_usage])]
             held = held_run(parent)
-            if held is None:
-                orphans.setdefault(parent, []).append(step)
-            else:
-                held.steps.append(step)
+            steps = orphans.setdefault(parent, []) if held is None else held.steps
+            if step not in steps:  # the same step line read twice (overlapping exports)
+                steps.append(step)
             continue
         if "[" in job_id:
             continue  # array tasks not yet started ("123_[4-9]"): not jobs until they run
@@ -487,7 +487,8 @@ def _psv_jobs(rows: Iterable[tuple[int, str]], header: list[str]) -> list[JobRec
             jobs[job_id].steps = steps
     for parent, steps in orphans.items():
         if parent in jobs:  # a step without its job line (cut-off output) is dropped
-            jobs[parent].steps[:0] = steps
+            held_steps = jobs[parent].steps
+            held_steps[:0] = [step for step in steps if step not in held_steps]
     return list(jobs.values())
 
 
@@ -496,12 +497,21 @@ def _run_order(job: JobRecord) -> tuple[float, float]:
             job.submit if job.submit is not None else float("inf"))
 
 
+def _same_run(a: JobRecord, b: JobRecord) -> bool:
+    """Two lines of one run of a job: the same submit time (a requeue gives the job a new one)
+    and no two different start times (a later export may show a pending run started)."""
+    return a.submit == b.submit and (a.start == b.start or a.start is None or b.start is None)
+
+
 def _add_run(jobs: dict[str, JobRecord], record: JobRecord) -> None:
     held = jobs.get(record.job_id)
     if held is None:
         jobs[record.job_id] = record
         return
-    runs = sorted(held.earlier_runs + [held, record], key=_run_order)
+    # A run read twice (overlapping exports put together) is one run: its later line, from
+    # the newer export, replaces the earlier.
+    runs = [run for run in held.earlier_runs + [held] if not _same_run(run, record)]
+    runs = sorted(runs + [record], key=_run_order)
     latest = runs[-1]
     for run in runs:
         run.earlier_runs = []
@@ -882,7 +892,9 @@ def ingest(since: float, until: float, *, sacct_file: str | os.PathLike | None =
     """
     if sacct_file is not None:
         try:
-            with open(sacct_file) as handle:  # -P is read as a stream; --json needs it whole
+            # -P is read as a stream, --json whole; utf-8-sig: a byte-order mark an editor or
+            # spreadsheet wrote is not part of the header line.
+            with open(sacct_file, encoding="utf-8-sig") as handle:
                 head = handle.readline()
                 if head.lstrip().startswith("{"):
                     jobs = parse_json(head + handle.read(), progress=progress)
@@ -890,6 +902,9 @@ def ingest(since: float, until: float, *, sacct_file: str | os.PathLike | None =
                     jobs = parse_psv(itertools.chain([head], handle), progress=progress)
         except OSError as exc:
             raise AccountingError(f"cannot read {sacct_file}: {exc.strerror}") from None
+        except UnicodeDecodeError:
+            raise AccountingError(f"cannot read {sacct_file}: not UTF-8 text (sacct writes "
+                                  "UTF-8)") from None
         source = f"file {sacct_file}"
         new = len(jobs)
     elif state_dir is not None:

@@ -7,25 +7,22 @@
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import gc
 import io
 import json
-import os
 import re
 import sqlite3
 import sys
-import tempfile
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Iterator, TextIO
 
 import click
 from rich.console import Console
 from rich.table import Table
 
+from slurm_gpushare.core.files import replacing
 from slurm_gpushare.slurm.accounting import AccountingError, ingest
 from slurm_gpushare.reports.savings import GROUP_BY, JobRows, build_report
 
@@ -216,32 +213,6 @@ def write_report(report: dict, fmt: str, out, terminal: bool) -> None:
         out.write(render_html(report))
 
 
-@contextlib.contextmanager
-def replacing(path: str) -> Iterator[TextIO]:
-    """A text file that takes ``path``'s place only once it is complete (temporary file in the
-    same directory, renamed over it): a report that fails half-way leaves the old file as it
-    was. The mode is the old file's, or what ``open`` would give a new one."""
-    path = os.path.realpath(path)  # through a symlink to its target, as open() writes
-    try:
-        mode = os.stat(path).st_mode & 0o7777
-    except FileNotFoundError:
-        umask = os.umask(0)
-        os.umask(umask)
-        mode = 0o666 & ~umask
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path),
-                               prefix=f".{os.path.basename(path)}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, mode)
-        with open(fd, "w") as handle:
-            yield handle
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def store_path_from_config(config_path: str | None) -> tuple[str | None, str]:
     """The daemon's store named by the config (``daemon.state_dir``/store.sqlite), and a note
     when there is none to read."""
@@ -329,7 +300,7 @@ def report_command(since, until, by, fmt, output, anonymise, sacct_file, sacct_j
         write_report(report, fmt, sys.stdout, terminal=True)
         return
     try:
-        with replacing(output) as handle:
+        with replacing(output) as handle:  # the old file stays until the report is whole
             write_report(report, fmt, handle, terminal=False)
     except OSError as exc:
         raise click.ClickException(f"cannot write {output}: {exc.strerror or exc}")

@@ -11,9 +11,12 @@ Used for models (classes, knowledge base, memory predictor) that the daemon and
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 from filelock import FileLock
 
@@ -24,22 +27,41 @@ def lock_for(path: str | os.PathLike) -> FileLock:
     return FileLock(str(path) + ".lock", timeout=LOCK_TIMEOUT_S)
 
 
-def replace_atomically(path: str | os.PathLike, data: bytes, mode: int = 0o600) -> None:
-    """Write ``data`` to ``path`` by temp file + fsync + rename (the caller holds the lock
-    where several writers may race). The file is born with ``mode``: never briefly wider."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+@contextlib.contextmanager
+def replacing(path: str | os.PathLike, *, mode: int | None = None,
+              binary: bool = False) -> Iterator[IO]:
+    """A file that takes ``path``'s place only once it is complete: a temporary file in the
+    same directory, fsynced and renamed over it (the caller holds the lock where several
+    writers may race). A failure half-way leaves the old file as it was. Born with ``mode``
+    (never briefly wider); None: the old file's, or what ``open`` gives a new one. A symlink
+    is written through to its target, as ``open`` writes."""
+    path = os.path.realpath(path)
+    if mode is None:
+        try:
+            mode = os.stat(path).st_mode & 0o7777
+        except FileNotFoundError:
+            umask = os.umask(0)
+            os.umask(umask)
+            mode = 0o666 & ~umask
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path),
+                               prefix=f".{os.path.basename(path)}.", suffix=".tmp")
     try:
         os.fchmod(fd, mode)
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
+        with open(fd, "wb" if binary else "w") as handle:
+            yield handle
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def replace_atomically(path: str | os.PathLike, data: bytes, mode: int = 0o600) -> None:
+    """Write ``data`` to ``path`` (its directory made if need be) with ``replacing``."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with replacing(path, mode=mode, binary=True) as handle:
+        handle.write(data)
 
 
 def _stat(pid: int) -> list[bytes] | None:

@@ -7,10 +7,13 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from slurm_gpushare.admin.configcheck import gres_tokens
-from slurm_gpushare.core.hostlist import compress_hostlist
+from slurm_gpushare.core.hostlist import HostlistError, compress_hostlist, expand_hostlist
 from slurm_gpushare.slurm import cmd
 from slurm_gpushare.core.config import Config, shards_per_gpu
 from slurm_gpushare.core.errors import UserError
+
+# GPUs one node can hold: the NVIDIA driver's NV_MAX_DEVICES (nvlimits.h), /dev/nvidia0-31.
+MAX_GPUS_PER_NODE = 32
 
 
 @dataclass(frozen=True)
@@ -41,17 +44,29 @@ def sinfo_gpu_nodes() -> list[GpuNode]:
     return list(nodes.values())
 
 
-def parse_node_spec(spec: str) -> GpuNode:
+def parse_node_spec(spec: str) -> list[GpuNode]:
+    """``NAME:TYPE:COUNT`` (NAME may be a hostlist) -> one GpuNode per node."""
     match = re.fullmatch(r"([^:\s]+):([A-Za-z0-9_.\-]+):(\d+)", spec)
     if not match or int(match.group(3)) < 1:
         raise UserError(f"--node {spec!r}: expected NAME:TYPE:COUNT, e.g. gpu01:a100:4")
-    return GpuNode(match.group(1), match.group(2), int(match.group(3)))
+    try:
+        names = expand_hostlist(match.group(1))
+    except HostlistError as exc:
+        raise UserError(f"--node {spec!r}: {exc}") from None
+    return [GpuNode(name, match.group(2), int(match.group(3))) for name in names]
 
 
 def generate_fragments(nodes: Sequence[GpuNode], config: Config) -> tuple[str, str]:
     """(slurm.conf fragment, gres.conf fragment) for these GPU nodes."""
     groups: dict[tuple[str, int, tuple[str, ...]], list[str]] = {}
+    seen: set[str] = set()
     for node in nodes:
+        if node.name in seen:
+            raise UserError(f"node {node.name} is given twice: give each node once")
+        seen.add(node.name)
+        if node.gpus > MAX_GPUS_PER_NODE:
+            raise UserError(f"node {node.name}: {node.gpus} GPUs, more than a node can hold "
+                            f"(the NVIDIA driver's limit is {MAX_GPUS_PER_NODE})")
         spec = config.gpu_type(node.gpu_type)
         if spec is None:
             raise UserError(

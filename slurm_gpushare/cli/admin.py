@@ -9,10 +9,8 @@ from pathlib import Path
 import click
 
 from slurm_gpushare.admin.configcheck import ProblemsFound, check_config, format_findings
-from slurm_gpushare.admin.genconfig import (GpuNode, generate_fragments, parse_node_spec,
-                                            sinfo_gpu_nodes)
+from slurm_gpushare.admin.genconfig import generate_fragments, parse_node_spec, sinfo_gpu_nodes
 from slurm_gpushare.core.config import ConfigError, load_config
-from slurm_gpushare.core.hostlist import expand_hostlist
 
 
 @click.command("check-config")
@@ -61,10 +59,7 @@ def gen_config_command(nodes_from_sinfo, node_specs, config_path, output_dir) ->
         if not nodes:
             raise click.ClickException("sinfo lists no node with gres gpu")
     else:
-        nodes = []
-        for spec in node_specs:
-            node = parse_node_spec(spec)
-            nodes += [GpuNode(name, node.gpu_type, node.gpus) for name in expand_hostlist(node.name)]
+        nodes = [node for spec in node_specs for node in parse_node_spec(spec)]
     slurm, gres = generate_fragments(nodes, config)
     if output_dir:
         Path(output_dir).mkdir(parents=True, exist_ok=True)

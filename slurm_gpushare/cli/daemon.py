@@ -8,6 +8,7 @@ import time
 
 import click
 
+from slurm_gpushare.cli._params import FiniteFloatRange
 from slurm_gpushare.core.config import ConfigError, load_config
 from slurm_gpushare.core.files import replace_atomically
 from slurm_gpushare.daemon.protocol import request
@@ -83,7 +84,7 @@ def hook_config_command(config_path: str | None, output: str) -> None:
 @click.option("--config", "config_path", type=click.Path(dir_okay=False))
 @click.option("--since", default="-1d", show_default=True,
               help="Jobs that ended since: now, -12h, -1d, an ISO date or epoch seconds.")
-@click.option("--min-age", "min_age_s", type=float, default=None,
+@click.option("--min-age", "min_age_s", type=FiniteFloatRange(min=0), default=None,
               help="Seconds a job must have ended ago, leaving its agent time to deliver "
                    "(default 900).")
 @click.option("--sacct-file", type=click.Path(exists=True, dir_okay=False),
@@ -99,8 +100,11 @@ def import_usage_command(config_path, since, min_age_s, sacct_file, dry_run) -> 
 
     config = load_config(config_path)
     now = time.time()
+    start = parse_when(since, now, "--since")
+    if start > now:
+        raise click.BadParameter(f"{since!r} is in the future", param_hint="'--since'")
     try:
-        jobs = ingest(parse_when(since, now), now, sacct_file=sacct_file, progress=False).jobs
+        jobs = ingest(start, now, sacct_file=sacct_file, progress=False).jobs
     except AccountingError as exc:
         raise click.ClickException(str(exc)) from None
     summaries = summaries_from_accounting(

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import click
 
+from slurm_gpushare.cli._params import FiniteFloatRange
+
 from slurm_gpushare.sim.cluster import ClusterSpecError, load_cluster
 from slurm_gpushare.sim.engine import EngineOptions
 from slurm_gpushare.sim.run import default_data_dir, expand_policies, load_workload, run_policies
@@ -25,11 +27,14 @@ from slurm_gpushare.sim.workload import WorkloadOptions, build_workload
                    "(default: the one the config names, if any).")
 @click.option("--policy", "policies", multiple=True, default=("all",), show_default=True,
               help="all, or policy names (repeat or comma-separate).")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of every random draw.")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Seed of every random draw.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Write summary.csv/json, relative.csv, jobs.csv.gz and PNG plots here.")
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the first N jobs.")
-@click.option("--load", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,
+# 0.001 already spreads Philly's 109 days over 300 years; far below, arrivals (submit / load)
+# overflow to infinity and no job runs.
+@click.option("--load", type=FiniteFloatRange(min=0.001), default=1.0, show_default=True,
               help="Arrival-rate factor (2 = jobs arrive twice as fast).")
 @click.option("--interference", type=click.Choice(["gavel", "alnair"]), default="gavel",
               show_default=True, help="Ground truth for co-run speeds.")
@@ -42,7 +47,7 @@ from slurm_gpushare.sim.workload import WorkloadOptions, build_workload
               "sharing policy rounds its shares up to whole shards.")
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Public data sets (default: $GPUSHARE_DATA or ../shared/data).")
-@click.option("--gpu-time-budget", "gpu_time_budget", type=click.FloatRange(min=0), default=0.0,
+@click.option("--gpu-time-budget", "gpu_time_budget", type=FiniteFloatRange(0, 100), default=0.0,
               show_default=True, help="The gpushare policy's [policy] gpu_time_budget_pct "
               "(0: shares sized by memory only).")
 @click.option("--no-plots", is_flag=True, help="Skip the PNG plots.")
@@ -60,13 +65,12 @@ def simulate(trace, cluster_spec, store_path, policies, seed, out_dir, limit, lo
         names = expand_policies(policies)
         if cluster_spec is None and not site:
             raise click.UsageError("--cluster is required (except for sacct:FILE traces)")
+        if site:  # the site's own history (with its jobs' own telemetry), read before scontrol
+            frame = load_sacct(trace[len("sacct:"):], store=_open_store(store_path))
         cluster = load_cluster(cluster_spec) if cluster_spec else site_cluster()
         options = WorkloadOptions(seed=seed, load=load, limit=limit)
-        if site:  # the site's own history, with its jobs' own telemetry where there is some
-            frame = load_sacct(trace[len("sacct:"):], store=_open_store(store_path))
-            work = build_workload(frame, cluster, data_dir, options, name=trace)
-        else:
-            work = load_workload(trace, cluster, data_dir, options)
+        work = (build_workload(frame, cluster, data_dir, options, name=trace) if site
+                else load_workload(trace, cluster, data_dir, options))
     except (ValueError, TraceError, ClusterSpecError, FileNotFoundError) as exc:
         raise click.ClickException(str(exc)) from None
     if not len(work):

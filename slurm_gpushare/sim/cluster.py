@@ -32,6 +32,9 @@ import numpy as np
 
 SPEED_PROFILES = ("k80", "p100", "v100")
 MEMORY_PROFILES = ("K80", "RTX2070S", "V100", "RTX3070", "RTX3090")
+# 2^20: several times the largest GPU clusters (~10^5 GPUs); a typo such as
+# count = 99999999999 is an error, not hours spent listing nodes.
+MAX_GPUS = 1 << 20
 
 
 class ClusterSpecError(ValueError):
@@ -102,20 +105,39 @@ class Cluster:
         return f"{self.name}: " + ", ".join(parts)
 
 
+def _integer(value, key: str, minimum: int) -> int:
+    # TOML booleans are Python ints: ``gpus = true`` must not read as 1.
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ClusterSpecError(f"{key} must be an integer >= {minimum}, not {value!r}")
+    return value
+
+
+def _string(value, key: str) -> str:
+    if not isinstance(value, str):
+        raise ClusterSpecError(f"{key} must be a string, not {value!r}")
+    return value
+
+
 def parse_cluster(raw: dict, name: str = "") -> Cluster:
     known = {"name", "description", "partition", "reference_gpu", "max_jobs_per_gpu",
              "gpu_types", "nodes"}
     unknown = set(raw) - known
     if unknown:
         raise ClusterSpecError(f"unknown key(s): {', '.join(sorted(unknown))}")
+    for key in ("name", "description", "partition", "reference_gpu"):
+        if key in raw:
+            _string(raw[key], key)
+    gpu_types = raw.get("gpu_types", {})
+    if not isinstance(gpu_types, dict):
+        raise ClusterSpecError("gpu_types must be [gpu_types.NAME] tables")
     types = []
-    for tname, spec in raw.get("gpu_types", {}).items():
+    for tname, spec in gpu_types.items():
+        if not isinstance(spec, dict):
+            raise ClusterSpecError(f"[gpu_types.{tname}] must be a table")
         extra = set(spec) - {"memory_gib", "speed_profile", "memory_profile", "model"}
         if extra:
             raise ClusterSpecError(f"unknown key(s) in [gpu_types.{tname}]: {', '.join(sorted(extra))}")
-        memory = spec.get("memory_gib")
-        if not isinstance(memory, int) or memory <= 0:
-            raise ClusterSpecError(f"[gpu_types.{tname}] memory_gib must be a positive integer")
+        memory = _integer(spec.get("memory_gib"), f"[gpu_types.{tname}] memory_gib", 1)
         speed = spec.get("speed_profile", tname)
         if speed not in SPEED_PROFILES:
             raise ClusterSpecError(f"[gpu_types.{tname}] speed_profile must be one of "
@@ -124,28 +146,35 @@ def parse_cluster(raw: dict, name: str = "") -> Cluster:
         if mem_profile not in MEMORY_PROFILES:
             raise ClusterSpecError(f"[gpu_types.{tname}] memory_profile must be one of "
                                    f"{', '.join(MEMORY_PROFILES)}")
-        types.append(GpuTypeSpec(tname, memory, speed, mem_profile, spec.get("model", "")))
+        model = _string(spec.get("model", ""), f"[gpu_types.{tname}] model")
+        types.append(GpuTypeSpec(tname, memory, speed, mem_profile, model))
     if not types:
         raise ClusterSpecError("no [gpu_types]")
     type_ids = {t.name: i for i, t in enumerate(types)}
     groups = raw.get("nodes", [])
+    if not isinstance(groups, list) or not all(isinstance(g, dict) for g in groups):
+        raise ClusterSpecError("nodes must be an array of tables: write [[nodes]], not [nodes]")
     if not groups:
         raise ClusterSpecError("no [[nodes]]")
-    listed = []
+    listed, total = [], 0
     for k, group in enumerate(groups):
+        where = f"[[nodes]] #{k + 1}"
         extra = set(group) - {"prefix", "count", "gpus", "type", "weight"}
         if extra:
-            raise ClusterSpecError(f"unknown key(s) in [[nodes]] #{k + 1}: {', '.join(sorted(extra))}")
-        if group.get("type") not in type_ids:
-            raise ClusterSpecError(f"[[nodes]] #{k + 1}: type must be one of {', '.join(type_ids)}")
-        count, gpus = group.get("count", 1), group.get("gpus", 1)
-        if not (isinstance(count, int) and count > 0 and isinstance(gpus, int) and gpus > 0):
-            raise ClusterSpecError(f"[[nodes]] #{k + 1}: count and gpus must be positive integers")
-        prefix = group.get("prefix", group["type"])
+            raise ClusterSpecError(f"unknown key(s) in {where}: {', '.join(sorted(extra))}")
+        gpu_type = group.get("type")
+        if not isinstance(gpu_type, str) or gpu_type not in type_ids:
+            raise ClusterSpecError(f"{where}: type must be one of {', '.join(type_ids)}")
+        count = _integer(group.get("count", 1), f"{where}: count", 1)
+        gpus = _integer(group.get("gpus", 1), f"{where}: gpus", 1)
+        weight = _integer(group.get("weight", 1), f"{where}: weight", 0)  # Slurm's node Weight
+        prefix = _string(group.get("prefix", gpu_type), f"{where}: prefix")
+        total += count * gpus
+        if total > MAX_GPUS:
+            raise ClusterSpecError(f"{where}: count x gpus takes the cluster past {MAX_GPUS} GPUs")
         for i in range(count):
-            listed.append((group.get("weight", 1), k, i,
-                           NodeSpec(f"{prefix}{i + 1}", type_ids[group["type"]], gpus,
-                                    group.get("weight", 1))))
+            listed.append((weight, k, i,
+                           NodeSpec(f"{prefix}{i + 1}", type_ids[gpu_type], gpus, weight)))
     names = [n.name for *_, n in listed]
     if len(set(names)) != len(names):
         raise ClusterSpecError("node names are not unique (give each [[nodes]] its own prefix)")
@@ -153,9 +182,7 @@ def parse_cluster(raw: dict, name: str = "") -> Cluster:
     reference = raw.get("reference_gpu", types[0].name)
     if reference not in type_ids:
         raise ClusterSpecError(f"reference_gpu {reference!r} is not a configured type")
-    cap = raw.get("max_jobs_per_gpu", 2)
-    if not isinstance(cap, int) or cap < 1:
-        raise ClusterSpecError("max_jobs_per_gpu must be a positive integer")
+    cap = _integer(raw.get("max_jobs_per_gpu", 2), "max_jobs_per_gpu", 1)
     return Cluster(name=raw.get("name", name), types=tuple(types), nodes=nodes,
                    partition=raw.get("partition", "gpu"), reference_gpu=reference,
                    max_jobs_per_gpu=cap, description=raw.get("description", ""))
@@ -176,9 +203,11 @@ def load_cluster(spec: str) -> Cluster:
                                    f"{', '.join(builtin_specs())})")
         text, name = builtin.read_text(), spec
     else:
-        text, name = path.read_text(), path.stem
+        try:
+            text, name = path.read_text(), path.stem
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ClusterSpecError(f"{spec}: cannot read it ({exc})") from None
     try:
-        raw = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
+        return parse_cluster(tomllib.loads(text), name)
+    except (tomllib.TOMLDecodeError, ClusterSpecError) as exc:
         raise ClusterSpecError(f"{spec}: {exc}") from None
-    return parse_cluster(raw, name)

@@ -84,4 +84,6 @@ def expand_policies(names: tuple[str, ...] | list[str]) -> list[str]:
                     raise ValueError(f"unknown policy {part!r} (all or {', '.join(POLICY_NAMES)})")
                 if part not in out:
                     out.append(part)
+    if not out:
+        raise ValueError(f"no policy given (all or {', '.join(POLICY_NAMES)})")
     return out

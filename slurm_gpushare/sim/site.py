@@ -66,9 +66,11 @@ def load_site(path: str | Path, store=None) -> pd.DataFrame:
 
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8-sig")  # as report reads it (a BOM is no header)
     except FileNotFoundError:
         raise SiteTraceError(f"sacct export not found: {path}") from None
+    except UnicodeDecodeError:
+        raise SiteTraceError(f"cannot read {path}: not UTF-8 text (sacct writes UTF-8)") from None
     except OSError as exc:
         raise SiteTraceError(f"cannot read {path}: {exc.strerror}") from None
     check_fields(text, str(path))

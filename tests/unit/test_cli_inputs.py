@@ -95,6 +95,18 @@ def test_simulate_reads_the_trace_before_asking_slurm(tmp_path, capsys, monkeypa
     fails(["simulate", "--trace", f"sacct:{missing}"], capsys, "not found", str(missing))
 
 
+def test_a_sacct_trace_is_read_as_report_reads_it(tmp_path, capsys):
+    from slurm_gpushare.sim.site import load_site
+
+    saved = tmp_path / "saved.psv"  # an editor's byte-order mark, as report accepts it
+    saved.write_bytes(b"\xef\xbb\xbf" + AWKWARD.read_bytes())
+    assert load_site(saved).equals(load_site(AWKWARD))
+    latin = tmp_path / "latin.psv"
+    latin.write_bytes(AWKWARD.read_bytes().replace(b"|", b"|\xff", 1))
+    fails(["simulate", "--trace", f"sacct:{latin}", "--cluster", "local", "--no-plots"], capsys,
+          "not UTF-8", str(latin))
+
+
 def cluster_file(tmp_path: Path, old: str, new: str) -> Path:
     text = LOCAL.read_text()
     assert old in text

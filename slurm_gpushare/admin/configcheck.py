@@ -302,6 +302,21 @@ class Checker:
             self.add("gpu-types", "error", "no [gpu_types] in the daemon config: nothing can be "
                      "shared", '[gpu_types.a100] memory_gib = 80   (one table per GPU type)',
                      self.config_path)
+        from slurm_gpushare.core.gpus import UnknownGpu, default_catalogue
+
+        catalogue = default_catalogue()
+        for gpu_type in self.config.gpu_types if self.config else ():
+            named = gpu_type.model or gpu_type.name
+            try:
+                catalogue.lookup(named, memory_gib=gpu_type.memory_gib)
+            except UnknownGpu:
+                self.add("gpu-types", "warning",
+                         f"GPU type {gpu_type.name}: {named!r} is no model of the GPU catalogue "
+                         f"(slurm_gpushare/data/gpus.csv): jobs are sized there from their "
+                         f"own runs on it only, and runs elsewhere do not carry over",
+                         f"if it is one of {', '.join(catalogue.models)}, set "
+                         f"[gpu_types.{gpu_type.name}] model = \"<that model>\"",
+                         self.config_path)
 
     def _sources(self) -> list[tuple[str, Callable[[str], str | None]]]:
         sources: list[tuple[str, Callable[[str], str | None]]] = [

@@ -1,7 +1,8 @@
 """GPU catalogue: the characteristics the predictors use, per GPU model.
 
-The facts live in ``data/gpus.csv`` (one cited source per row). A site can override or add
-models through the config (``Catalogue.with_overrides``). Names are looked up the way NVML and
+The facts live in ``data/gpus.csv`` (one cited source per row). A configured type whose model
+the catalogue lacks gets a stand-in that knows only its configured memory (``for_gpu_type``),
+and ``check-config`` warns. Names are looked up the way NVML and
 admins write them: ``"v100"``, ``"Tesla V100-SXM2-16GB"``, ``"NVIDIA A100 80GB PCIe"``; a family
 with several memory sizes (V100, A100) is resolved by the memory in the name or the one given.
 """
@@ -13,9 +14,9 @@ import functools
 import io
 import math
 import re
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass
 from importlib import resources
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable
 
 NUMERIC_FIELDS = ("cuda_cores", "tensor_cores", "sm_count", "memory_gib", "memory_bandwidth_gbs",
                   "memory_clock_mhz", "boost_clock_mhz", "ecc_reserved_fraction")
@@ -129,33 +130,33 @@ class Catalogue:
         return min(candidates, key=lambda s: abs(math.log(s.memory_gib / max(memory, 0.5))))
 
     def for_gpu_type(self, gpu_type) -> GpuSpec:
-        """The spec of a config ``GpuType`` (its ``model``, resolved with its memory)."""
-        return self.lookup(gpu_type.model or gpu_type.name, memory_gib=gpu_type.memory_gib)
+        """The spec of a config ``GpuType`` (its ``model``, resolved with its memory). For a
+        model the catalogue lacks (a GPU newer than it), a stand-in that knows only the
+        configured memory: the job's own runs there size its shares, and nothing carries over
+        to or from other types (the predictors look it up and find nothing)."""
+        try:
+            return self.lookup(gpu_type.model or gpu_type.name, memory_gib=gpu_type.memory_gib)
+        except UnknownGpu:
+            return GpuSpec(model=gpu_type.model or gpu_type.name, family="", architecture="",
+                           compute_capability="0", cuda_cores=0, tensor_cores=0, sm_count=0,
+                           memory_gib=float(gpu_type.memory_gib), memory_type="",
+                           memory_bandwidth_gbs=0.0, memory_clock_mhz=0.0, boost_clock_mhz=0.0,
+                           source="the site's configuration (not in the catalogue)")
 
-    def with_overrides(self, overrides: Mapping[str, Mapping[str, Any]]) -> "Catalogue":
-        """A copy with fields replaced (existing model) or models added (all fields given)."""
-        specs = dict(self._specs)
-        names = {f.name for f in fields(GpuSpec)}
-        for model, values in overrides.items():
-            unknown = set(values) - names
-            if unknown:
-                raise ValueError(f"unknown GPU field(s) for {model}: {', '.join(sorted(unknown))}")
-            values = {k: _coerce(k, v) for k, v in values.items()}
-            try:
-                base = self.lookup(model, values.get("memory_gib"))
-            except UnknownGpu:
-                base = None
-            if base is not None and base.model == model:
-                specs[model] = replace(base, **values)
-                continue
-            required = [f.name for f in fields(GpuSpec) if f.name not in
-                        ("model", "family", "ecc_reserved_fraction", "source")]
-            missing = [n for n in required if n not in values]
-            if missing:
-                raise ValueError(f"new GPU model {model} needs: {', '.join(missing)}")
-            values.setdefault("family", _normalise(model)[0])
-            specs[model] = GpuSpec(model=model, **values)
-        return Catalogue(specs.values())
+    def configured_type(self, name: str, gpu_types: Iterable) -> Any | None:
+        """The config ``GpuType`` an NVML or catalogue model name stands for: the one whose
+        spec it resolves to, or, for a GPU the catalogue lacks, the one whose name or model
+        reads the same (``NVIDIA B200`` is ``b200``); None if none."""
+        try:
+            model = self.lookup(name).model
+        except UnknownGpu:
+            model = None
+        for gpu_type in gpu_types:
+            if model is not None and self.for_gpu_type(gpu_type).model == model:
+                return gpu_type
+            if model is None and _normalise(name) == _normalise(gpu_type.model or gpu_type.name):
+                return gpu_type
+        return None
 
 
 def _coerce(name: str, value: Any) -> Any:

@@ -53,18 +53,8 @@ def config_type_of(gpu_model: str, config: Config) -> str | None:
     """The configured GPU type name of an NVML/catalogue model name, if any."""
     from slurm_gpushare.core.gpus import default_catalogue
 
-    catalogue = default_catalogue()
-    try:
-        model = catalogue.lookup(gpu_model).model
-    except KeyError:
-        return None
-    for gpu_type in config.gpu_types:
-        try:
-            if catalogue.for_gpu_type(gpu_type).model == model:
-                return gpu_type.name
-        except KeyError:
-            continue
-    return None
+    configured = default_catalogue().configured_type(gpu_model, config.gpu_types)
+    return configured.name if configured is not None else None
 
 
 def observed_runtimes(history: Sequence[Mapping[str, Any]]) -> dict[str, float]:

@@ -314,9 +314,15 @@ def estimate_memory(observed: Mapping[str, float | Sequence[float]], gpu_types: 
         if name in by_name:
             spec = catalogue.for_gpu_type(by_name[name])
             capacity = _capacity_mib(by_name[name], spec)
-        else:
+        elif name in catalogue:
             spec = catalogue.lookup(name)
             capacity = spec.usable_mib
+        else:  # a GPU newer than the catalogue: the configured type it stands for, if any
+            configured = catalogue.configured_type(name, gpu_types)
+            if configured is None:
+                continue  # a GPU neither the catalogue nor the configuration knows
+            spec = catalogue.for_gpu_type(configured)
+            capacity = _capacity_mib(configured, spec)
         if max(peaks) >= prealloc_fraction * capacity:
             why = (f"peak {max(peaks) / MIB_PER_GIB:.1f} GiB on {name} is "
                    f"{max(peaks) / capacity:.0%} of its memory: the framework pre-allocates")

@@ -222,3 +222,16 @@ def test_an_unreadable_max_age_is_named_not_read_as_never(tmp_path):
                                    sjf_nice_max=2000)
     assert finding.level == "warning" and "PriorityMaxAge=soon" in finding.message
     assert "never" not in finding.message
+
+
+def test_a_gpu_type_the_catalogue_lacks_is_a_warning_with_the_fix(tmp_path):
+    (tmp_path / "slurm.conf").write_text("ClusterName=c\n")
+    config = tmp_path / "gpushare.toml"
+    config.write_text('[gpu_types.b200]\nmemory_gib = 180\n'
+                      '[gpu_types.a100]\nmemory_gib = 80\nmodel = "A100-80GB"\n'
+                      '[gpu_types.v100]\nmemory_gib = 16\n')
+    checker = Checker(tmp_path / "slurm.conf", str(config), live=None)
+    checker.read_inputs()
+    found = [f for f in checker.findings if f.check == "gpu-types"]
+    assert [f.level for f in found] == ["warning"] and "'b200'" in found[0].message
+    assert 'model = "<that model>"' in found[0].fix

@@ -67,19 +67,3 @@ def test_config_gpu_types_of_the_test_cluster_resolve():
     assert cat.for_gpu_type(GpuType("v100", 16, model="V100-16GB")).model == "V100-16GB"
     assert cat.for_gpu_type(GpuType("a100", 80, model="A100-80GB")).model == "A100-80GB"
     assert cat.for_gpu_type(GpuType("a100", 40)).model == "A100-40GB"
-
-
-def test_overrides_replace_fields_and_add_models():
-    cat = default_catalogue().with_overrides({
-        "T4": {"memory_bandwidth_gbs": 300},
-        "MI-X": {"architecture": "X", "compute_capability": "9.0", "cuda_cores": 1024,
-                 "tensor_cores": 8, "sm_count": 8, "memory_gib": 8, "memory_type": "HBM3",
-                 "memory_bandwidth_gbs": 100, "memory_clock_mhz": 1000, "boost_clock_mhz": 1000},
-    })
-    assert cat.lookup("T4").memory_bandwidth_gbs == 300
-    assert default_catalogue().lookup("T4").memory_bandwidth_gbs == 320  # original untouched
-    assert cat.lookup("MI-X").memory_gib == 8
-    with pytest.raises(ValueError, match="needs"):
-        default_catalogue().with_overrides({"NEW": {"cuda_cores": 1}})
-    with pytest.raises(ValueError, match="unknown GPU field"):
-        default_catalogue().with_overrides({"T4": {"colour": "green"}})

@@ -229,3 +229,28 @@ def test_cli_predict_bad_input(capsys, argv, message):
     assert main(["memory", "predict", *argv]) != 0
     err = capsys.readouterr().err.strip()
     assert message in err and "\n" not in err
+
+
+def test_a_gpu_the_catalogue_lacks_is_sized_from_its_own_runs_and_nothing_breaks():
+    # A site with a GPU newer than the catalogue (configured as [gpu_types.b200]): a job's runs
+    # on it (NVML calls it "NVIDIA B200") size its share there; no transfer to or from other
+    # types is predicted for it, and the other types still are.
+    from slurm_gpushare.predict.history import config_type_of
+    from slurm_gpushare.core.config import parse_config
+
+    types = [GpuType("b200", 180), GpuType("a100", 80, model="A100-80GB")]
+    verdict = estimate_memory({"NVIDIA B200": [20000.0]}, types, default_predictor())
+    assert verdict.known and verdict.per_type["b200"].fits
+    assert verdict.per_type["b200"].predicted_mib == 20000.0
+    assert not verdict.per_type["a100"].fits  # nothing known to carry its runs over
+    both = estimate_memory({"NVIDIA B200": [20000.0], "NVIDIA A100-SXM4-80GB": [9000.0]},
+                           types, default_predictor())
+    assert both.per_type["a100"].fits and both.per_type["b200"].fits
+    # A run on a GPU neither the catalogue nor the configuration knows says nothing.
+    none = estimate_memory({"NVIDIA X999": [5000.0]}, types, default_predictor())
+    assert not none.known
+    # A hint sizes the share on every type, the new one included.
+    hinted = estimate_memory({}, types, default_predictor(), hint_mib=10000)
+    assert hinted.per_type["b200"].fits and hinted.per_type["a100"].fits
+    config = parse_config({"gpu_types": {"b200": {"memory_gib": 180}}})
+    assert config_type_of("NVIDIA B200", config) == "b200"

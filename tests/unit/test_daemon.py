@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from slurm_gpushare.core.config import parse_config
 from slurm_gpushare.daemon.protocol import request as request_once
 
 REPO = Path(__file__).resolve().parents[2]
@@ -409,3 +410,33 @@ def test_a_gpu_type_whose_memory_gib_is_above_what_its_gpus_report_is_warned_onc
     (warned,) = [r.fields for r in caplog.records if r.getMessage() == "memory-overstated"]
     assert warned == {"gpu_type": "v100", "gpu_model": "Tesla V100-SXM2-16GB",
                       "configured_mib": 16384, "reported_mib": 16160, "fix": "memory_gib = 15"}
+
+
+def test_a_job_that_ran_on_a_gpu_the_catalogue_lacks_shares_there_next_time(tmp_path):
+    # [gpu_types.b200] is newer than the GPU catalogue: the job's run there (NVML's name)
+    # sizes its next share on b200, which before was an internal error on every decision.
+    from conftest import RunningDaemon
+
+    config = parse_config({
+        "daemon": {"socket": str(tmp_path / "d.sock"), "secret_file": str(tmp_path / "secret"),
+                   "query_socket": str(tmp_path / "q.sock"), "state_dir": str(tmp_path / "state")},
+        "policy": {"sharing_partitions": ["gpu"], "first_run": "default-share"},
+        "gpu_types": {"b200": {"memory_gib": 180}, "a100": {"memory_gib": 80}}})
+    running = RunningDaemon(config)
+    job = {"uid": 1000, "user": "alice", "partition": "gpu", "tres_per_node": "gres:gpu:1",
+           "script": "#!/bin/sh\npython train.py\n", "batch": True}
+    try:
+        first = request_once(running.socket, {"v": 1, "op": "decide", "job": job})["decision"]
+        running.service.records.flush()  # the decision is recorded before its job reports
+        summary = {"job_id": "41", "gpu_index": 0, "cluster": "c", "samples": 3,
+                   "mgmap_max_mib": 20000.0, "gpu_model": "NVIDIA B200",
+                   "mem_total_mib": 184320.0, "duration_s": 600.0}
+        assert request_once(running.socket, {"v": 1, "op": "ingest", "summary": summary,
+                                             "decision_id": first["decision_id"]})["ok"]
+        running.service.records.flush()
+        again = request_once(running.socket, {"v": 1, "op": "decide", "job": job})["decision"]
+        assert again["code"] == "history-share", again
+        assert again["gpu_types"] == ["b200"] and again["writes"]["features"] == "b200"
+        assert running.service.counters.get("internal-errors", 0) == 0
+    finally:
+        running.stop()

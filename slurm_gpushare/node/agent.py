@@ -93,14 +93,23 @@ def _valid_job_id(job_id: str | None) -> bool:
 def _read_pid(path: Path) -> tuple[int, int | None] | None:
     """A collector's pid file: ``(pid, start time)`` (``files.process_started``), so a pid
     that the kernel has since given to another process is not taken for the collector (nor
-    sent the epilog's SIGTERM). The start time is None in a file that has only the pid."""
+    sent the epilog's SIGTERM). A file with only the pid (written where there was no /proc to
+    read a start time from) names a live process only if it runs the agent; another process
+    holding that pid gets a start time no process has, so it reads as the collector, dead."""
     try:
         fields = path.read_text().split()
     except OSError:
         return None
     if not fields or not fields[0].isdigit():
         return None
-    return int(fields[0]), (int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None)
+    pid = int(fields[0])
+    if len(fields) > 1 and fields[1].isdigit():
+        return pid, int(fields[1])
+    try:
+        command = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return pid, None  # gone (or no /proc to tell it by)
+    return pid, (None if b"slurm_gpushare.node.agent" in command else -1)
 
 
 # -- delivery --------------------------------------------------------------------------------

@@ -344,6 +344,23 @@ def test_a_reused_pid_is_not_the_process_that_had_it():
     assert not pid_alive(os.getpid(), started + 1)
 
 
+def test_a_pid_file_without_a_start_time_names_only_a_collector(tmp_path):
+    import signal
+    import subprocess
+
+    state, common = collector_args(tmp_path, "34")
+    stranger = subprocess.Popen(["sleep", "60"])
+    try:
+        agent.pid_path(state, "34").parent.mkdir(parents=True, exist_ok=True)
+        agent.pid_path(state, "34").write_text(f"{stranger.pid}\n")
+        assert agent.main(["stop", *common]) == 0
+        assert stranger.poll() is None  # not the agent: left alone
+        assert "died before the epilog" in (state / "agent.log").read_text()
+    finally:
+        stranger.send_signal(signal.SIGKILL)
+        stranger.wait()
+
+
 def test_the_epilog_never_signals_a_process_that_took_a_dead_collectors_pid(tmp_path):
     import signal
     import subprocess

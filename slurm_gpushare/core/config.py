@@ -244,6 +244,12 @@ def _section(cls, raw: dict[str, Any], where: str):
     return replace(defaults, **values)
 
 
+# Gres type and node feature names: what Slurm's constraint and gres syntax keep whole.
+_SLURM_NAME = re.compile(r"[A-Za-z0-9_.\-]+")
+# A bound on one GPU's memory far above any GPU's (a typo would size shard counts absurdly).
+MAX_GPU_MEMORY_GIB = 4096
+
+
 def _hook_section(raw: dict[str, Any]) -> HookConfig:
     hook = _section(HookConfig, raw, "hook")
     if "breaker_first_cooldown_s" not in raw and "breaker_cooldown_s" in raw:
@@ -264,17 +270,26 @@ def parse_config(raw: dict[str, Any], path: str = "") -> Config:
                           f"({MIN_SHARD_MIB} to {MAX_SHARD_MIB})")
     gpu_types = []
     for name, spec in raw.get("gpu_types", {}).items():
+        if not _SLURM_NAME.fullmatch(name):
+            raise ConfigError(f"[gpu_types.{name}]: {name!r} must be a Slurm gres type name "
+                              "(letters, digits, _ . -)")
         if not isinstance(spec, dict) or "memory_gib" not in spec:
             raise ConfigError(f"[gpu_types.{name}] needs memory_gib")
         extra = set(spec) - {"memory_gib", "feature", "model", "sharing"}
         if extra:
             raise ConfigError(f"unknown key(s) in [gpu_types.{name}]: {', '.join(sorted(extra))}")
         memory = spec["memory_gib"]
-        if isinstance(memory, bool) or not isinstance(memory, int) or memory <= 0:
-            raise ConfigError(f"[gpu_types.{name}] memory_gib must be a positive integer")
+        if (isinstance(memory, bool) or not isinstance(memory, int)
+                or not 0 < memory <= MAX_GPU_MEMORY_GIB):
+            raise ConfigError(f"[gpu_types.{name}] memory_gib must be a positive integer "
+                              f"(at most {MAX_GPU_MEMORY_GIB})")
         for key in ("feature", "model", "sharing"):
             if not isinstance(spec.get(key, ""), str):
                 raise ConfigError(f"[gpu_types.{name}] {key} must be a string")
+        if spec.get("feature") and not _SLURM_NAME.fullmatch(spec["feature"]):
+            # A comma or an operator would make it a constraint no single feature satisfies.
+            raise ConfigError(f"[gpu_types.{name}] feature must be one Slurm feature name "
+                              f"(letters, digits, _ . -), not {spec['feature']!r}")
         sharing = spec.get("sharing", "shard")
         if sharing not in ("shard", "mps"):
             raise ConfigError(f"[gpu_types.{name}] sharing must be \"shard\" or \"mps\"")

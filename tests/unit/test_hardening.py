@@ -212,6 +212,11 @@ def test_config_values_out_of_range_are_one_line_errors(section, key, value):
     ({"hook": {"breaker_cooldown_s": False}}, "breaker_cooldown_s must be a number"),
     ({"gpu_types": {"a100": {"memory_gib": True}}}, "memory_gib must be a positive integer"),
     ({"gpu_types": {"a100": {"memory_gib": 80, "feature": 7}}}, "feature must be a string"),
+    # A comma makes two features, of which a node would need both: never satisfiable as one.
+    ({"gpu_types": {"a100": {"memory_gib": 80, "feature": "a100,nvlink"}}},
+     "feature must be one Slurm feature name"),
+    ({"gpu_types": {"a1:00": {"memory_gib": 80}}}, "must be a Slurm gres type name"),
+    ({"gpu_types": {"a100": {"memory_gib": 99999999999}}}, "memory_gib must be a positive integer"),
     ({"daemon": {"history_retention_days": float("nan")}}, "history_retention_days must be a finite number"),
     ({"policy": {"sjf_reference_s": float("inf")}}, "sjf_reference_s must be a finite number"),
     ({"daemon": {"history_retention_days": -1.0}}, "history_retention_days = -1.0 is out of range"),

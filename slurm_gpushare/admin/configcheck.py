@@ -23,12 +23,12 @@ import shutil
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 
 from slurm_gpushare import HOOK_DIR
 from slurm_gpushare.core.errors import UserError
-from slurm_gpushare.core.hostlist import expand_hostlist
+from slurm_gpushare.core.hostlist import HostlistError, compress_hostlist, expand_hostlist
 from slurm_gpushare.slurm import cmd
 from slurm_gpushare.slurm.version import SlurmVersion, installed_version
 from slurm_gpushare.core.config import DEFAULT_CONFIG_PATH, CONFIG_ENV, Config, ConfigError, load_config, shards_per_gpu
@@ -57,34 +57,77 @@ class Finding:
 
 # ---- Slurm's files ---------------------------------------------------------------------------
 
-def _logical_lines(path: Path, seen: set[Path] | None = None) -> Iterable[tuple[Path, str]]:
-    """A Slurm config file's lines: comments dropped, ``\\`` continuations joined, Include
-    files followed (relative to the including file's directory)."""
-    seen = seen or set()
-    path = path.resolve()
-    if path in seen:
-        return
-    seen.add(path)
-    pending = ""
-    for raw in path.read_text(errors="replace").splitlines():
+def _conf_error(check: str, path: Path, number: int, message: str, fix: str) -> Finding:
+    return Finding(check, "error", f"{path}:{number}: {message}", fix, str(path))
+
+
+def _logical_lines(path: Path, problems: list[Finding], *, top: Path | None = None,
+                   state: dict[str, str] | None = None,
+                   chain: tuple[Path, ...] = ()) -> Iterator[tuple[Path, int, str]]:
+    """A Slurm config file's lines and their numbers: comments dropped, ``\\`` continuations
+    joined, Include files followed as Slurm follows them (``%c``: the ClusterName set so
+    far, lower-cased; no wildcards). An Include Slurm cannot read is added to ``problems``;
+    the file itself unreadable raises OSError."""
+    top = top or path
+    state = {} if state is None else state
+    text = path.read_text(errors="replace")
+    pending, start = "", 0
+    for number, raw in enumerate(text.splitlines(), 1):
         line = re.sub(r"(?<!\\)#.*$", "", raw).rstrip()
+        start = start or number
         if line.endswith("\\"):
             pending += line[:-1] + " "
             continue
-        line, pending = (pending + line).strip(), ""
+        line, pending, first = (pending + line).strip(), "", start
+        start = 0
         if not line:
             continue
-        include = re.match(r"^include\s+(.+)$", line, re.IGNORECASE)
+        include = re.match(r"^include\s+(\S+)", line, re.IGNORECASE)
         if include:
-            for name in sorted(glob.glob(str(path.parent / include.group(1).strip()))):
-                yield from _logical_lines(Path(name), seen)
+            target, why = _include_path(include.group(1), path, top, state)
+            if target is not None and target.resolve() in chain + (path.resolve(),):
+                why = "includes itself"
+            if why is None:
+                try:
+                    yield from _logical_lines(target, problems, top=top, state=state,
+                                              chain=chain + (path.resolve(),))
+                except OSError as exc:
+                    why = f"cannot read {target}: {exc.strerror}"
+            if why is not None:
+                problems.append(_conf_error(
+                    "include", path, first, f"Include {include.group(1)}: {why}",
+                    f"fix the Include line: Slurm fails to start on it (\"Include\" failed in "
+                    f"file {path.name} line {first})"))
             continue
-        yield path, line
+        for key, value in _pairs(line):
+            if key.lower() == "clustername":
+                state["cluster"] = value.lower()
+        yield path, first, line
+
+
+def _include_path(name: str, path: Path, top: Path,
+                  state: dict[str, str]) -> tuple[Path | None, str | None]:
+    """(file, None), or (None, why Slurm cannot include it)."""
+    if "%c" in name:
+        if "cluster" not in state:
+            return None, "%c needs ClusterName set before this line"
+        name = name.replace("%c", state["cluster"])
+    if "*" in name:
+        return None, "Slurm does not expand wildcards in Include paths"
+    if name.startswith("/"):
+        return Path(name), None
+    # Relative to the including file (Slurm 22.05) or to slurm.conf (23.02+).
+    candidates = list(dict.fromkeys([path.parent / name, top.parent / name]))
+    found = [c for c in candidates if c.exists()]
+    if found:
+        return found[0], None
+    return None, f"cannot read {' or '.join(map(str, candidates))}: No such file or directory"
 
 
 def _pairs(line: str) -> list[tuple[str, str]]:
-    return [(k, v.strip('"')) for k, v in re.findall(r'([A-Za-z][A-Za-z0-9_]*)=("[^"]*"|\S*)',
-                                                    line)]
+    # Slurm's key=value (s_p_parse_line): spaces allowed around '=', "..." quotes a value.
+    return [(k, v.strip('"')) for k, v in
+            re.findall(r'([A-Za-z][A-Za-z0-9_.]*)\s*=\s*("[^"]*"|\S+)', line)]
 
 
 @dataclass
@@ -94,12 +137,18 @@ class SlurmConf:
     nodes: dict[str, dict[str, str]] = field(default_factory=dict)  # node -> lower-case keys
     node_lines: dict[str, str] = field(default_factory=dict)  # node -> its NodeName line
     partitions: dict[str, dict[str, str]] = field(default_factory=dict)
+    members: dict[str, set[str]] = field(default_factory=dict)  # partition -> its nodes
+    problems: list[Finding] = field(default_factory=list)  # what Slurm would refuse
 
     @classmethod
     def read(cls, path: str | os.PathLike) -> "SlurmConf":
         conf = cls(Path(path))
         node_defaults: dict[str, str] = {}
-        for _source, line in _logical_lines(Path(path)):
+        partition_defaults: dict[str, str] = {}
+        nodesets: dict[str, dict[str, str]] = {}
+        node_at: dict[str, tuple[Path, int]] = {}
+        partition_at: dict[str, tuple[Path, int]] = {}
+        for source, number, line in _logical_lines(Path(path), conf.problems):
             pairs = _pairs(line)
             if not pairs:
                 continue
@@ -109,16 +158,65 @@ class SlurmConf:
                 if record["nodename"].upper() == "DEFAULT":
                     node_defaults.update({k: v for k, v in record.items() if k != "nodename"})
                     continue
-                for name in expand_hostlist(record["nodename"]):
+                again = []
+                for name in conf._hostlist(record["nodename"], "NodeName", source, number):
+                    if name in conf.nodes:
+                        again.append(name)
+                        continue
                     conf.nodes[name] = {**node_defaults, **record}
                     conf.node_lines[name] = line
+                    node_at[name] = (source, number)
+                if again:
+                    at_source, at = node_at[again[0]]
+                    earlier = f"line {at}" if at_source == source else f"{at_source}:{at}"
+                    conf.problems.append(_conf_error(
+                        "node-names", source, number, f"NodeName {compress_hostlist(again)} "
+                        f"defined again (first at {earlier}): slurmctld refuses to start "
+                        "(\"Duplicated NodeName\")",
+                        "keep one NodeName line per node (settings shared by several: "
+                        "NodeName=DEFAULT before them)"))
             elif first == "partitionname":
-                conf.partitions[record["partitionname"]] = record
-            elif first in ("nodeset", "frontendname", "downnodes", "switchname"):
+                if record["partitionname"].upper() == "DEFAULT":
+                    partition_defaults.update(record)
+                    continue
+                conf.partitions[record["partitionname"]] = {**partition_defaults, **record}
+                partition_at[record["partitionname"]] = (source, number)
+            elif first == "nodeset":
+                nodesets[record["nodeset"]] = record
+            elif first in ("frontendname", "downnodes", "switchname"):
                 continue
             else:
                 conf.params.update(record)
+        for name, record in conf.partitions.items():
+            conf.members[name] = conf._partition_nodes(record.get("nodes", ""), nodesets,
+                                                       *partition_at[name])
         return conf
+
+    def _hostlist(self, text: str, key: str, source: Path, number: int) -> list[str]:
+        try:
+            return expand_hostlist(text)
+        except HostlistError as exc:
+            self.problems.append(_conf_error("slurm-conf", source, number, f"{key}={text}: {exc}",
+                                             "write the node names as Slurm's hostlist syntax "
+                                             "(e.g. gpu[01-04])"))
+            return []
+
+    def _partition_nodes(self, text: str, nodesets: dict[str, dict[str, str]], source: Path,
+                         number: int) -> set[str]:
+        """A partition's Nodes=: node names, ALL, or NodeSet names (Nodes= or Feature=)."""
+        members: set[str] = set()
+        for item in self._hostlist(text, "Nodes", source, number):
+            if item.upper() == "ALL":
+                members |= set(self.nodes)
+            elif item in nodesets:
+                nodeset = nodesets[item]
+                if "feature" in nodeset:
+                    members |= {n for n, r in self.nodes.items()
+                                if nodeset["feature"] in _tokens(r.get("features"))}
+                members |= self._partition_nodes(nodeset.get("nodes", ""), {}, source, number)
+            else:
+                members.add(item)
+        return members
 
     def get(self, key: str) -> str | None:
         return self.params.get(key.lower())
@@ -145,23 +243,47 @@ def gres_tokens(text: str | None) -> list[tuple[str, str | None, int]]:
     return tokens
 
 
-def gres_conf_shards(path: Path, nodes: Iterable[str], name: str = "shard") -> dict[str, int]:
-    """Units of a sharing gres (shard, or mps) per node as gres.conf declares them (lines
-    without NodeName= apply to all)."""
+def gpu_counts(tokens: Iterable[tuple[str, str | None, int]]) -> list[tuple[str | None, int]]:
+    """GPUs per type from ``gres_tokens``: one type on several sockets
+    (``gpu:a100:2(S:0),gpu:a100:2(S:1)``) is one type, its counts added."""
+    counts: dict[str | None, int] = {}
+    for name, gpu_type, count in tokens:
+        if name == "gpu":
+            counts[gpu_type] = counts.get(gpu_type, 0) + count
+    return list(counts.items())
+
+
+def gres_conf_units(path: Path, nodes: Iterable[str],
+                    problems: list[Finding] | None = None) -> dict[str, dict[str, int]]:
+    """Units of each sharing gres (shard, mps) per node as gres.conf declares them (lines
+    without NodeName= apply to all). Lines Slurm refuses go to ``problems``; the file
+    unreadable raises OSError."""
     nodes = list(nodes)
-    shards: dict[str, int] = {}
-    for _source, line in _logical_lines(path):
+    problems = [] if problems is None else problems
+    units: dict[str, dict[str, int]] = {"shard": {}, "mps": {}}
+    for source, number, line in _logical_lines(path, problems):
         record = {k.lower(): v for k, v in _pairs(line)}
-        if record.get("name") != name:
+        try:
+            key = "File"
+            files = expand_hostlist(record["file"]) if "file" in record else []
+            key = "NodeName"
+            targets = expand_hostlist(record["nodename"]) if "nodename" in record else nodes
+        except HostlistError as exc:
+            problems.append(_conf_error("gres-conf", source, number,
+                                        f"{key}={record[key.lower()]}: {exc}",
+                                        "write it in Slurm's hostlist syntax (e.g. gpu[01-04], "
+                                        "/dev/nvidia[0-3])"))
+            continue
+        name = record.get("name")
+        if name not in units:
             continue
         if "count" in record:
-            count_value = gres_tokens(f"{name}:{record['count']}")[0][2]
-        else:  # one shard per File= entry, as Slurm counts them
-            count_value = len(expand_hostlist(record["file"])) if "file" in record else 1
-        targets = expand_hostlist(record["nodename"]) if "nodename" in record else nodes
+            count = gres_tokens(f"{name}:{record['count']}")[0][2]
+        else:  # one unit per File= entry, as Slurm counts them
+            count = len(files) or 1
         for node in targets:
-            shards[node] = shards.get(node, 0) + count_value
-    return shards
+            units[name][node] = units[name].get(node, 0) + count
+    return units
 
 
 # ---- the running configuration ---------------------------------------------------------------
@@ -237,11 +359,6 @@ def _tokens(value: str | None) -> list[str]:
     return [t.strip() for t in (value or "").split(",") if t.strip() and t.strip() != "(null)"]
 
 
-def _with(value: str | None, token: str) -> str:
-    tokens = _tokens(value)
-    return ",".join(tokens + ([token] if token not in tokens else []))
-
-
 class Checker:
     """Runs every check and collects findings (``ok`` ones too, for --verbose and --json)."""
 
@@ -283,6 +400,7 @@ class Checker:
         try:
             self.conf = SlurmConf.read(self.slurm_conf_path)
             self.add("slurm-conf", "ok", f"read {self.slurm_conf_path}")
+            self.findings.extend(self.conf.problems)
         except OSError as exc:
             self.add("slurm-conf", "error", f"cannot read {self.slurm_conf_path}: {exc.strerror}",
                      "pass --slurm-conf PATH (or set SLURM_CONF) to the cluster's slurm.conf",
@@ -337,21 +455,23 @@ class Checker:
         needed = sorted({g.sharing for g in self.config.gpu_types} if self.config else {"shard"})
         for where, get in self._sources():
             gres = _tokens(get("GresTypes"))
-            missing = [name for name in needed if name not in gres]
-            fixed = get("GresTypes")
-            for name in missing:
-                fixed = _with(fixed, name)
+            # Shard and mps need gpu too (slurmctld refuses them alone); the fix keeps every
+            # gres the nodes use, which Slurm drops from a node when GresTypes lacks it.
+            required = ["gpu", *needed]
+            missing = [name for name in required if name not in gres]
+            fixed = ",".join(dict.fromkeys([*gres, *required, *self._node_gres(where)]))
+            fix = self._where_fix(where, f"GresTypes={fixed}")
             if not missing:
-                self.add("gres-types", "ok", f"GresTypes has {', '.join(needed)} ({where})",
+                self.add("gres-types", "ok", f"GresTypes has {', '.join(required)} ({where})",
                          where=where)
             elif not {"shard", "mps"} & set(gres):
                 self.add("gres-types", "error", f"GresTypes={','.join(gres) or '(unset)'} has "
-                         "neither shard nor mps: no share can be scheduled",
-                         self._where_fix(where, f"GresTypes={fixed}"), where)
+                         "neither shard nor mps: no share can be scheduled", fix, where)
             else:
+                why = (": slurmctld does not start with shard or mps but no gpu"
+                       if "gpu" in missing else ", which the configured GPU types share by")
                 self.add("gres-types", "error", f"GresTypes={','.join(gres)} lacks "
-                         f"{', '.join(missing)}, which the configured GPU types share by",
-                         self._where_fix(where, f"GresTypes={fixed}"), where)
+                         f"{', '.join(missing)}{why}", fix, where)
             select = get("SelectType") or "(unset)"
             if select == "select/cons_tres":
                 self.add("select-type", "ok", f"SelectType=select/cons_tres ({where})", where=where)
@@ -380,6 +500,12 @@ class Checker:
                 self.add("job-submit", "error", f"JobSubmitPlugins={get('JobSubmitPlugins') or '(unset)'}"
                          " lacks lua: the hook never runs", self._where_fix(
                              where, f"JobSubmitPlugins={value}"), where)
+
+    def _node_gres(self, where: str) -> list[str]:
+        """The gres names the nodes' Gres= use, in order."""
+        nodes = ([r.get("Gres") for r in self.live.nodes.values()] if where == "slurmctld"
+                 else [r.get("gres") for r in self.conf.nodes.values()])
+        return list(dict.fromkeys(name for gres in nodes for name, _, _ in gres_tokens(gres)))
 
     def _accounting_line(self, sharing: list[str]) -> str:
         current = _tokens(self.conf.get("AccountingStorageTRES"))
@@ -535,6 +661,17 @@ class Checker:
             return None
         return spec.sharing, gpus * (100 if spec.sharing == "mps" else shards_per_gpu(spec))
 
+    def _sharing_nodes(self, where: str) -> set[str] | None:
+        """The nodes the sharing partitions can place jobs on (None: unknown, for want of
+        the daemon config or of any partition in slurm.conf: check every node)."""
+        if not self.config or (where != "slurmctld" and not self.conf.partitions):
+            return None
+        wanted = set(self.config.policy.sharing_partitions)
+        if where == "slurmctld":
+            return {n for n, r in self.live.nodes.items()
+                    if wanted & set(_tokens(r.get("Partitions")))}
+        return {n for p, members in self.conf.members.items() if p in wanted for n in members}
+
     def check_nodes(self) -> None:
         sources = [(str(self.slurm_conf_path), {n: (r.get("gres"), r.get("features", ""))
                                                  for n, r in self.conf.nodes.items()})]
@@ -543,21 +680,35 @@ class Checker:
                                           for n, r in self.live.nodes.items()}))
         gres_conf = self.conf_dir / "gres.conf"
         file_nodes: dict[str, tuple[str, int]] = {}
-        any_gpu = False
+        any_gpu = any_shared = False
         for where, nodes in sources:
+            sharing, left_alone = self._sharing_nodes(where), []
             for node, (gres, features) in sorted(nodes.items()):
                 tokens = gres_tokens(gres)
-                gpus = [(t, c) for n, t, c in tokens if n == "gpu"]
+                gpus = gpu_counts(tokens)
                 if not gpus:
                     continue
                 any_gpu = True
+                if sharing is not None and node not in sharing:
+                    left_alone.append(node)
+                    continue
+                any_shared = True
                 self._check_node(where, node, gpus, tokens, features or "")
                 if where != "slurmctld" and len(gpus) == 1 and gpus[0][0]:
                     file_nodes[node] = (gpus[0][0], gpus[0][1])
-        if not any_gpu:
+            if left_alone:
+                self.add("nodes", "ok", f"{compress_hostlist(left_alone)}: GPU nodes outside "
+                         f"the sharing partitions, left alone ({where})", where=where)
+        if not any_gpu and not any(f.check == "include" for f in self.conf.problems):
             self.add("nodes", "warning", "no node declares gres gpu: nothing to share",
                      "NodeName=<node> Gres=gpu:<type>:<count>,shard:<count x GiB> ...",
                      str(self.slurm_conf_path))
+        elif any_gpu and not any_shared and self.config.policy.sharing_partitions:
+            self.add("nodes", "warning", "no GPU node is in the sharing partitions "
+                     f"({', '.join(self.config.policy.sharing_partitions)}): nothing to share",
+                     "add GPU nodes to a sharing partition's Nodes= in "
+                     f"{self.slurm_conf_path}, or name their partition in sharing_partitions "
+                     f"of {self.config_path}", str(self.slurm_conf_path))
         if not file_nodes:
             return
         if not gres_conf.exists():
@@ -565,8 +716,15 @@ class Checker:
                      "slurm-gpushare gen-config --nodes-from-sinfo (gres.conf lines)",
                      str(gres_conf))
             return
-        declared = {name: gres_conf_shards(gres_conf, self.conf.nodes, name)
-                    for name in ("shard", "mps")}
+        problems: list[Finding] = []
+        try:
+            declared = gres_conf_units(gres_conf, self.conf.nodes, problems)
+        except OSError as exc:
+            self.add("gres-conf", "error", f"cannot read {gres_conf}: {exc.strerror}",
+                     "slurm-gpushare gen-config --nodes-from-sinfo (gres.conf lines)",
+                     str(gres_conf))
+            return
+        self.findings.extend(problems)
         wrong = []
         for node, (gpu_type, gpus) in sorted(file_nodes.items()):
             expected = self._expected_units(gpu_type, gpus)
@@ -578,7 +736,7 @@ class Checker:
                      f"{'shards' if name == 'shard' else 'MPS percent'}; {expected} expected ({unit})",
                      f"in {gres_conf} set: NodeName={node} Name={name} Count={expected}",
                      str(gres_conf))
-        if not wrong:
+        if not wrong and not problems:
             self.add("gres-conf", "ok", f"{gres_conf}: shard counts match", where=str(gres_conf))
 
     def _check_node(self, where: str, node: str, gpus: list[tuple[str | None, int]],
@@ -607,7 +765,10 @@ class Checker:
         name, expected = self._expected_units(gpu_type, count)
         shards = sum(c for n, _, c in tokens if n == name)
         if shards != expected:
-            gres = f"gpu:{gpu_type}:{count},{name}:{expected}"
+            # The node's Gres= with its sharing count replaced (GPUs split by socket kept).
+            current = (self.conf.nodes.get(node, {}).get("gres") if self.conf else None)
+            gres = ",".join([t for t in (current or f"gpu:{gpu_type}:{count}").split(",")
+                             if t.split(":")[0] not in ("shard", "mps")] + [f"{name}:{expected}"])
             rule = (f"{count} x 100 MPS percent" if name == "mps" else
                     f"{count} x {spec.memory_gib} GiB {gpu_type}, one shard per "
                     + ("GiB" if spec.shard_mib == 1024 else f"{spec.shard_mib} MiB"))

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Collection, Sequence
 
-from slurm_gpushare.admin.configcheck import gres_tokens
+from slurm_gpushare.admin.configcheck import gpu_counts, gres_tokens
 from slurm_gpushare.core.hostlist import HostlistError, compress_hostlist, expand_hostlist
 from slurm_gpushare.slurm import cmd
 from slurm_gpushare.core.config import Config, shards_per_gpu
@@ -24,24 +24,35 @@ class GpuNode:
     features: tuple[str, ...] = ()
 
 
-def sinfo_gpu_nodes() -> list[GpuNode]:
-    """GPU nodes as sinfo lists them (one entry per node, whatever its partitions)."""
-    out = cmd.check_output(["sinfo", "-h", "-N", "-o", "%N|%G|%f"], timeout=20)
-    nodes: dict[str, GpuNode] = {}
+def sinfo_gpu_nodes(sharing_partitions: Sequence[str],
+                    given: Collection[str] = ()) -> tuple[list[GpuNode], list[str]]:
+    """The GPU nodes of the sharing partitions as sinfo lists them (except those in ``given``,
+    named with --node), and the GPU nodes outside those partitions (left out)."""
+    out = cmd.check_output(["sinfo", "-h", "-N", "-o", "%N|%G|%f|%P"], timeout=20)
+    rows: dict[str, tuple[str, str, set[str]]] = {}
     for line in out.splitlines():
         parts = line.split("|")
-        if len(parts) != 3 or parts[0] in nodes:
+        if len(parts) != 4:
             continue
-        name, gres, features = parts
-        gpus = [(t, c) for n, t, c in gres_tokens(gres) if n == "gpu"]
-        if not gpus:
+        name, gres, features, partition = parts
+        # One line per node and partition; the default partition is marked with '*'.
+        rows.setdefault(name, (gres, features, set()))[2].add(partition.rstrip("*"))
+    nodes, outside, unclear = [], [], []
+    for name, (gres, features, partitions) in rows.items():
+        gpus = gpu_counts(gres_tokens(gres))
+        if not gpus or name in given:
             continue
-        if len(gpus) > 1 or not gpus[0][0]:
-            raise UserError(f"node {name} has {gres}: give its GPUs with "
-                                       f"--node {name}:TYPE:COUNT")
-        nodes[name] = GpuNode(name, gpus[0][0], gpus[0][1],
-                              tuple(f for f in features.split(",") if f and f != "(null)"))
-    return list(nodes.values())
+        if not partitions & set(sharing_partitions):
+            outside.append(name)
+        elif len(gpus) > 1 or not gpus[0][0]:
+            unclear.append(f"{name} ({gres})")
+        else:
+            nodes.append(GpuNode(name, gpus[0][0], gpus[0][1],
+                                 tuple(f for f in features.split(",") if f and f != "(null)")))
+    if unclear:
+        raise UserError(f"sinfo does not tell one GPU type of node(s) {', '.join(unclear)}: "
+                        "give each with --node NAME:TYPE:COUNT")
+    return nodes, outside
 
 
 def parse_node_spec(spec: str) -> list[GpuNode]:

@@ -11,6 +11,7 @@ import click
 from slurm_gpushare.admin.configcheck import ProblemsFound, check_config, format_findings
 from slurm_gpushare.admin.genconfig import generate_fragments, parse_node_spec, sinfo_gpu_nodes
 from slurm_gpushare.core.config import ConfigError, load_config
+from slurm_gpushare.core.hostlist import compress_hostlist
 
 
 @click.command("check-config")
@@ -38,9 +39,11 @@ def check_config_command(slurm_conf, config_path, no_live, as_json, verbose) -> 
 # ---- gen-config ------------------------------------------------------------------------------
 
 @click.command("gen-config")
-@click.option("--nodes-from-sinfo", is_flag=True, help="Take the GPU nodes from sinfo.")
+@click.option("--nodes-from-sinfo", is_flag=True,
+              help="Take the GPU nodes of the sharing partitions from sinfo.")
 @click.option("--node", "node_specs", multiple=True, metavar="NAME:TYPE:COUNT",
-              help="A GPU node (repeatable); NAME may be a hostlist such as gpu[01-04].")
+              help="A GPU node (repeatable); NAME may be a hostlist such as gpu[01-04]. "
+                   "With --nodes-from-sinfo: instead of what sinfo says of it.")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False),
               help="Daemon TOML with [gpu_types] (default: $GPUSHARE_CONFIG or "
                    "/etc/slurm-gpushare/gpushare.toml).")
@@ -48,18 +51,23 @@ def check_config_command(slurm_conf, config_path, no_live, as_json, verbose) -> 
               help="Write slurm.conf.fragment and gres.conf.fragment there (default: stdout).")
 def gen_config_command(nodes_from_sinfo, node_specs, config_path, output_dir) -> None:
     """Write the slurm.conf and gres.conf lines for GPU nodes (one shard per GiB)."""
-    if nodes_from_sinfo == bool(node_specs):
-        raise click.UsageError("give either --nodes-from-sinfo or --node NAME:TYPE:COUNT ...")
+    if not nodes_from_sinfo and not node_specs:
+        raise click.UsageError("give --nodes-from-sinfo or --node NAME:TYPE:COUNT ... (or both)")
     try:
         config = load_config(config_path)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
+    nodes = [node for spec in node_specs for node in parse_node_spec(spec)]
     if nodes_from_sinfo:
-        nodes = sinfo_gpu_nodes()
-        if not nodes:
-            raise click.ClickException("sinfo lists no node with gres gpu")
-    else:
-        nodes = [node for spec in node_specs for node in parse_node_spec(spec)]
+        partitions = config.policy.sharing_partitions
+        found, outside = sinfo_gpu_nodes(partitions, {node.name for node in nodes})
+        if outside:
+            click.echo(f"gen-config: left out {compress_hostlist(outside)}: GPU nodes outside "
+                       f"the sharing partitions ({', '.join(partitions)})", err=True)
+        if not found and not nodes:
+            raise click.ClickException("sinfo lists no GPU node in the sharing partitions "
+                                       f"({', '.join(partitions)})")
+        nodes = found + nodes
     slurm, gres = generate_fragments(nodes, config)
     if output_dir:
         Path(output_dir).mkdir(parents=True, exist_ok=True)

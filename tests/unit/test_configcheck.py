@@ -11,7 +11,7 @@ from slurm_gpushare.cli import main
 from slurm_gpushare.core.config import parse_config
 from slurm_gpushare.admin.genconfig import GpuNode, generate_fragments
 from slurm_gpushare.core.hostlist import compress_hostlist, expand_hostlist
-from slurm_gpushare.admin.configcheck import (Checker, SlurmConf, gres_conf_shards,
+from slurm_gpushare.admin.configcheck import (Checker, SlurmConf, gres_conf_units,
                                         gres_tokens)
 
 REPO = Path(__file__).resolve().parents[2]
@@ -47,8 +47,8 @@ def test_gres_strings_and_gres_conf_counts(tmp_path):
     assert gres_tokens("(null)") == [] and gres_tokens("gpu:4") == [("gpu", None, 4)]
     (tmp_path / "gres.conf").write_text("NodeName=g[1-2] Name=shard Count=160\n"
                                         "NodeName=g1 Name=shard Count=2\nName=shard Count=1\n")
-    assert gres_conf_shards(tmp_path / "gres.conf", ["g1", "g2", "g3"]) == {"g1": 163, "g2": 161,
-                                                                            "g3": 1}
+    assert gres_conf_units(tmp_path / "gres.conf", ["g1", "g2", "g3"])["shard"] == {
+        "g1": 163, "g2": 161, "g3": 1}
 
 
 def test_missing_lua_modules_are_an_error_with_the_package_fix(tmp_path):

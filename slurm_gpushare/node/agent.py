@@ -269,6 +269,11 @@ def collect(job_id: str, gpus: str | None, *, provider=None, deliver: Deliver,
         indices = parse_gpus(gpus, provider)
         if not indices and os.environ.get("SLURMD_NODENAME"):
             indices = ask_for_gpus(job_id, os.environ["SLURMD_NODENAME"], stop)
+        present = set(provider.device_indices())
+        absent = [i for i in indices if present and i not in present]
+        if absent:  # a summary without one sample each would be all they could give
+            log(f"job {job_id}: gpu(s) {','.join(map(str, absent))} not on this node; skipped")
+            indices = [i for i in indices if i not in absent]
         if not indices:
             log(f"job {job_id}: no GPUs given; nothing collected")
             return 0

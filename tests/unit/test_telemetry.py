@@ -220,6 +220,19 @@ def test_collect_delivers_one_summary_per_gpu(tmp_path):
     assert n == 1 and got[0]["job_id"] == "7" and got[0]["samples"] == 1
 
 
+def test_collect_skips_gpu_indices_the_node_does_not_have(tmp_path):
+    provider = ScenarioProvider(SHARED, job_id="7")
+    present = provider.device_indices()
+    got, logs = [], []
+    stop = threading.Event()
+    stop.set()
+    given = ",".join(str(i) for i in [*present, 5000])
+    n = agent.collect("7", given, provider=provider, deliver=got.append, stop=stop,
+                      cluster="c1", log=logs.append)
+    assert n == len(present) and sorted(s["gpu_index"] for s in got) == present
+    assert any("5000" in line and "not on this node" in line for line in logs)
+
+
 def test_collect_without_telemetry_or_gpus_does_nothing(monkeypatch):
     monkeypatch.delenv("GPUSHARE_TELEMETRY_SCENARIO", raising=False)
     monkeypatch.setattr("slurm_gpushare.node.telemetry.open_provider", lambda *a, **k: None)

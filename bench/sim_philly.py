@@ -190,12 +190,20 @@ def run_seed(args, seed: int, draw: int = 0) -> dict:
     return record
 
 
+def positive_load(text: str) -> float:
+    """An arrival-rate factor as simulate takes it (nan hung the run; 0 sends no job)."""
+    value = float(text)
+    if not 0.001 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: a finite factor of at least 0.001")
+    return value
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", default="0-4", help="seeds, e.g. 0-4 or 0,3")
     parser.add_argument("--policies", default=DEFAULT_POLICIES, help="comma-separated, or all")
     parser.add_argument("--limit", type=int, default=None)
-    parser.add_argument("--load", type=float, default=1.0)
+    parser.add_argument("--load", type=positive_load, default=1.0)
     parser.add_argument("--runtime-error", type=float, default=WorkloadOptions.runtime_error,
                         help="sigma of the log-normal run-time estimate error (every policy)")
     parser.add_argument("--cluster", default="philly")

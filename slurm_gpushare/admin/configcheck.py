@@ -61,6 +61,19 @@ def _conf_error(check: str, path: Path, number: int, message: str, fix: str) -> 
     return Finding(check, "error", f"{path}:{number}: {message}", fix, str(path))
 
 
+def _names(text: str, key: str, check: str, path: Path, number: int,
+           problems: list[Finding]) -> list[str] | None:
+    """The names of a hostlist on line ``number`` of ``path``; None (the line added to
+    ``problems``) where Slurm would refuse it."""
+    try:
+        return expand_hostlist(text)
+    except HostlistError as exc:
+        problems.append(_conf_error(check, path, number, f"{key}={text}: {exc}",
+                                    "write it in Slurm's hostlist syntax (e.g. gpu[01-04], "
+                                    "/dev/nvidia[0-3])"))
+        return None
+
+
 def _logical_lines(path: Path, problems: list[Finding], *, top: Path | None = None,
                    state: dict[str, str] | None = None,
                    chain: tuple[Path, ...] = ()) -> Iterator[tuple[Path, int, str]]:
@@ -193,13 +206,7 @@ class SlurmConf:
         return conf
 
     def _hostlist(self, text: str, key: str, source: Path, number: int) -> list[str]:
-        try:
-            return expand_hostlist(text)
-        except HostlistError as exc:
-            self.problems.append(_conf_error("slurm-conf", source, number, f"{key}={text}: {exc}",
-                                             "write the node names as Slurm's hostlist syntax "
-                                             "(e.g. gpu[01-04])"))
-            return []
+        return _names(text, key, "slurm-conf", source, number, self.problems) or []
 
     def _partition_nodes(self, text: str, nodesets: dict[str, dict[str, str]], source: Path,
                          number: int) -> set[str]:
@@ -263,16 +270,11 @@ def gres_conf_units(path: Path, nodes: Iterable[str],
     units: dict[str, dict[str, int]] = {"shard": {}, "mps": {}}
     for source, number, line in _logical_lines(path, problems):
         record = {k.lower(): v for k, v in _pairs(line)}
-        try:
-            key = "File"
-            files = expand_hostlist(record["file"]) if "file" in record else []
-            key = "NodeName"
-            targets = expand_hostlist(record["nodename"]) if "nodename" in record else nodes
-        except HostlistError as exc:
-            problems.append(_conf_error("gres-conf", source, number,
-                                        f"{key}={record[key.lower()]}: {exc}",
-                                        "write it in Slurm's hostlist syntax (e.g. gpu[01-04], "
-                                        "/dev/nvidia[0-3])"))
+        files = (_names(record["file"], "File", "gres-conf", source, number, problems)
+                 if "file" in record else [])
+        targets = (_names(record["nodename"], "NodeName", "gres-conf", source, number, problems)
+                   if "nodename" in record else nodes)
+        if files is None or targets is None:
             continue
         name = record.get("name")
         if name not in units:

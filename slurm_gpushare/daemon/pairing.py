@@ -4,33 +4,30 @@ corrections learned from the store's co-runs, and, per decision, a compatibility
 
 A job's *profile* is read from the history of its most specific fingerprint key that has
 telemetry (the runs that also size its share): mean SM and memory-controller utilisation
-averaged over those runs, peaks and memory as their maxima. Corrections are keyed by that
-fingerprint key, so what a job was seen to suffer or inflict follows its next runs. Running
-shares are known by their decision ids (the cluster view reads them from the AdminComment tag);
-a decision record holds the job's keys, so a resident's profile comes from its own history too.
-A resident without a usable profile never excludes a node (nothing is known against it).
+averaged over those runs, peaks and memory as their maxima. The same job keeps a small GPU
+busier than a large one, so it also has a profile per GPU type it ran on (those runs alone).
+Corrections are keyed by that fingerprint key, so what a job was seen to suffer or inflict
+follows its next runs: once against its profile over all types, and once per GPU type against
+its profile there (``pairs.typed_key``). A share is judged on a GPU type with the profile and
+corrections of each job there where it ran there, else with its profile over all types.
+Running shares are known by their decision ids (the cluster view reads them from the
+AdminComment tag); a decision record holds the job's keys, so a resident's profile comes from
+its own history too. A resident without a usable profile never excludes a node (nothing is
+known against it).
 """
 
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
-from slurm_gpushare.predict.pairs import CoRun, PairModel, default_model
+from slurm_gpushare.predict.pairs import CoRun, PairModel, default_model, typed_key
 
 CACHE_SIZE = 4096
 
 
-def profile_of_history(history: Sequence[dict[str, Any]]) -> tuple[dict[str, Any] | None, int]:
-    """``(profile, rank)``: the pair profile from ``Store.history`` summaries of the most
-    specific key that has utilisation telemetry, and that key's rank (None, -1 without any)."""
-    usable = [s for s in history if s.get("mgup_mean") is not None or s.get("mgup_max") is not None]
-    if not usable:
-        return None, -1
-    rank = min(s.get("matched_key", 0) for s in usable)
-    runs = [s for s in usable if s.get("matched_key", 0) == rank]
-
+def _profile_of_runs(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     def mean(name: str) -> float | None:
         values = [float(s[name]) for s in runs if s.get(name) is not None]
         return sum(values) / len(values) if values else None
@@ -41,27 +38,67 @@ def profile_of_history(history: Sequence[dict[str, Any]]) -> tuple[dict[str, Any
 
     return {"gpu_util_pct": mean("mgup_mean"), "mem_util_pct": mean("mgtsamp_mean"),
             "gpu_util_max_pct": peak("mgup_max"), "mem_util_max_pct": peak("mgtsamp_max"),
-            "mem_used_mib": peak("mgmap_max_mib"), "mem_total_mib": peak("mem_total_mib")}, rank
+            "mem_used_mib": peak("mgmap_max_mib"), "mem_total_mib": peak("mem_total_mib")}
+
+
+def _usable_runs(history: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
+    """The summaries of the most specific key that has utilisation telemetry, and its rank."""
+    usable = [s for s in history if s.get("mgup_mean") is not None or s.get("mgup_max") is not None]
+    if not usable:
+        return [], -1
+    rank = min(s.get("matched_key", 0) for s in usable)
+    return [s for s in usable if s.get("matched_key", 0) == rank], rank
+
+
+def profile_of_history(history: Sequence[dict[str, Any]]) -> tuple[dict[str, Any] | None, int]:
+    """``(profile, rank)``: the pair profile from ``Store.history`` summaries of the most
+    specific key that has utilisation telemetry, and that key's rank (None, -1 without any)."""
+    runs, rank = _usable_runs(history)
+    return (_profile_of_runs(runs), rank) if runs else (None, -1)
+
+
+def profiles_by_type(history: Sequence[dict[str, Any]],
+                     type_of: Callable[[str], str | None]) -> dict[str, dict[str, Any]]:
+    """The pair profile per configured GPU type (``type_of`` maps a run's NVML model to it)
+    from the runs ``profile_of_history`` reads, each type's runs alone."""
+    runs, _ = _usable_runs(history)
+    by_type: dict[str, list[dict[str, Any]]] = {}
+    for run in runs:
+        gpu_type = type_of(str(run.get("gpu_model") or ""))
+        if gpu_type:
+            by_type.setdefault(gpu_type, []).append(run)
+    return {gpu_type: _profile_of_runs(group) for gpu_type, group in by_type.items()}
+
+
+class Profiles(NamedTuple):
+    """A job's pair profile over all its runs, the key its corrections are learned under, and
+    its profile per GPU type it ran on."""
+    profile: dict[str, Any]
+    key: str
+    by_type: Mapping[str, dict[str, Any]]
+
+    def on(self, gpu_type: str | None) -> tuple[dict[str, Any], str]:
+        """``(profile, correction key)`` to judge the job with on ``gpu_type``: its own there
+        where it ran there, else over all types."""
+        typed = self.by_type.get(gpu_type) if gpu_type else None
+        return (typed, typed_key(self.key, gpu_type)) if typed else (self.profile, self.key)
 
 
 class PairCompatibility:
     """One job's view of the running shares (``policy.PairCompatibility``)."""
 
-    def __init__(self, model: PairModel, profile: dict[str, Any], key: str,
-                 resident: Callable[[str], tuple[dict[str, Any], str] | None]):
+    def __init__(self, model: PairModel, own: Profiles,
+                 resident: Callable[[str], Profiles | None]):
         self.model = model
-        self.profile = profile
-        self.key = key
+        self.own = own
+        self.profile, self.key = own.profile, own.key
         self.resident = resident
 
     def compatible_with(self, resident_id: str, gpu_type: str | None = None) -> bool:
-        """Whether the job may join the running share ``resident_id``: each side's pessimistic
-        predicted speed is at least the threshold (memory is Slurm's to account, by shards)."""
-        found = self.resident(resident_id)
-        if found is None:
-            return True
-        profile, key = found
-        return self.model.fast_enough([self.profile, profile], [self.key, key])
+        """Whether the job may join the running share ``resident_id`` on a GPU of
+        ``gpu_type``: each side's pessimistic predicted speed is at least the threshold (memory
+        is Slurm's to account, by shards)."""
+        return self.compatible_with_group((resident_id,), gpu_type)
 
     def compatible_with_group(self, resident_ids, gpu_type: str | None = None) -> bool:
         """Whether the job may join these shares on one GPU, all together: every side's
@@ -70,8 +107,8 @@ class PairCompatibility:
         found = [r for r in (self.resident(i) for i in resident_ids) if r is not None]
         if not found:
             return True
-        return self.model.fast_enough([self.profile] + [p for p, _ in found],
-                                      [self.key] + [k for _, k in found])
+        sides = [self.own.on(gpu_type)] + [r.on(gpu_type) for r in found]
+        return self.model.fast_enough([p for p, _ in sides], [k for _, k in sides])
 
     def copies_allowed(self, limit: int) -> int:
         """How many copies of the job (the tasks of its array, its next submissions) may share
@@ -82,19 +119,24 @@ class PairCompatibility:
 class Pairing:
     """Owns the pair model decisions read; learning swaps in an updated copy."""
 
-    def __init__(self, store, *, model: PairModel | None = None):
+    def __init__(self, store, *, model: PairModel | None = None,
+                 type_of: Callable[[str], str | None] | None = None):
         self.store = store  # read-only use: history and decision records
         self.model = model or default_model()
-        # One co-run per (cluster, jobs, GPU): a row completed later replaces it.
+        # A run's configured GPU type from its NVML model name (None: not one of the site's).
+        self.type_of = type_of or (lambda _model: None)
+        # One co-run per (cluster, jobs, GPU): a row completed later replaces it; the same
+        # under typed keys where both jobs have a profile on the co-run's GPU type.
         self._observations: dict[tuple, CoRun] = {}
-        self._profiles: dict[str, dict[str, Any]] = {}  # fingerprint key -> profile (learning)
-        self._by_keys: OrderedDict[tuple[str, ...], tuple[dict[str, Any], str] | None] = OrderedDict()
+        self._typed_observations: dict[tuple, CoRun] = {}
+        self._profiles: dict[str, dict[str, Any]] = {}  # (typed) key -> profile (learning)
+        self._by_keys: OrderedDict[tuple[str, ...], Profiles | None] = OrderedDict()
         self._decision_keys: OrderedDict[str, tuple[str, ...]] = OrderedDict()
         self._lock = threading.Lock()
 
     # -- profiles ---------------------------------------------------------------------------
-    def profile(self, keys: Sequence[str]) -> tuple[dict[str, Any], str] | None:
-        """``(profile, key)`` of a job with fingerprint ``keys`` (most specific first)."""
+    def profile(self, keys: Sequence[str]) -> Profiles | None:
+        """The profiles of a job with fingerprint ``keys`` (most specific first)."""
         keys = tuple(k for k in keys if k)
         if not keys:
             return None
@@ -102,15 +144,17 @@ class Pairing:
             if keys in self._by_keys:
                 self._by_keys.move_to_end(keys)
                 return self._by_keys[keys]
-        profile, rank = profile_of_history(self.store.history(list(keys)))
-        found = None if profile is None else (profile, keys[rank])
+        history = self.store.history(list(keys))
+        profile, rank = profile_of_history(history)
+        found = None if profile is None else Profiles(profile, keys[rank],
+                                                      profiles_by_type(history, self.type_of))
         with self._lock:
             self._by_keys[keys] = found
             while len(self._by_keys) > CACHE_SIZE:
                 self._by_keys.popitem(last=False)
         return found
 
-    def resident(self, decision_id: str) -> tuple[dict[str, Any], str] | None:
+    def resident(self, decision_id: str) -> Profiles | None:
         """A running share's profile, through its decision record's keys (a record never
         changes its keys, so they are read once per decision)."""
         if not decision_id:
@@ -152,7 +196,7 @@ class Pairing:
         model = self.model
         if margin_at_least > min(model.margin, model.margin_learned):
             model = model.with_margin_at_least(margin_at_least)
-        return PairCompatibility(model, found[0], found[1], self.resident)
+        return PairCompatibility(model, found, self.resident)
 
     # -- learning ---------------------------------------------------------------------------
     def load(self) -> "Pairing":
@@ -174,14 +218,23 @@ class Pairing:
             sides = [self.profile(self.store.keys_of_job(job_id, cluster)[:2]) for job_id in jobs]
             if None in sides:
                 continue  # the other job has not finished yet: learned when it has
-            (profile_a, key_a), (profile_b, key_b) = sides
-            self._profiles[key_a], self._profiles[key_b] = profile_a, profile_b
+            for side in sides:
+                self._profiles[side.key] = side.profile
             ident = (cluster, *jobs, str(row.get("gpu_uuid") or ""))
             overlap = row.get("overlap_s")
-            self._observations[ident] = CoRun((key_a, key_b), isd,
-                                              None if overlap is None else float(overlap))
+            run = self._observations[ident] = CoRun(
+                (sides[0].key, sides[1].key), isd, None if overlap is None else float(overlap))
+            gpu_type = row.get("gpu_type")
+            if gpu_type and all(gpu_type in side.by_type for side in sides):
+                typed = tuple(typed_key(side.key, gpu_type) for side in sides)
+                for key, side in zip(typed, sides):
+                    self._profiles[key] = side.by_type[gpu_type]
+                self._typed_observations[ident] = run._replace(keys=typed)
+            else:
+                self._typed_observations.pop(ident, None)
             added += 1
         if added:
-            self.model = self.model.learned_from(self._observations, self._profiles)
+            self.model = self.model.learned_from(self._observations, self._profiles,
+                                                 self._typed_observations, self._profiles)
         return self
 

@@ -269,7 +269,12 @@ class Service:
         if store is not None:
             from slurm_gpushare.daemon.pairing import Pairing
 
-            self.pairing = Pairing(reader or store).load()
+            from slurm_gpushare.predict.history import config_type_of
+
+            # Runs' GPU types by the configuration in force (a reload may add types).
+            self.pairing = Pairing(reader or store,
+                                   type_of=lambda model: config_type_of(model, self.config)
+                                   ).load()
             self.learner = Learner(store, self.estimator,
                                    KnowledgeBase.from_store(store, self.estimator.classes),
                                    count=self._count, pairing=self.pairing)

@@ -354,11 +354,24 @@ class PairModel:
         return bool(min(self.safe_speeds(profiles, keys)) >= self.threshold)
 
     def learned_from(self, runs: Mapping[tuple, "CoRun"],
-                     profiles: Mapping[str, Mapping[str, Any]]) -> "PairModel":
+                     profiles: Mapping[str, Mapping[str, Any]],
+                     typed_runs: Mapping[tuple, "CoRun"] | None = None,
+                     typed_profiles: Mapping[str, Mapping[str, Any]] | None = None
+                     ) -> "PairModel":
         """The same prior and margins with corrections learned from all of ``runs`` (co-runs
         keyed by ``(cluster, job_a, job_b, gpu)``, read by ``pair_speeds``); ``profiles`` maps
-        the runs' keys to profiles. What the daemon and the simulator call at each re-learning."""
-        return self.fitted_copy().learn(pair_speeds(runs, profiles, self.latency), profiles)
+        the runs' keys to profiles. What the daemon and the simulator call at each re-learning.
+
+        ``typed_runs`` are the same co-runs keyed by ``typed_key`` (each job on the GPU type
+        it ran on, ``typed_profiles`` its profile there): their corrections are learned apart
+        (the two sets of keys never meet) and judge pairs on that type."""
+        model = self.fitted_copy().learn(pair_speeds(runs, profiles, self.latency), profiles)
+        if typed_runs:
+            typed = self.fitted_copy().learn(
+                pair_speeds(typed_runs, typed_profiles or {}, self.latency), typed_profiles or {})
+            model.suffers.update(typed.suffers)
+            model.hurts.update(typed.hurts)
+        return model
 
     def with_margin_at_least(self, margin: float) -> "PairModel":
         """The same model (corrections shared, not copied) with both margins raised to at
@@ -396,6 +409,18 @@ class PairModel:
 # A side of a co-run is measured only where the partner overlapped at least this share of the
 # job's run (the node agent reports the overlap; the daemon and the simulator learn alike).
 MEASURED_OVERLAP = 0.8
+
+
+def typed_key(key: str, gpu_type: str) -> str:
+    """The key of a job's corrections on one GPU type. A job keeps a small GPU busier than a
+    large one, so its profile differs per type, and what it suffers and inflicts there is
+    learned against that profile: corrections learned against its profile averaged over types
+    and applied to its profile on one type mislead. On the Philly trace (Gavel's measured
+    pairs as truth; seeds 0-4, lever off, ``bench/sim_bounds.py --variants gpushare
+    --priority none``) one correction per job gave -36.0% mean JCT against slurm-default and
+    shared runs at a mean slowdown of 0.41; per type -39.2% and 0.28. Corrections per type
+    falling back to the job's over all types where it has none there: -35.0%."""
+    return f"{key}@{gpu_type}"
 
 
 class CoRun(NamedTuple):

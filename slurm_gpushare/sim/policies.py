@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from typing import Sequence
 
 import numpy as np
 
@@ -413,9 +414,10 @@ class SimPairs:
 
     FIRST_LEARN, GROWTH = 8, 1.5
 
-    def __init__(self, kinds, job_kind: list[int], type_profile: dict[str, int]):
+    def __init__(self, kinds, job_kind: list[int], type_profile: dict[str, int],
+                 gpu_type_names: Sequence[str] = ()):
         from slurm_gpushare.predict.knowledge import GAVEL_MEM_MIB, gavel_profiles
-        from slurm_gpushare.predict.pairs import default_model
+        from slurm_gpushare.predict.pairs import default_model, typed_key
 
         util = {(row.job, row.gpu): float(row.gpu_util_pct)
                 for row in gavel_profiles().itertuples()}
@@ -436,9 +438,17 @@ class SimPairs:
                 self.typical[name] = {
                     "gpu_util_pct": sum(p["gpu_util_pct"] for p in known) / len(known),
                     "mem_total_mib": max(p["mem_total_mib"] for p in known)}
+        # Each kind's profile on each GPU type under its typed key (``pairs.typed_key``): what
+        # it suffers and inflicts on a type is learned against its profile there.
+        self.typed_profiles = {typed_key(name, gpu_type): self.profiles[p][kind]
+                               for kind, name in enumerate(self.names)
+                               for gpu_type, p in type_profile.items()
+                               if self.profiles[p][kind] is not None}
+        self.gpu_type_names = list(gpu_type_names)  # per GPU index
         self.verdicts: dict[tuple, bool] = {}
         self._judges: dict[int, _KindPairs | None] = {}
         self.runs: dict = {}  # (cluster, job a, job b, GPU) -> pairs.CoRun
+        self.typed_runs: dict = {}  # the same under typed keys, where both kinds have a profile
         self.measured = 0  # measured sides among them
         self.learn_at = self.FIRST_LEARN
         self.relearned = 0
@@ -463,7 +473,7 @@ class SimPairs:
         partner overlapped nearly its whole run (``pairs.MEASURED_OVERLAP``). Returns whether
         the model was re-learned (the judges' verdicts are then new)."""
         from slurm_gpushare.predict.knowledge import measured_isd
-        from slurm_gpushare.predict.pairs import MEASURED_OVERLAP, CoRun
+        from slurm_gpushare.predict.pairs import MEASURED_OVERLAP, CoRun, typed_key
 
         own = self._name(self.job_kind[j])
         if own is None or duration_s <= 0 or solo_s <= 0:
@@ -481,12 +491,17 @@ class SimPairs:
             measured = bool(seconds >= MEASURED_OVERLAP * duration_s)
             sides[0 if first else 1] = isd if measured else None
             self.measured += measured
-            self.runs[ident] = CoRun(keys, tuple(sides),
-                                     max(seconds, run.overlap_s or 0.0) if run else seconds)
+            run = self.runs[ident] = CoRun(keys, tuple(sides),
+                                           max(seconds, run.overlap_s or 0.0) if run else seconds)
+            gpu_type = self.gpu_type_names[gpu] if gpu < len(self.gpu_type_names) else None
+            typed = tuple(typed_key(k, gpu_type) for k in keys) if gpu_type else ()
+            if typed and all(k in self.typed_profiles for k in typed):
+                self.typed_runs[ident] = run._replace(keys=typed)
         if self.measured < self.learn_at:
             return False
         self.learn_at = math.ceil(self.measured * self.GROWTH)
-        self.model = self.model.learned_from(self.runs, self.typical)
+        self.model = self.model.learned_from(self.runs, self.typical, self.typed_runs,
+                                             self.typed_profiles)
         self.verdicts.clear()
         self.relearned += 1
         return True
@@ -514,12 +529,17 @@ class _KindPairs:
                                  if profiles[k] is not None))
         if not kinds:
             return True
-        key = (p, self.kind, kinds)
+        key = (gpu_type, self.kind, kinds)
         verdict = pairs.verdicts.get(key)
         if verdict is None:
             group = (self.kind,) + kinds
+            names = [pairs.names[k] for k in group]
+            if gpu_type in pairs.type_profile:  # judged with the kinds' corrections there
+                from slurm_gpushare.predict.pairs import typed_key
+
+                names = [typed_key(n, gpu_type) for n in names]
             verdict = pairs.verdicts[key] = pairs.model.fast_enough(
-                [profiles[k] for k in group], [pairs.names[k] for k in group])
+                [profiles[k] for k in group], names)
         return verdict
 
     def compatible_with(self, resident_job, gpu_type: str | None = None) -> bool:
@@ -595,7 +615,8 @@ class GpuShare(Policy):
         self.view = SimView(engine, cluster.partition)
         type_profile = {t.name: SPEED_PROFILES.index(t.speed_profile) for t in cluster.types}
         self.compat = SimCompatibility(self.knowledge, type_profile)
-        self.pairs = SimPairs(engine.work.kinds, engine.work.kind.tolist(), type_profile)
+        self.pairs = SimPairs(engine.work.kinds, engine.work.kind.tolist(), type_profile,
+                              [cluster.types[t].name for t in engine.g_type_list])
         self.node_index = {n.name: i for i, n in enumerate(cluster.nodes)}
         self.type_names = cluster.type_names
         self.all_types = engine.work.allowed.shape[1]

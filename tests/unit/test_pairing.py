@@ -240,7 +240,7 @@ def test_a_slowdown_shared_by_several_partners_is_not_taught_as_each_pairs(store
     for job_id in ("30", "31", "32"):
         store.ingest_summary(summary(job_id, key, 40.0, 20.0))
     pairing = Pairing(store).load()
-    profile, _ = pairing.profile([key])
+    profile = pairing.profile([key]).profile
     pair_isd = pairing.model.predict_isd([profile, profile])[0]
     group_isd = pairing.model.predict_isd([profile, profile, profile])[0]
     assert group_isd == pytest.approx(2 * pair_isd) and pair_isd > 0.1
@@ -254,3 +254,58 @@ def test_a_slowdown_shared_by_several_partners_is_not_taught_as_each_pairs(store
     other = Pairing(store).load()
     other.observe(rows[:1])
     assert other.model.predict_isd([profile, profile], [key, key])[0] > 1.3 * pair_isd
+
+
+def test_a_job_is_judged_with_its_profile_on_the_gpu_type_it_would_share():
+    # The same script keeps a T4 far busier than an A100: next to a resident that is busy
+    # everywhere it may share an A100, not a T4. Its runs averaged over both types would
+    # give one verdict for both.
+    from slurm_gpushare.daemon.pairing import Profiles, profiles_by_type
+    from slurm_gpushare.predict.pairs import default_model, typed_key
+
+    def run(model, util, mem):
+        return {"gpu_model": model, "mgup_mean": util, "mgtsamp_mean": mem, "mgup_max": util,
+                "mgtsamp_max": mem, "mgmap_max_mib": 2000.0, "mem_total_mib": 16384.0}
+
+    types = {"Tesla T4": "t4", "NVIDIA A100-SXM4-40GB": "a100"}
+    history = [run("Tesla T4", 90.0, 60.0), run("Tesla T4", 86.0, 50.0),
+               run("NVIDIA A100-SXM4-40GB", 12.0, 6.0), run("Unknown GPU", 50.0, 20.0)]
+    by_type = profiles_by_type(history, types.get)
+    assert set(by_type) == {"t4", "a100"}
+    assert by_type["t4"]["gpu_util_pct"] == 88.0 and by_type["a100"]["gpu_util_pct"] == 12.0
+    own = Profiles(profile_of_history(history)[0], "j" * 64, by_type)
+    assert own.on("t4") == (by_type["t4"], typed_key("j" * 64, "t4"))
+    assert own.on("v100") == (own.profile, "j" * 64)  # never ran there: its runs over all types
+    busy = {"gpu_util_pct": 70.0, "mem_util_pct": 40.0, "mem_total_mib": 16384.0}
+    resident = Profiles(busy, "r" * 64, {})
+    from slurm_gpushare.daemon.pairing import PairCompatibility
+
+    compat = PairCompatibility(default_model(), own, {"d1": resident}.get)
+    assert compat.compatible_with("d1", "a100") is True
+    assert compat.compatible_with("d1", "t4") is False
+
+
+def test_co_runs_teach_corrections_on_their_gpu_type(tmp_path):
+    # Two light jobs measured at 0.4x together on a V100: on a V100 they are kept apart from
+    # then on; on an A100, where each ran alone but never together, the prior judges them.
+    def typed_summary(job_id, key, util, mem, model):
+        return summary(job_id, key, util, mem, gpu_model=model)
+
+    a, b = "a" * 64, "c" * 64
+    v100, a100 = "Tesla V100-SXM2-16GB", "NVIDIA A100-SXM4-40GB"
+    types = {v100: "v100", a100: "a100"}
+    with Store(tmp_path / "s.db") as s:
+        for job_id, key, model in (("10", a, v100), ("11", b, v100), ("12", a, a100),
+                                   ("13", b, a100)):
+            s.ingest_summary(typed_summary(job_id, key, 20.0, 5.0, model))
+        s.record_decision({"decision_id": "db", "action": "share", "code": "x", "keys": [b]})
+        cold = Pairing(s, type_of=types.get).load()
+        assert cold.compatibility([a]).compatible_with("db", "v100") is True
+        s.record_corun("10", "11", cluster="c1", gpu_type="v100", isd_a=1.5, isd_b=1.5)
+        learned = Pairing(s, type_of=types.get).load()
+        from slurm_gpushare.predict.pairs import typed_key
+
+        assert learned.model.suffers[typed_key(a, "v100")] > 0
+        assert typed_key(a, "a100") not in learned.model.suffers
+        assert learned.compatibility([a]).compatible_with("db", "v100") is False
+        assert learned.compatibility([a]).compatible_with("db", "a100") is True

@@ -100,7 +100,10 @@ def pair_ok(engine, g: int, j: int) -> bool:
 
 
 class _Judging(GpuShare):
-    """The product, remembering which job ``place`` judges (``_blocked`` is told only the GPU)."""
+    """The product, remembering which job ``place`` judges (``_blocked`` is told only the GPU).
+    Every judgement is asked of ``_blocked`` (to count it, or to judge it by other means)."""
+
+    remember_verdicts = False
 
     def place(self, j, req, engine, exclude):
         self._judging = j

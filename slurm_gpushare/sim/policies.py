@@ -403,7 +403,8 @@ class SimPairs:
     packaged prior (``pairs.default_model``) on each job kind's profile per GPU from Gavel's
     utilisation proxy (``knowledge.gavel_profiles``: the telemetry the daemon would have
     measured), with corrections learned from the co-runs the simulation measures (``observe``:
-    a job's run against its time alone, as the daemon learns at each job's end). A kind is one
+    a job's run against its time alone, as the daemon learns at each job's end), on each GPU
+    type apart against the kind's profile there (``pairs.typed_key``). A kind is one
     fingerprint key: every job of a kind resubmits one script (the daemon's best case). Running
     shares are known by job index; one judge per kind (``for_job``).
 
@@ -581,6 +582,9 @@ class GpuShare(Policy):
 
     name = "gpushare"
     shares = True
+    # Verdicts on GPUs holding one share are looked up, not asked again (a subclass that
+    # counts every judgement turns this off).
+    remember_verdicts = True
     AGE_WEIGHT, MAX_AGE_S = 1000.0, 7 * 86400.0
 
     def __init__(self, knowledge: ClassPairTable, gpu_time_budget_pct: float = 0.0,
@@ -636,6 +640,10 @@ class GpuShare(Policy):
         # ``core/waiting.py``), the judges' caches, node views with free units per GPU.
         self.judgements: dict[int, WaitingShare] = {}
         self._caches: dict = {}
+        # A pair judge's verdict on a GPU holding one share, by the GPU's type and the share's
+        # kind (judge -> {(type, kind): blocked}): all that verdict reads, so the landing GPUs
+        # a waiting share is judged against at every pass cost one look-up each.
+        self._single: dict = {}
         self._now: dict[int, tuple] = {}
         self._usable: dict = {}
         self.counters = {"started_kept_off": 0}
@@ -725,6 +733,7 @@ class GpuShare(Policy):
     def run_ended(self, j, engine, overlap, duration_s, solo_s):
         if self.pairs.observe(j, engine.j_gpus[j][0], overlap, duration_s, solo_s):
             self._caches.clear()  # verdicts of the model before
+            self._single.clear()
 
     def memo_key(self, j, req):
         """Shares judged alike (one judge, one size) share a queue bucket: where one cannot
@@ -748,8 +757,19 @@ class GpuShare(Policy):
         pairwise = hasattr(entry.knowledge, "compatible_with") and not entry.blockers
         # Each node's first GPU with room: where Slurm lands the share on that node.
         landing = engine.share_candidates(req, exclude, landing=True)
+        single = (self._single.setdefault(id(entry.knowledge), {})
+                  if pairwise and self.remember_verdicts else None)
+        g_jobs, g_type, job_kind = engine.g_jobs, engine.g_type_list, self.pairs.job_kind
         for seen, g in enumerate(landing):
-            if not self._blocked(entry, engine, g, pairwise):
+            jobs = g_jobs[g]
+            if single is not None and len(jobs) == 1:
+                key = (g_type[g], job_kind[jobs[0]])
+                blocked = single.get(key)
+                if blocked is None:
+                    blocked = single[key] = self._blocked(entry, engine, g, pairwise)
+            else:
+                blocked = self._blocked(entry, engine, g, pairwise)
+            if not blocked:
                 self.counters["started_kept_off"] += seen > 0
                 return [g]
         if landing and len(landing) >= self._usable_nodes(engine, req):

@@ -519,3 +519,59 @@ def test_gpushare_reads_the_landing_gpu_as_blocked_now_does():
     judged = [v for v in verdicts if v[0]]
     assert judged and all(same for _, same, _ in verdicts)
     assert {blocked for *_, blocked in judged} == {True, False}  # both answers were given
+
+
+def test_gpushare_learns_corrections_on_the_gpu_type_of_the_co_run(monkeypatch):
+    # The co-run on a V100 teaches A3C's and ResNet-18's corrections there (against their V100
+    # profiles), not on the K80s, where they never met.
+    from slurm_gpushare.predict.pairs import typed_key
+
+    monkeypatch.setattr(policies.SimPairs, "FIRST_LEARN", 1)
+    jobs = [{"solo": 1000, "kind": 0}, {"submit": 1, "solo": 10, "kind": 1}]
+    cl = cluster(((1, 1, "v100"), (1, 1, "k80")), cap=3, types=("v100", "k80"))
+    w = work(cl, jobs)
+    w.kinds = ("ResNet-18 (batch size 64)", "A3C")
+    policy = policies.GpuShare(table(), keep_whole_when_idle=False)
+    e = Engine(cl, w, policy, Constant(0.3))
+    e.run()
+    assert e.j_gpus[0] == e.j_gpus[1] == [0]  # shared the V100
+    model = policy.pairs.model
+    assert model.suffers[typed_key("A3C", "v100")] > 0
+    assert typed_key("A3C", "k80") not in model.suffers
+    v100, k80 = (policy.pairs.profiles[policies.SPEED_PROFILES.index(t)] for t in ("v100", "k80"))
+    judge = policy.pairs.for_job(1)
+    assert judge.compatible_with(0, "v100") is False
+    assert judge.compatible_with(0, "k80") == policy.pairs.model.fitted_copy().fast_enough(
+        [k80[1], k80[0]])  # the prior's verdict there
+
+
+def test_remembered_verdicts_place_shares_as_asking_each_time_does():
+    # GpuShare.place remembers a judge's verdict on a GPU holding one share by type and kind;
+    # asking every time (remember_verdicts off) must start every job at the same time on the
+    # same GPUs, learning included.
+    rng = np.random.default_rng(5)
+    cl = cluster(((3, 2, "v100"), (3, 2, "k80")), cap=3, types=("v100", "k80"))
+    jobs = sorted(({"submit": float(rng.integers(0, 3000)), "solo": float(rng.integers(50, 900)),
+                    "mem": float(rng.uniform(1, 6)), "cls": int(rng.integers(0, 3)),
+                    "kind": int(rng.integers(0, 4))} for _ in range(300)),
+                  key=lambda j: j["submit"])
+    w = work(cl, jobs)
+    w.kinds = ("CycleGAN", "A3C", "ResNet-18 (batch size 64)", "LM (batch size 80)")
+    asked = []
+
+    class Counting(policies.GpuShare):
+        def _blocked(self, entry, engine, g, pairwise):
+            asked[-1] += 1
+            return super()._blocked(entry, engine, g, pairwise)
+
+    placed = []
+    for remember in (True, False):
+        policy = Counting(table(), keep_whole_when_idle=False)
+        policy.remember_verdicts = remember
+        asked.append(0)
+        e = Engine(cl, w, policy, Constant(0.6))
+        r = e.run()
+        placed.append((list(r.jobs["start"]), [e.j_gpus[j] for j in range(len(jobs))]))
+    assert placed[0] == placed[1]
+    assert sum(len(g) > 0 for g in placed[0][1]) == len(jobs)
+    assert 0 < asked[0] < asked[1]  # verdicts were remembered, and judgements made

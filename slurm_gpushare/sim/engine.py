@@ -45,7 +45,7 @@ import math
 from itertools import compress
 from operator import ge
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -269,21 +269,19 @@ class Engine:
     # --- queries used by policies --------------------------------------------------------
 
     def share_candidates(self, req: Request, exclude=None, *, cap: int | None = None,
-                         rooms: list | None = None, first: bool = False,
-                         landing: bool = False) -> list[int]:
+                         rooms: list | None = None, first: bool = False) -> list[int]:
         """GPUs (ascending, i.e. Slurm's node order) where the share fits now, outside its and
         the pass's exclusions. Only nodes whose room (``rooms``: default ``node_room``; a
         class's room for class-aware policies) reaches the share are looked at: few, on a
-        busy cluster. ``first``: the first such GPU only; ``landing``: each node's first (where
-        Slurm lands a share on that node)."""
+        busy cluster. ``first``: the first such GPU only (``landing_gpus``: each node's first)."""
         need = self._node_need(req)
         skip = req.exclude | exclude if exclude else req.exclude
         tight = cap is not None and cap < self.cap  # the job cap of free GiB is not enough
         g_free, g_njobs, ranges = self.g_free, self.g_njobs, self._n_gpu_range
         out = []
         # The nodes whose room reaches the share, filtered at C speed (most have none).
-        for node in compress(self._node_range, map(ge, self._n_room if rooms is None else rooms,
-                                                   need)):
+        nodes = compress(self._node_range, map(ge, self._n_room if rooms is None else rooms, need))
+        for node in nodes:
             if node in skip:
                 continue
             gib = need[node]
@@ -292,9 +290,22 @@ class Engine:
                     out.append(g)
                     if first:
                         return out
-                    if landing:
-                        break
         return out
+
+    def landing_gpus(self, req: Request, exclude=None) -> Iterator[int]:
+        """Each node's first GPU where the share fits now (where Slurm lands it on that node),
+        in Slurm's node order, outside its and the pass's exclusions, one at a time (a waiting
+        share judged by its pair predictor stops at the first it may join)."""
+        need = self._node_need(req)
+        skip = req.exclude | exclude if exclude else req.exclude
+        g_free, ranges = self.g_free, self._n_gpu_range
+        for node in compress(self._node_range, map(ge, self._n_room, need)):
+            if node not in skip:
+                gib = need[node]
+                for g in ranges[node]:
+                    if g_free[g] >= gib:
+                        yield g
+                        break
 
     def _node_mask(self, req: Request, exclude) -> np.ndarray:
         """Nodes of the request's types outside its and the pass's exclusions (cached)."""

@@ -641,7 +641,7 @@ class GpuShare(Policy):
         self.judgements: dict[int, WaitingShare] = {}
         self._caches: dict = {}
         # A pair judge's verdict on a GPU holding one share, by the GPU's type and the share's
-        # kind (judge -> {(type, kind): blocked}): all that verdict reads, so the landing GPUs
+        # kind (judge -> {type + kind x types: blocked}): all that verdict reads, so the landing GPUs
         # a waiting share is judged against at every pass cost one look-up each.
         self._single: dict = {}
         self._now: dict[int, tuple] = {}
@@ -755,15 +755,16 @@ class GpuShare(Policy):
         # read here off the engine's arrays instead of a node view made per node (the
         # simulator's costliest step; test_sim_engine checks both agree).
         pairwise = hasattr(entry.knowledge, "compatible_with") and not entry.blockers
-        # Each node's first GPU with room: where Slurm lands the share on that node.
-        landing = engine.share_candidates(req, exclude, landing=True)
         single = (self._single.setdefault(id(entry.knowledge), {})
                   if pairwise and self.remember_verdicts else None)
         g_jobs, g_type, job_kind = engine.g_jobs, engine.g_type_list, self.pairs.job_kind
-        for seen, g in enumerate(landing):
+        types = len(self.type_names)
+        first, seen = None, 0
+        # Each node's first GPU with room: where Slurm lands the share on that node.
+        for g in engine.landing_gpus(req, exclude):
             jobs = g_jobs[g]
             if single is not None and len(jobs) == 1:
-                key = (g_type[g], job_kind[jobs[0]])
+                key = g_type[g] + types * job_kind[jobs[0]]  # (type, kind) as one number
                 blocked = single.get(key)
                 if blocked is None:
                     blocked = single[key] = self._blocked(entry, engine, g, pairwise)
@@ -772,8 +773,11 @@ class GpuShare(Policy):
             if not blocked:
                 self.counters["started_kept_off"] += seen > 0
                 return [g]
-        if landing and len(landing) >= self._usable_nodes(engine, req):
-            return [landing[0]]  # never kept off every node it could use: it would only wait
+            if first is None:
+                first = g
+            seen += 1
+        if seen and seen >= self._usable_nodes(engine, req):
+            return [first]  # never kept off every node it could use: it would only wait
         return None
 
     def _blocked(self, entry, engine, g: int, pairwise: bool) -> bool:

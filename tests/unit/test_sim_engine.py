@@ -324,15 +324,16 @@ class Checked(Engine):
                                  if not r.whole else None)
                 assert (key, i) == (self.policy.key(i, self), i)
 
-    def share_candidates(self, req, exclude=None, *, cap=None, rooms=None, first=False,
-                         landing=False):
-        got = super().share_candidates(req, exclude, cap=cap, rooms=rooms, first=first,
-                                       landing=landing)
-        if landing:  # each node's first GPU of the full list
-            every = super().share_candidates(req, exclude, cap=cap, rooms=rooms)
-            assert got == [g for i, g in enumerate(every)
-                           if i == 0 or self.g_node[g] != self.g_node[every[i - 1]]]
-            return got
+    def landing_gpus(self, req, exclude=None):
+        got = list(super().landing_gpus(req, exclude))
+        # each node's first GPU of the full list
+        every = super().share_candidates(req, exclude)
+        assert got == [g for i, g in enumerate(every)
+                       if i == 0 or self.g_node[g] != self.g_node[every[i - 1]]]
+        return iter(got)
+
+    def share_candidates(self, req, exclude=None, *, cap=None, rooms=None, first=False):
+        got = super().share_candidates(req, exclude, cap=cap, rooms=rooms, first=first)
         # against every GPU, from the arrays: the GPUs the share fits now outside the exclusions
         need = req.shards[self.g_type]
         ok = (req.types[self.g_type] & ~self.g_whole & (self.g_njobs < (cap or self.cap))

@@ -167,6 +167,9 @@ class Engine:
         # Free GiB on each GPU a share may join (0 when held whole or at the job cap): what
         # placements test, per GPU of the few nodes whose room reaches a share.
         self.g_free = self.g_cap.tolist()
+        # The node of each GPU change, in order (every start and end): a waiting share that
+        # looked at every node reads only the nodes changed since (``GpuShare.place``).
+        self.changes: list[int] = []
         self._n_gpu_range = [range(int(f), int(f) + int(c)) for f, c in zip(self.n_first, self.n_gpus)]
         self._node_range = range(N)
         self.n_changed: set[int] = set()
@@ -307,6 +310,17 @@ class Engine:
                         yield g
                         break
 
+    def landing_gpu(self, req: Request, exclude, node: int) -> int | None:
+        """``landing_gpus`` on one node: its first GPU where the share fits now, or None."""
+        gib = self._node_need(req)[node]
+        if self._n_room[node] < gib or node in req.exclude or (exclude and node in exclude):
+            return None
+        g_free = self.g_free
+        for g in self._n_gpu_range[node]:
+            if g_free[g] >= gib:
+                return g
+        return None
+
     def _node_mask(self, req: Request, exclude) -> np.ndarray:
         """Nodes of the request's types outside its and the pass's exclusions (cached)."""
         key = (req.key[0], req.exclude, exclude)
@@ -333,7 +347,9 @@ class Engine:
         g_free, g_node, g_jobs = self.g_free, self.g_node_list, self.g_jobs
         for g in gpus:  # only these GPUs changed (g_njobs counts g_jobs)
             g_free[g] = int(g_cap[g] - g_used[g]) if not g_whole[g] and len(g_jobs[g]) < cap else 0
-        for node in {g_node[g] for g in gpus}:
+        nodes = {g_node[g] for g in gpus}
+        self.changes.extend(nodes)
+        for node in nodes:
             gpus_of = self._n_gpu_range[node]
             first, count = gpus_of.start, len(gpus_of)
             t = self.n_type_list[node]

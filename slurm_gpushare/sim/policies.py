@@ -644,6 +644,10 @@ class GpuShare(Policy):
         # kind (judge -> {type + kind x types: blocked}): all that verdict reads, so the landing GPUs
         # a waiting share is judged against at every pass cost one look-up each.
         self._single: dict = {}
+        # What a waiting share judged by its pair predictor saw at its last look, by judge,
+        # request and exclusions: [re-learnings, position in Engine.changes, landing GPU by
+        # node, nodes it may join] (``_place_looking_again``).
+        self._looks: dict = {}
         self._now: dict[int, tuple] = {}
         self._usable: dict = {}
         self.counters = {"started_kept_off": 0}
@@ -734,6 +738,7 @@ class GpuShare(Policy):
         if self.pairs.observe(j, engine.j_gpus[j][0], overlap, duration_s, solo_s):
             self._caches.clear()  # verdicts of the model before
             self._single.clear()
+            self._looks.clear()
 
     def memo_key(self, j, req):
         """Shares judged alike (one judge, one size) share a queue bucket: where one cannot
@@ -755,22 +760,14 @@ class GpuShare(Policy):
         # read here off the engine's arrays instead of a node view made per node (the
         # simulator's costliest step; test_sim_engine checks both agree).
         pairwise = hasattr(entry.knowledge, "compatible_with") and not entry.blockers
+        if pairwise and self.remember_verdicts:
+            return self._place_looking_again(req, engine, exclude, entry)
         single = (self._single.setdefault(id(entry.knowledge), {})
                   if pairwise and self.remember_verdicts else None)
-        g_jobs, g_type, job_kind = engine.g_jobs, engine.g_type_list, self.pairs.job_kind
-        types = len(self.type_names)
         first, seen = None, 0
         # Each node's first GPU with room: where Slurm lands the share on that node.
         for g in engine.landing_gpus(req, exclude):
-            jobs = g_jobs[g]
-            if single is not None and len(jobs) == 1:
-                key = g_type[g] + types * job_kind[jobs[0]]  # (type, kind) as one number
-                blocked = single.get(key)
-                if blocked is None:
-                    blocked = single[key] = self._blocked(entry, engine, g, pairwise)
-            else:
-                blocked = self._blocked(entry, engine, g, pairwise)
-            if not blocked:
+            if not self._verdict(entry, engine, g, pairwise, single):
                 self.counters["started_kept_off"] += seen > 0
                 return [g]
             if first is None:
@@ -778,6 +775,61 @@ class GpuShare(Policy):
             seen += 1
         if seen and seen >= self._usable_nodes(engine, req):
             return [first]  # never kept off every node it could use: it would only wait
+        return None
+
+    def _verdict(self, entry, engine, g: int, pairwise: bool, single: dict | None) -> bool:
+        """``_blocked``, where ``single`` is a pair judge's remembered verdicts on GPUs
+        holding one share, by the GPU's type and the share's kind (all such a verdict reads;
+        None: asked every time)."""
+        jobs = engine.g_jobs[g]
+        if single is None or len(jobs) != 1:
+            return self._blocked(entry, engine, g, pairwise)
+        key = engine.g_type_list[g] + len(self.type_names) * self.pairs.job_kind[jobs[0]]
+        blocked = single.get(key)
+        if blocked is None:
+            blocked = single[key] = self._blocked(entry, engine, g, True)
+        return blocked
+
+    def _place_looking_again(self, req, engine, exclude, entry):
+        """``place`` for a share judged by its pair predictor, from what it saw at its last
+        look: a node's landing GPU and the verdict on it change only when a job starts or ends
+        there (``Engine.changes``), so only those nodes are looked at again; the pass's
+        exclusions (``exclude``: a reservation) are left out of the answer, not of the look.
+        The same answers as looking at every node (test_sim_engine)."""
+        key = (id(entry.knowledge), req.key, req.exclude)
+        look = self._looks.get(key)
+        if look is None or look[0] != self.pairs.relearned:
+            if len(self._looks) > 4096:
+                self._looks.clear()
+            look = self._looks[key] = [self.pairs.relearned, 0, {}, set()]
+            g_node = engine.g_node_list
+            found = [(g_node[g], g) for g in engine.landing_gpus(req)]
+        else:
+            found = [(node, engine.landing_gpu(req, None, node))
+                     for node in set(engine.changes[look[1]:])]
+        look[1] = len(engine.changes)
+        landing, fine = look[2], look[3]  # node -> its landing GPU; the nodes it may join
+        single = self._single.setdefault(id(entry.knowledge), {})
+        for node, g in found:
+            if g is None:
+                landing.pop(node, None)
+                fine.discard(node)
+                continue
+            landing[node] = g
+            if self._verdict(entry, engine, g, True, single):
+                fine.discard(node)
+            else:
+                fine.add(node)
+        nodes = landing
+        if exclude:
+            fine = [n for n in fine if n not in exclude]
+            nodes = [n for n in landing if n not in exclude]
+        if fine:
+            node = min(fine)
+            self.counters["started_kept_off"] += min(nodes) < node
+            return [landing[node]]
+        if nodes and len(nodes) >= self._usable_nodes(engine, req):
+            return [landing[min(nodes)]]  # never kept off every node it could use
         return None
 
     def _blocked(self, entry, engine, g: int, pairwise: bool) -> bool:

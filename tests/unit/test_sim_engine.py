@@ -332,6 +332,12 @@ class Checked(Engine):
                        if i == 0 or self.g_node[g] != self.g_node[every[i - 1]]]
         return iter(got)
 
+    def landing_gpu(self, req, exclude, node):
+        got = super().landing_gpu(req, exclude, node)
+        on_node = [g for g in super().share_candidates(req, exclude) if self.g_node[g] == node]
+        assert got == (on_node[0] if on_node else None)
+        return got
+
     def share_candidates(self, req, exclude=None, *, cap=None, rooms=None, first=False):
         got = super().share_candidates(req, exclude, cap=cap, rooms=rooms, first=first)
         # against every GPU, from the arrays: the GPUs the share fits now outside the exclusions
@@ -546,10 +552,12 @@ def test_gpushare_learns_corrections_on_the_gpu_type_of_the_co_run(monkeypatch):
         [k80[1], k80[0]])  # the prior's verdict there
 
 
-def test_remembered_verdicts_place_shares_as_asking_each_time_does():
-    # GpuShare.place remembers a judge's verdict on a GPU holding one share by type and kind;
-    # asking every time (remember_verdicts off) must start every job at the same time on the
-    # same GPUs, learning included.
+@pytest.mark.parametrize("priority", ["none", "sjf"])
+def test_remembered_verdicts_place_shares_as_asking_each_time_does(priority):
+    # GpuShare.place remembers a judge's verdict on a GPU holding one share by type and kind,
+    # and what a waiting share saw at its last look (only nodes changed since are looked at
+    # again); asking every time on every node (remember_verdicts off) must start every job at
+    # the same time on the same GPUs, learning and backfill reservations included.
     rng = np.random.default_rng(5)
     cl = cluster(((3, 2, "v100"), (3, 2, "k80")), cap=3, types=("v100", "k80"))
     jobs = sorted(({"submit": float(rng.integers(0, 3000)), "solo": float(rng.integers(50, 900)),
@@ -567,10 +575,11 @@ def test_remembered_verdicts_place_shares_as_asking_each_time_does():
 
     placed = []
     for remember in (True, False):
-        policy = Counting(table(), keep_whole_when_idle=False)
+        policy = Counting(table(), keep_whole_when_idle=False, priority=priority)
         policy.remember_verdicts = remember
         asked.append(0)
-        e = Engine(cl, w, policy, Constant(0.6))
+        # (remembering, with the engine's invariants checked: landing GPUs among them)
+        e = (Checked if remember else Engine)(cl, w, policy, Constant(0.6))
         r = e.run()
         placed.append((list(r.jobs["start"]), [e.j_gpus[j] for j in range(len(jobs))]))
     assert placed[0] == placed[1]

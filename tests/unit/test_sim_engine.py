@@ -497,6 +497,19 @@ def test_gpushare_learns_from_the_coruns_it_measures(monkeypatch):
     assert placed == {True: [[0], [0], [1]], False: [[0], [0], [0]]}
 
 
+def random_kinds_trace(seed: int, n: int):
+    """A random trace of ``n`` jobs of four Gavel kinds (pair judges) on V100 and K80 nodes."""
+    rng = np.random.default_rng(seed)
+    cl = cluster(((3, 2, "v100"), (3, 2, "k80")), cap=3, types=("v100", "k80"))
+    jobs = sorted(({"submit": float(rng.integers(0, 3000)), "solo": float(rng.integers(50, 900)),
+                    "mem": float(rng.uniform(1, 6)), "cls": int(rng.integers(0, 3)),
+                    "kind": int(rng.integers(0, 4))} for _ in range(n)),
+                  key=lambda j: j["submit"])
+    w = work(cl, jobs)
+    w.kinds = ("CycleGAN", "A3C", "ResNet-18 (batch size 64)", "LM (batch size 80)")
+    return cl, w
+
+
 def test_gpushare_reads_the_landing_gpu_as_blocked_now_does():
     # place() judges a node by its landing GPU's shares read off the engine's arrays (no node
     # view per node): on a random trace with pair judges and learning, every verdict equals
@@ -513,14 +526,7 @@ def test_gpushare_reads_the_landing_gpu_as_blocked_now_does():
             verdicts.append((pairwise, fast == slow, fast))
             return fast
 
-    rng = np.random.default_rng(3)
-    cl = cluster(((3, 2, "v100"), (3, 2, "k80")), cap=3, types=("v100", "k80"))
-    jobs = sorted(({"submit": float(rng.integers(0, 3000)), "solo": float(rng.integers(50, 900)),
-                    "mem": float(rng.uniform(1, 6)), "cls": int(rng.integers(0, 3)),
-                    "kind": int(rng.integers(0, 4))} for _ in range(200)),
-                  key=lambda j: j["submit"])
-    w = work(cl, jobs)
-    w.kinds = ("CycleGAN", "A3C", "ResNet-18 (batch size 64)", "LM (batch size 80)")
+    cl, w = random_kinds_trace(3, 200)
     policy = Both(table(), keep_whole_when_idle=False, priority="sjf")
     Engine(cl, w, policy, Constant(0.6)).run()
     judged = [v for v in verdicts if v[0]]
@@ -558,14 +564,8 @@ def test_remembered_verdicts_place_shares_as_asking_each_time_does(priority):
     # and what a waiting share saw at its last look (only nodes changed since are looked at
     # again); asking every time on every node (remember_verdicts off) must start every job at
     # the same time on the same GPUs, learning and backfill reservations included.
-    rng = np.random.default_rng(5)
-    cl = cluster(((3, 2, "v100"), (3, 2, "k80")), cap=3, types=("v100", "k80"))
-    jobs = sorted(({"submit": float(rng.integers(0, 3000)), "solo": float(rng.integers(50, 900)),
-                    "mem": float(rng.uniform(1, 6)), "cls": int(rng.integers(0, 3)),
-                    "kind": int(rng.integers(0, 4))} for _ in range(300)),
-                  key=lambda j: j["submit"])
-    w = work(cl, jobs)
-    w.kinds = ("CycleGAN", "A3C", "ResNet-18 (batch size 64)", "LM (batch size 80)")
+    n = 300
+    cl, w = random_kinds_trace(5, n)
     asked = []
 
     class Counting(policies.GpuShare):
@@ -581,7 +581,7 @@ def test_remembered_verdicts_place_shares_as_asking_each_time_does(priority):
         # (remembering, with the engine's invariants checked: landing GPUs among them)
         e = (Checked if remember else Engine)(cl, w, policy, Constant(0.6))
         r = e.run()
-        placed.append((list(r.jobs["start"]), [e.j_gpus[j] for j in range(len(jobs))]))
+        placed.append((list(r.jobs["start"]), [e.j_gpus[j] for j in range(n)]))
     assert placed[0] == placed[1]
-    assert sum(len(g) > 0 for g in placed[0][1]) == len(jobs)
+    assert sum(len(g) > 0 for g in placed[0][1]) == n
     assert 0 < asked[0] < asked[1]  # verdicts were remembered, and judgements made

@@ -62,9 +62,10 @@ def profiles_by_type(history: Sequence[dict[str, Any]],
     """The pair profile per configured GPU type (``type_of`` maps a run's NVML model to it)
     from the runs ``profile_of_history`` reads, each type's runs alone."""
     runs, _ = _usable_runs(history)
+    types = {model: type_of(model) for model in {str(r.get("gpu_model") or "") for r in runs}}
     by_type: dict[str, list[dict[str, Any]]] = {}
     for run in runs:
-        gpu_type = type_of(str(run.get("gpu_model") or ""))
+        gpu_type = types[str(run.get("gpu_model") or "")]
         if gpu_type:
             by_type.setdefault(gpu_type, []).append(run)
     return {gpu_type: _profile_of_runs(group) for gpu_type, group in by_type.items()}

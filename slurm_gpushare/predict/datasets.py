@@ -34,6 +34,10 @@ class MissingDataSet(FileNotFoundError):
     """A data set file that is not where it was looked for."""
 
 
+class UnreadableDataSet(ValueError):
+    """A data set file that is not UTF-8 text."""
+
+
 def package_dir() -> Path:
     """The packaged data (copies of alnair, SchedTune and Gavel, the catalogue, clusters)."""
     return Path(str(resources.files("slurm_gpushare").joinpath("data")))
@@ -56,7 +60,11 @@ def _read_csv(path: Path, what: str) -> "pd.DataFrame":
 
     if not path.exists():
         raise MissingDataSet(f"{what} not found at {path}")
-    return pd.read_csv(path)
+    try:
+        return pd.read_csv(path)
+    except UnicodeDecodeError as exc:
+        raise UnreadableDataSet(f"cannot read {what} at {path}: not UTF-8 text "
+                                f"(byte {exc.start})") from None
 
 
 # -- alnair (Ray et al., CCGridW 2023) ---------------------------------------------------------
@@ -107,7 +115,6 @@ def load_schedtune(path: str | os.PathLike | None = None,
     A row fits when its peak is within the GPU's usable memory; the others are the paper's
     interpolations for runs that hit OOM and must not be used as measurements.
     """
-    import pandas as pd
 
     from slurm_gpushare.core.gpus import default_catalogue
 
@@ -115,7 +122,7 @@ def load_schedtune(path: str | os.PathLike | None = None,
     path = Path(path) if path else package_path("schedtune", "model_stats.csv")
     if path.is_dir():
         path = path / "model_stats.csv"
-    frame = pd.read_csv(path)
+    frame = _read_csv(path, "SchedTune's model_stats.csv")
     if len(frame.columns) != len(SCHEDTUNE_COLUMNS):
         raise ValueError(f"{path}: expected {len(SCHEDTUNE_COLUMNS)} columns")
     frame.columns = SCHEDTUNE_COLUMNS
@@ -146,7 +153,7 @@ def load_gavel_isolated(path: str | os.PathLike | None = None) -> "pd.DataFrame"
         if not found:
             raise FileNotFoundError(f"no Gavel throughput table in {path}")
         path = found[0]
-    frame = pd.read_csv(path)
+    frame = _read_csv(path, "Gavel's isolated throughputs")
     frame = frame[frame.scale_factor == 1]
     return pd.DataFrame({"job": frame.job, "gpu": frame.gpu.map(GAVEL_GPUS),
                          "throughput": frame.tput_alone.astype(float)}).reset_index(drop=True)

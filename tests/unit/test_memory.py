@@ -204,6 +204,27 @@ def test_cli_evaluate_needs_a_split(capsys, seeds):
     assert "--seeds" in err and "\n" not in err
 
 
+@pytest.mark.parametrize("broken", ["schedtune/model_stats.csv",
+                                    "gavel/DERIVED_gavel_isolated_throughputs.csv"])
+def test_cli_evaluate_names_a_data_file_it_cannot_read(capsys, tmp_path, broken):
+    # A data directory with one file that is not UTF-8 text: one line naming that file.
+    import shutil
+
+    from slurm_gpushare.predict.datasets import default_data_dir
+
+    source = default_data_dir()
+    if not (source / "schedtune").is_dir():
+        pytest.skip("public data sets not found")
+    data = tmp_path / "data"
+    shutil.copytree(source, data, ignore=shutil.ignore_patterns("traces"))
+    if not (data / broken).exists():
+        pytest.skip(f"{broken} not in this copy of the data sets")
+    (data / broken).write_bytes(b"\xff\xfe\x00 not text")
+    assert main(["memory", "evaluate", "--data", str(data), "--seeds", "1"]) != 0
+    err = capsys.readouterr().err.strip()
+    assert str(data / broken) in err and "UTF-8" in err and "\n" not in err, err
+
+
 def test_cli_predict(capsys):
     assert main(["memory", "predict", "--observed", "v100-16gb:9000", "--target", "A100-80GB",
                  "--target", "RTX3090", "--target", "T4"]) == 0

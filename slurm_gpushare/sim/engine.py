@@ -283,8 +283,8 @@ class Engine:
         g_free, g_njobs, ranges = self.g_free, self.g_njobs, self._n_gpu_range
         out = []
         # The nodes whose room reaches the share, filtered at C speed (most have none).
-        nodes = compress(self._node_range, map(ge, self._n_room if rooms is None else rooms, need))
-        for node in nodes:
+        for node in compress(self._node_range, map(ge, self._n_room if rooms is None else rooms,
+                                                   need)):
             if node in skip:
                 continue
             gib = need[node]
@@ -310,10 +310,11 @@ class Engine:
                         yield g
                         break
 
-    def landing_gpu(self, req: Request, exclude, node: int) -> int | None:
-        """``landing_gpus`` on one node: its first GPU where the share fits now, or None."""
+    def landing_gpu(self, req: Request, node: int) -> int | None:
+        """``landing_gpus`` on one node, the pass's exclusions aside: its first GPU where the
+        share fits now, or None."""
         gib = self._node_need(req)[node]
-        if self._n_room[node] < gib or node in req.exclude or (exclude and node in exclude):
+        if self._n_room[node] < gib or node in req.exclude:
             return None
         g_free = self.g_free
         for g in self._n_gpu_range[node]:

@@ -54,7 +54,7 @@ Policies:
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 import numpy as np
@@ -416,7 +416,7 @@ class SimPairs:
     FIRST_LEARN, GROWTH = 8, 1.5
 
     def __init__(self, kinds, job_kind: list[int], type_profile: dict[str, int],
-                 gpu_type_names: Sequence[str] = ()):
+                 gpu_type_names: Sequence[str]):
         from slurm_gpushare.predict.knowledge import GAVEL_MEM_MIB, gavel_profiles
         from slurm_gpushare.predict.pairs import default_model, typed_key
 
@@ -439,12 +439,13 @@ class SimPairs:
                 self.typical[name] = {
                     "gpu_util_pct": sum(p["gpu_util_pct"] for p in known) / len(known),
                     "mem_total_mib": max(p["mem_total_mib"] for p in known)}
-        # Each kind's profile on each GPU type under its typed key (``pairs.typed_key``): what
-        # it suffers and inflicts on a type is learned against its profile there.
-        self.typed_profiles = {typed_key(name, gpu_type): self.profiles[p][kind]
-                               for kind, name in enumerate(self.names)
-                               for gpu_type, p in type_profile.items()
-                               if self.profiles[p][kind] is not None}
+        # What learning reads: the typical profile by kind, and each kind's profile on each
+        # GPU type under its typed key (``pairs.typed_key``: what it suffers and inflicts on a
+        # type is learned against its profile there).
+        self.learning_profiles = {**self.typical, **{
+            typed_key(name, gpu_type): self.profiles[p][kind]
+            for kind, name in enumerate(self.names) for gpu_type, p in type_profile.items()
+            if self.profiles[p][kind] is not None}}
         self.gpu_type_names = list(gpu_type_names)  # per GPU index
         self.verdicts: dict[tuple, bool] = {}
         self._judges: dict[int, _KindPairs | None] = {}
@@ -494,15 +495,14 @@ class SimPairs:
             self.measured += measured
             run = self.runs[ident] = CoRun(keys, tuple(sides),
                                            max(seconds, run.overlap_s or 0.0) if run else seconds)
-            gpu_type = self.gpu_type_names[gpu] if gpu < len(self.gpu_type_names) else None
-            typed = tuple(typed_key(k, gpu_type) for k in keys) if gpu_type else ()
-            if typed and all(k in self.typed_profiles for k in typed):
+            typed = tuple(typed_key(k, self.gpu_type_names[gpu]) for k in keys)
+            if all(k in self.learning_profiles for k in typed):
                 self.typed_runs[ident] = run._replace(keys=typed)
         if self.measured < self.learn_at:
             return False
         self.learn_at = math.ceil(self.measured * self.GROWTH)
-        self.model = self.model.learned_from(self.runs, self.typical, self.typed_runs,
-                                             self.typed_profiles)
+        self.model = self.model.learned_from(self.runs, self.learning_profiles,
+                                             self.typed_runs)
         self.verdicts.clear()
         self.relearned += 1
         return True
@@ -564,6 +564,15 @@ def job_kind_utilisation(kinds, type_names) -> dict[int, float]:
         if values:
             out[index] = float(max(values))
     return out
+
+
+@dataclass(slots=True)
+class _Look:
+    """What a waiting share saw at its last look (``GpuShare._place_looking_again``): how far
+    it had read ``Engine.changes``, each node's landing GPU, and the nodes it may join."""
+    seen: int = 0
+    landing: dict[int, int] = field(default_factory=dict)
+    fine: set[int] = field(default_factory=set)
 
 
 class GpuShare(Policy):
@@ -644,10 +653,9 @@ class GpuShare(Policy):
         # kind (judge -> {type + kind x types: blocked}): all that verdict reads, so the landing GPUs
         # a waiting share is judged against at every pass cost one look-up each.
         self._single: dict = {}
-        # What a waiting share judged by its pair predictor saw at its last look, by judge,
-        # request and exclusions: [re-learnings, position in Engine.changes, landing GPU by
-        # node, nodes it may join] (``_place_looking_again``).
-        self._looks: dict = {}
+        # What a waiting share judged by its pair predictor saw at its last look, by judge and
+        # request (``_place_looking_again``); forgotten at each re-learning, as verdicts are.
+        self._looks: dict[tuple, _Look] = {}
         self._now: dict[int, tuple] = {}
         self._usable: dict = {}
         self.counters = {"started_kept_off": 0}
@@ -762,12 +770,10 @@ class GpuShare(Policy):
         pairwise = hasattr(entry.knowledge, "compatible_with") and not entry.blockers
         if pairwise and self.remember_verdicts:
             return self._place_looking_again(req, engine, exclude, entry)
-        single = (self._single.setdefault(id(entry.knowledge), {})
-                  if pairwise and self.remember_verdicts else None)
         first, seen = None, 0
         # Each node's first GPU with room: where Slurm lands the share on that node.
         for g in engine.landing_gpus(req, exclude):
-            if not self._verdict(entry, engine, g, pairwise, single):
+            if not self._blocked(entry, engine, g, pairwise):
                 self.counters["started_kept_off"] += seen > 0
                 return [g]
             if first is None:
@@ -777,13 +783,12 @@ class GpuShare(Policy):
             return [first]  # never kept off every node it could use: it would only wait
         return None
 
-    def _verdict(self, entry, engine, g: int, pairwise: bool, single: dict | None) -> bool:
-        """``_blocked``, where ``single`` is a pair judge's remembered verdicts on GPUs
-        holding one share, by the GPU's type and the share's kind (all such a verdict reads;
-        None: asked every time)."""
+    def _verdict(self, entry, engine, g: int, single: dict) -> bool:
+        """``_blocked`` for a pair judge, its verdict on a GPU holding one share remembered in
+        ``single`` by the GPU's type and the share's kind (all such a verdict reads)."""
         jobs = engine.g_jobs[g]
-        if single is None or len(jobs) != 1:
-            return self._blocked(entry, engine, g, pairwise)
+        if len(jobs) != 1:
+            return self._blocked(entry, engine, g, True)
         key = engine.g_type_list[g] + len(self.type_names) * self.pairs.job_kind[jobs[0]]
         blocked = single.get(key)
         if blocked is None:
@@ -798,17 +803,17 @@ class GpuShare(Policy):
         The same answers as looking at every node (test_sim_engine)."""
         key = (id(entry.knowledge), req.key, req.exclude)
         look = self._looks.get(key)
-        if look is None or look[0] != self.pairs.relearned:
+        if look is None:
             if len(self._looks) > 4096:
                 self._looks.clear()
-            look = self._looks[key] = [self.pairs.relearned, 0, {}, set()]
+            look = self._looks[key] = _Look()
             g_node = engine.g_node_list
             found = [(g_node[g], g) for g in engine.landing_gpus(req)]
         else:
-            found = [(node, engine.landing_gpu(req, None, node))
-                     for node in set(engine.changes[look[1]:])]
-        look[1] = len(engine.changes)
-        landing, fine = look[2], look[3]  # node -> its landing GPU; the nodes it may join
+            found = [(node, engine.landing_gpu(req, node))
+                     for node in set(engine.changes[look.seen:])]
+        look.seen = len(engine.changes)
+        landing, fine = look.landing, look.fine
         single = self._single.setdefault(id(entry.knowledge), {})
         for node, g in found:
             if g is None:
@@ -816,7 +821,7 @@ class GpuShare(Policy):
                 fine.discard(node)
                 continue
             landing[node] = g
-            if self._verdict(entry, engine, g, True, single):
+            if self._verdict(entry, engine, g, single):
                 fine.discard(node)
             else:
                 fine.add(node)

@@ -332,9 +332,9 @@ class Checked(Engine):
                        if i == 0 or self.g_node[g] != self.g_node[every[i - 1]]]
         return iter(got)
 
-    def landing_gpu(self, req, exclude, node):
-        got = super().landing_gpu(req, exclude, node)
-        on_node = [g for g in super().share_candidates(req, exclude) if self.g_node[g] == node]
+    def landing_gpu(self, req, node):
+        got = super().landing_gpu(req, node)
+        on_node = [g for g in super().share_candidates(req) if self.g_node[g] == node]
         assert got == (on_node[0] if on_node else None)
         return got
 

@@ -92,8 +92,11 @@ class PairCompatibility:
                  resident: Callable[[str], Profiles | None]):
         self.model = model
         self.own = own
-        self.profile, self.key = own.profile, own.key
         self.resident = resident
+
+    @property
+    def key(self) -> str:
+        return self.own.key
 
     def compatible_with(self, resident_id: str, gpu_type: str | None = None) -> bool:
         """Whether the job may join the running share ``resident_id`` on a GPU of
@@ -114,7 +117,7 @@ class PairCompatibility:
     def copies_allowed(self, limit: int) -> int:
         """How many copies of the job (the tasks of its array, its next submissions) may share
         one GPU, at most ``limit``; at least 1 (the job alone)."""
-        return self.model.copies_allowed(self.profile, self.key, limit)
+        return self.model.copies_allowed(self.own.profile, self.own.key, limit)
 
 
 class Pairing:
@@ -236,6 +239,6 @@ class Pairing:
             added += 1
         if added:
             self.model = self.model.learned_from(self._observations, self._profiles,
-                                                 self._typed_observations, self._profiles)
+                                                 self._typed_observations)
         return self
 

@@ -355,20 +355,18 @@ class PairModel:
 
     def learned_from(self, runs: Mapping[tuple, "CoRun"],
                      profiles: Mapping[str, Mapping[str, Any]],
-                     typed_runs: Mapping[tuple, "CoRun"] | None = None,
-                     typed_profiles: Mapping[str, Mapping[str, Any]] | None = None
-                     ) -> "PairModel":
+                     typed_runs: Mapping[tuple, "CoRun"] | None = None) -> "PairModel":
         """The same prior and margins with corrections learned from all of ``runs`` (co-runs
         keyed by ``(cluster, job_a, job_b, gpu)``, read by ``pair_speeds``); ``profiles`` maps
         the runs' keys to profiles. What the daemon and the simulator call at each re-learning.
 
         ``typed_runs`` are the same co-runs keyed by ``typed_key`` (each job on the GPU type
-        it ran on, ``typed_profiles`` its profile there): their corrections are learned apart
-        (the two sets of keys never meet) and judge pairs on that type."""
+        it ran on; ``profiles`` holds its profile there under that key): their corrections are
+        learned apart (the two sets of keys never meet) and judge pairs on that type."""
         model = self.fitted_copy().learn(pair_speeds(runs, profiles, self.latency), profiles)
         if typed_runs:
-            typed = self.fitted_copy().learn(
-                pair_speeds(typed_runs, typed_profiles or {}, self.latency), typed_profiles or {})
+            typed = self.fitted_copy().learn(pair_speeds(typed_runs, profiles, self.latency),
+                                             profiles)
             model.suffers.update(typed.suffers)
             model.hurts.update(typed.hurts)
         return model

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -21,21 +23,49 @@ REPO = Path(__file__).resolve().parents[2]
 DATA = REPO.parent / "shared" / "data"
 
 
+# What the build reads: the package and its metadata (setup.cfg names README.md).
+SOURCES = ("pyproject.toml", "setup.cfg", "README.md", "slurm_gpushare")
+
+
+def build_wheel(root: Path) -> Path:
+    """The wheel, built by the backend's PEP 517 hook (as pip calls it, without pip's start-up)
+    from a private copy of the sources: the backend writes build/ and *.egg-info beside them,
+    so two test workers building in the checkout at once would delete each other's files."""
+    source = root / "src"
+    for name in SOURCES:
+        if (REPO / name).is_dir():
+            shutil.copytree(REPO / name, source / name,
+                            ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        else:
+            source.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, source / name)
+    build = ("import sys, setuptools.build_meta as backend; "
+             "backend.build_wheel(sys.argv[1])")
+    done = subprocess.run([sys.executable, "-c", build, str(root / "dist")], cwd=str(source),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    (wheel,) = (root / "dist").glob("slurm_gpushare-*.whl")
+    return wheel
+
+
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
     root = tmp_path_factory.mktemp("wheel")
-    # The build backend's PEP 517 hook, called as pip calls it (without pip's own start-up).
-    build = ("import sys, setuptools.build_meta as backend; "
-             "backend.build_wheel(sys.argv[1])")
-    subprocess.run([sys.executable, "-c", build, str(root / "dist")], cwd=str(REPO), check=True,
-                   capture_output=True, timeout=300)
-    (wheel,) = (root / "dist").glob("slurm_gpushare-*.whl")
+    wheel = build_wheel(root)
     site = root / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target",
                     str(site), str(wheel)], check=True, capture_output=True, timeout=300)
     work = root / "elsewhere"
     work.mkdir()
     return wheel, site, work
+
+
+def test_two_builds_at_once_do_not_collide(installed, tmp_path):
+    # pytest-xdist runs this module's fixture once per worker, so builds overlap in CI.
+    with ThreadPoolExecutor(2) as pool:
+        wheels = list(pool.map(build_wheel, [tmp_path / "a", tmp_path / "b"]))
+    expected = sorted(zipfile.ZipFile(installed[0]).namelist())
+    assert [sorted(zipfile.ZipFile(w).namelist()) for w in wheels] == [expected, expected]
 
 
 def run(installed, *args, env=None):

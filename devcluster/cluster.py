@@ -188,14 +188,17 @@ class TestCluster:
     def fakegpu_root(self) -> Path:
         return self.root / "fakegpu"
 
-    def training_script(self, *, work_s: float, util: float = 50.0, mem_util: float = 20.0,
-                        mem_mib: dict[str, float] | None = None) -> str:
-        """A job script that "trains" on its fake GPU (see devcluster/fakegpu.py)."""
+    def training_script(self, *, work_s: float | dict[str, float], util: float = 50.0,
+                        mem_util: float = 20.0, mem_mib: dict[str, float] | None = None) -> str:
+        """A job script that "trains" on its fake GPU (see devcluster/fakegpu.py); ``work_s``
+        as seconds on every GPU type, or per type."""
         mem = " ".join(f"--mem {t}:{m:g}" for t, m in (mem_mib or {"v100": 6000}).items())
+        work = (" ".join(f"--work {t}:{w:g}" for t, w in work_s.items())
+                if isinstance(work_s, dict) else f"--work {work_s:g}")
         return ("#!/bin/sh\n# an ordinary training job on the test cluster's fake GPUs\n"
                 f"export {FAKEGPU_ROOT_ENV}={self.fakegpu_root} PYTHONPATH={REPO}\n"
                 f"exec {self.node_python} -m devcluster.fakegpu run "
-                f"--work {work_s:g} --util {util:g} --mem-util {mem_util:g} {mem}\n")
+                f"{work} --util {util:g} --mem-util {mem_util:g} {mem}\n")
 
     @property
     def daemon_config(self) -> Path:

@@ -4,7 +4,9 @@ The test cluster's GPUs are plain files, so nothing real runs on them. To exerci
 telemetry path with real jobs, a job script runs ``python -m devcluster.fakegpu
 run ...``: it finds the GPU Slurm gave it (``scontrol show job -d``: ``GRES=shard:N(IDX:k)``),
 registers its process on ``<root>/<node>/gpu<k>/<job>.json`` with the memory and utilisation it
-"uses", does a fixed amount of work and leaves. ``FakeGpuProvider`` reads the board as NVML
+"uses", does a fixed amount of work and leaves. Memory and work may be given per GPU type (a
+job needs a little more memory, and far less time, on a larger GPU); work given once takes as
+long on every type. ``FakeGpuProvider`` reads the board as NVML
 would read a GPU: device utilisation and memory are the sums over registered processes, and
 each process is attributed to its job.
 
@@ -125,9 +127,15 @@ def speed(util: float, co_runner_utils: list[float]) -> float:
     return 1.0 if total <= 100.0 else 100.0 / total
 
 
+def per_type(values: dict[str, float], gpu_type: str) -> float:
+    """A job's figure on ``gpu_type`` from ``--mem``/``--work`` (``TYPE:VALUE``, or ``VALUE``
+    for every type, kept under ``*``): a type it names none for gets the largest."""
+    return values.get(gpu_type, values.get("*", max(values.values())))
+
+
 def run_workload(*, root: str, node: str, job_id: str, mem_mib: dict[str, float],
-                 util: float, mem_util: float, work_s: float) -> int:
-    """Register on this job's GPU, do ``work_s`` seconds of solo-speed work, leave. Exit code."""
+                 util: float, mem_util: float, work_s: dict[str, float]) -> int:
+    """Register on this job's GPU, do its seconds of solo-speed work there, leave. Exit code."""
     indices = gpu_indices(job_id, node)
     if not indices:
         print(f"fakegpu: job {job_id} holds no GPU on {node}", file=sys.stderr)
@@ -136,7 +144,8 @@ def run_workload(*, root: str, node: str, job_id: str, mem_mib: dict[str, float]
     gpu_type = read_board(root, node)["type"]
     board = read_board(root, node)
     total = next(g["mem_total_mib"] for g in board["gpus"] if int(g["index"]) == index)
-    need = mem_mib.get(gpu_type, max(mem_mib.values()))
+    need = per_type(mem_mib, gpu_type)
+    work = per_type(work_s, gpu_type)
     # Test knob: a run that needs more than the script says (grown input), set per submission.
     need += float(os.environ.get(EXTRA_ENV, 0) or 0)
     directory = _gpu_dir(root, node, index)
@@ -155,7 +164,7 @@ def run_workload(*, root: str, node: str, job_id: str, mem_mib: dict[str, float]
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         done, last = 0.0, time.monotonic()
-        while done < work_s:
+        while done < work:
             time.sleep(TICK_S)
             now = time.monotonic()
             co = [e["util"] for e in _registrations(directory) if str(e["job_id"]) != job_id]
@@ -197,7 +206,9 @@ def main(argv: list[str] | None = None) -> int:
                      help="memory the job needs on a GPU type (repeat per type)")
     run.add_argument("--util", type=float, default=50.0)
     run.add_argument("--mem-util", type=float, default=20.0)
-    run.add_argument("--work", type=float, required=True, help="seconds of work at solo speed")
+    run.add_argument("--work", action="append", default=[], metavar="[TYPE:]SECONDS",
+                     help="seconds of work at solo speed, on every type or on one (repeat per "
+                          "type)")
     args = parser.parse_args(argv)
     root = os.environ.get(ROOT_ENV)
     node, job_id = os.environ.get("SLURMD_NODENAME"), os.environ.get("SLURM_JOB_ID")
@@ -205,14 +216,19 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"needs {ROOT_ENV}, SLURMD_NODENAME and SLURM_JOB_ID (run it in a job)")
     if args.action == "smi":
         return smi(root=root, node=node, job_id=job_id)
-    mem = {}
+    mem, work = {}, {}
     for item in args.mem:
         gpu_type, _, value = item.partition(":")
         mem[gpu_type] = float(value)
+    for item in args.work:
+        gpu_type, _, value = item.rpartition(":")
+        work[gpu_type or "*"] = float(value)
     if not mem:
         parser.error("give --mem TYPE:MIB at least once")
+    if not work:
+        parser.error("give --work [TYPE:]SECONDS at least once")
     return run_workload(root=root, node=node, job_id=job_id, mem_mib=mem,
-                        util=args.util, mem_util=args.mem_util, work_s=args.work)
+                        util=args.util, mem_util=args.mem_util, work_s=work)
 
 
 if __name__ == "__main__":

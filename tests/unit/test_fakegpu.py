@@ -40,3 +40,20 @@ def test_the_board_written_at_cluster_start_drops_what_killed_jobs_left(tmp_path
     (gpu / "9.json").write_text(json.dumps({"job_id": "9", "pid": me, "mem_mib": 9000}))
     board(tmp_path)  # without a start time, a pid says nothing: an older board's file
     assert sorted(p.name for p in gpu.iterdir()) == ["7.json"]
+
+
+def test_work_and_memory_may_be_given_per_gpu_type(tmp_path, monkeypatch):
+    # A fake job works as long as the script says on its GPU's type; work given once takes as
+    # long everywhere; a type the script names nothing for gets its largest figure.
+    assert fakegpu.per_type({"v100": 10.0, "a100": 6.0}, "a100") == 6.0
+    assert fakegpu.per_type({"v100": 10.0, "a100": 6.0}, "t4") == 10.0
+    assert fakegpu.per_type({"*": 3.0}, "a100") == 3.0
+    seen = {}
+    monkeypatch.setattr(fakegpu, "run_workload", lambda **kw: seen.update(kw) or 0)
+    monkeypatch.setenv(fakegpu.ROOT_ENV, str(tmp_path))
+    monkeypatch.setenv("SLURMD_NODENAME", "a100-1")
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    assert fakegpu.main(["run", "--work", "v100:10", "--work", "a100:6", "--mem", "v100:4000"]) == 0
+    assert seen["work_s"] == {"v100": 10.0, "a100": 6.0}
+    assert fakegpu.main(["run", "--work", "2.5", "--mem", "v100:4000"]) == 0
+    assert seen["work_s"] == {"*": 2.5}

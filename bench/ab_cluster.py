@@ -54,6 +54,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from devcluster.cluster import TestCluster  # noqa: E402
+from devcluster.fakegpu import TYPE_SPEED, work_per_type  # noqa: E402
 from slurm_gpushare.reports.savings import build_report  # noqa: E402
 from slurm_gpushare.slurm.accounting import (SACCT_FIELDS, node_gpu_types_from_scontrol,  # noqa: E402
                                              parse_psv, resolve_gpu_types)
@@ -98,9 +99,10 @@ AB_POLICY = {  # the product's defaults where the test cluster's config departs 
 }
 
 
-def script(cluster: TestCluster, name: str, scale: float) -> str:
+def script(cluster: TestCluster, name: str, scale: float, type_speeds: bool = False) -> str:
     p = PROFILES[name]
-    shebang, rest = cluster.training_script(work_s=p.work_s * scale, util=p.util,
+    work = work_per_type(p.work_s * scale) if type_speeds else p.work_s * scale
+    shebang, rest = cluster.training_script(work_s=work, util=p.util,
                                             mem_util=p.mem_util, mem_mib=p.mem_mib).split("\n", 1)
     return f"{shebang}\nPROFILE={name}\n{rest}"  # the line makes each profile its own script
 
@@ -181,10 +183,10 @@ def wait_ingested(cluster: TestCluster, records, timeout: float = 120) -> int:
     return len(missing)
 
 
-def profile_first(cluster: TestCluster, scale: float) -> list[str]:
+def profile_first(cluster: TestCluster, scale: float, type_speeds: bool = False) -> list[str]:
     """Each profile's first run: kept on a whole GPU by the hook and profiled."""
     ids = [cluster.sbatch(f"--gres={p.gres}", "-p", ARMS["on"], f"--job-name=ab-{name}",
-                          script=script(cluster, name, scale))
+                          script=script(cluster, name, scale, type_speeds))
            for name, p in PROFILES.items()]
     wait_done(cluster, ids, 600)
     records = sacct_records_any(cluster, ids)
@@ -199,7 +201,7 @@ def sacct_records_any(cluster: TestCluster, ids: list[str]):
 
 
 def run_arm(cluster: TestCluster, arm: str, scale: float, gpu_types: dict,
-            arrivals: float = 1.0) -> dict:
+            arrivals: float = 1.0, type_speeds: bool = False) -> dict:
     partition = ARMS[arm]
     ids: list[str] = []
     profile_of: dict[str, str] = {}  # job id (an array's base id) -> profile name
@@ -212,7 +214,7 @@ def run_arm(cluster: TestCluster, arm: str, scale: float, gpu_types: dict,
             args = [f"--gres={p.gres}", "-p", partition, f"--job-name=ab-{name}"]
             if size:
                 args.append(f"--array=0-{size - 1}")
-            ids.append(cluster.sbatch(*args, script=script(cluster, name, scale)))
+            ids.append(cluster.sbatch(*args, script=script(cluster, name, scale, type_speeds)))
             profile_of[ids[-1]] = name
     wait_done(cluster, ids, 900)
     records = sacct_records(cluster, ids)
@@ -315,6 +317,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--arrivals", type=float, default=1.0,
                         help="multiply the arrival times only: below 1 the same jobs arrive "
                              "closer together and queue (0.5: twice the load)")
+    parser.add_argument("--type-speeds", action="store_true",
+                        help="a job's work takes less time on an A100 and more on a T4 than on "
+                             "a V100 (devcluster.fakegpu.TYPE_SPEED; its work_s is the V100's); "
+                             "without it every type runs it as fast, as in the earlier records")
     parser.add_argument("--out", default=str(REPO / "bench" / "results" / "ab_cluster.json"))
     parser.add_argument("--policy", action="append", default=[], metavar="KEY=VALUE",
                         help="a [policy] setting for both arms, over the defaults above "
@@ -344,13 +350,14 @@ def main(argv: list[str] | None = None) -> int:
             # co-runs and pair corrections the next one decides with.
             fresh_store(cluster)
             t0 = time.monotonic()
-            profiled = profile_first(cluster, args.scale)
+            profiled = profile_first(cluster, args.scale, args.type_speeds)
             print(f"rep {rep}: empty store, profiled first runs {profiled} in "
                   f"{time.monotonic() - t0:.0f} s", flush=True)
             order = ("off", "on") if rep % 2 == 0 else ("on", "off")
             for arm in order:
                 t0 = time.monotonic()
-                run = run_arm(cluster, arm, args.scale, gpu_types, args.arrivals)
+                run = run_arm(cluster, arm, args.scale, gpu_types, args.arrivals,
+                              args.type_speeds)
                 run["rep"] = rep
                 runs.append(run)
                 print(f"rep {rep} {arm}: makespan {run['makespan_s']:.0f} s, mean JCT "
@@ -365,12 +372,15 @@ def main(argv: list[str] | None = None) -> int:
         "command": "GPUSHARE_CLUSTER_DIR=... GPUSHARE_CLUSTER_PORT_BASE=... .venv/bin/python "
                    f"bench/ab_cluster.py --reps {args.reps} --scale {args.scale:g}"
                    + (f" --arrivals {args.arrivals:g}" if args.arrivals != 1 else "")
+                   + (" --type-speeds" if args.type_speeds else "")
                    + "".join(f" --policy {item}" for item in args.policy),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                     "loadavg_end": os.getloadavg()},
         "workload": {"jobs_per_run": N_JOBS, "scale": args.scale, "arrivals": args.arrivals,
+                     "type_speeds": TYPE_SPEED if args.type_speeds else None,
                      "profiles": {k: {**vars(v)} for k, v in PROFILES.items()},
-                     "arrivals": [list(w) for w in WORKLOAD]},
+                     # (arrival offset s, profile, submissions, array size or 0)
+                     "schedule": [list(w) for w in WORKLOAD]},
         "arms": ARMS, "policy": policy,
         "gpus": "4 x v100 16 GiB, 4 x a100 80 GiB (gres/shard), 2 x t4 16 GiB (gres/mps)",
         "runs": runs, "summary": summary(runs),

@@ -21,6 +21,7 @@ from rich.table import Table
 from slurm_gpushare.slurm.accounting import SACCT_FIELDS
 from slurm_gpushare.slurm.jobs import gres_placements
 from devcluster.cluster import TestCluster
+from devcluster.fakegpu import work_per_type
 
 @dataclass
 class DemoJob:
@@ -44,11 +45,6 @@ MODELS = {
     "vgg16": (16, 70, 40, {"v100": 10400, "a100": 11300}),
     "big-transformer": (14, 60, 35, {"v100": 15300, "a100": 21000}),
 }
-# How fast each type runs the same training, relative to a V100: the run-time predictor's
-# packaged fit of the public SchedTune and Gavel throughputs (`predict_runtime`, 100 s on a
-# V100: 59.6 s on an A100, 257 s on a T4). The fake GPUs take that much less or more time, so
-# a run on one type tells the predictor what it would take on another, as on real GPUs.
-TYPE_SPEED = {"v100": 1.0, "a100": 1.68, "t4": 0.39}
 TODAY = [DemoJob(model, ("--gres=gpu:1",), model) for model in MODELS] + [
     DemoJob("new-script", ("--gres=gpu:1",), "new"),
     DemoJob("two-gpus", ("--gres=gpu:2",)),
@@ -63,9 +59,9 @@ def _script(cluster: TestCluster, model: str) -> str:
     if model not in MODELS:
         return "#!/bin/sh\n# an ordinary batch job\nsleep 6\n"
     work, util, mem_util, mem = MODELS[model]
-    per_type = {gpu_type: round(work / speed, 1) for gpu_type, speed in TYPE_SPEED.items()}
-    shebang, rest = cluster.training_script(work_s=per_type, util=util, mem_util=mem_util,
-                                            mem_mib=mem).split("\n", 1)
+    # Less time on an A100, more on a T4 (fakegpu.TYPE_SPEED), as on real GPUs.
+    shebang, rest = cluster.training_script(work_s=work_per_type(work), util=util,
+                                            mem_util=mem_util, mem_mib=mem).split("\n", 1)
     return f"{shebang}\nMODEL={model}\n{rest}"  # the line makes each script its own
 
 

@@ -34,6 +34,12 @@ from slurm_gpushare.slurm.jobs import gpu_indices
 from slurm_gpushare.node.telemetry.nvml import DeviceSample, ProcessSample
 
 ROOT_ENV = "GPUSHARE_FAKEGPU_ROOT"
+# How fast each type runs the same training, relative to a V100: the run-time predictor's
+# packaged fit of the public SchedTune and Gavel throughputs (``predict_runtime``, 100 s on a
+# V100: 59.6 s on an A100, 257 s on a T4). Scripts that give their work per type with
+# ``work_per_type`` take that much less or more time there, as on real GPUs, so a run on one
+# type tells the predictor what it would take on another.
+TYPE_SPEED = {"v100": 1.0, "a100": 1.68, "t4": 0.39}
 EXTRA_ENV = "GPUSHARE_FAKEGPU_EXTRA_MIB"
 TICK_S = 0.1
 
@@ -125,6 +131,11 @@ def speed(util: float, co_runner_utils: list[float]) -> float:
     """Relative speed of a job under the board's contention rule."""
     total = util + sum(co_runner_utils)
     return 1.0 if total <= 100.0 else 100.0 / total
+
+
+def work_per_type(v100_seconds: float) -> dict[str, float]:
+    """Seconds of work on each type for a job that takes ``v100_seconds`` on a V100."""
+    return {gpu_type: round(v100_seconds / speed, 1) for gpu_type, speed in TYPE_SPEED.items()}
 
 
 def per_type(values: dict[str, float], gpu_type: str) -> float:

@@ -31,6 +31,10 @@ show real GPUs' interference (often worse: Gavel's median pair speed is 0.57x).
     GPUSHARE_CLUSTER_DIR=... GPUSHARE_CLUSTER_PORT_BASE=... \\
         .venv/bin/python bench/ab_cluster.py [--reps 3] [--out bench/results/ab_cluster.json]
 
+``--type-speeds`` gives each job's work per GPU type (``devcluster.fakegpu.TYPE_SPEED``: less
+time on an A100, more on a T4 than on a V100, as on real GPUs); without it every type runs a
+job as fast, as in the records before it.
+
 ``--arrivals 0.5`` submits the same jobs twice as close together: the cluster is then
 oversubscribed and jobs queue, the case sharing is for (at 1 the workload roughly fills the
 GPUs, so a share mostly trades a short wait for a slower run).

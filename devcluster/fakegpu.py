@@ -152,8 +152,8 @@ def run_workload(*, root: str, node: str, job_id: str, mem_mib: dict[str, float]
         print(f"fakegpu: job {job_id} holds no GPU on {node}", file=sys.stderr)
         return 2
     index = indices[0]
-    gpu_type = read_board(root, node)["type"]
     board = read_board(root, node)
+    gpu_type = board["type"]
     total = next(g["mem_total_mib"] for g in board["gpus"] if int(g["index"]) == index)
     need = per_type(mem_mib, gpu_type)
     work = per_type(work_s, gpu_type)

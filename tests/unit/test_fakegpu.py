@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 
+import pytest
+
 from devcluster import fakegpu
 from slurm_gpushare.core.files import process_started
 
@@ -57,3 +59,14 @@ def test_work_and_memory_may_be_given_per_gpu_type(tmp_path, monkeypatch):
     assert seen["work_s"] == {"v100": 10.0, "a100": 6.0}
     assert fakegpu.main(["run", "--work", "2.5", "--mem", "v100:4000"]) == 0
     assert seen["work_s"] == {"*": 2.5}
+
+
+def test_the_fake_types_run_as_fast_as_the_run_time_predictor_says():
+    # TYPE_SPEED copies the packaged run-time model's speed-ups (the fake board's jobs cannot
+    # import it): a refit that moves them by more than 2% must move the copy too.
+    from slurm_gpushare.predict.runtime import default_runtime
+
+    model = default_runtime()
+    for gpu_type, name in (("a100", "A100-80GB"), ("t4", "T4")):
+        predicted = 100.0 / model.predict_runtime({"V100-16GB": 100.0}, name)
+        assert fakegpu.TYPE_SPEED[gpu_type] == pytest.approx(predicted, rel=0.02), gpu_type

@@ -59,22 +59,7 @@ def cpu_seconds(pid: int) -> float:
     return total / 1e9
 
 
-# A minimal server on the daemon's socket pattern: a thread per connection, one JSON line in,
-# one out, nothing decided.
-ECHO_SERVER = """
-import json, os, socketserver, sys
-class Handler(socketserver.StreamRequestHandler):
-    def handle(self):
-        for line in self.rfile:
-            request = json.loads(line)
-            self.wfile.write(json.dumps({"v": 1, "ok": True, "rid": request.get("rid"),
-                                         "decision": {"action": "keep", "code": "echo"}}
-                                        ).encode() + b"\\n")
-            self.wfile.flush()
-class Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
-    daemon_threads = True
-Server(sys.argv[1], Handler).serve_forever()
-"""
+ECHO_SERVER = REPO / "bench" / "echo_server.py"  # a thread per connection, nothing decided
 
 
 def slurm_stand_ins(directory: Path, nodes: int) -> Path:
@@ -98,7 +83,7 @@ class Daemon:
         tmp.mkdir(parents=True)
         self.sock_path = tmp / "d.sock"
         if code is None:
-            self.proc = subprocess.Popen([sys.executable, "-c", ECHO_SERVER, str(self.sock_path)],
+            self.proc = subprocess.Popen([sys.executable, str(ECHO_SERVER), str(self.sock_path)],
                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             self._connect()
             return

@@ -10,7 +10,11 @@ uses it) and the hook's submission rate with the daemon stopped and with it hung
 never answers). Jobs are submitted held and cancelled: nothing runs.
 
     .venv/bin/python bench/submit_latency.py [--rounds 5] [--jobs 100] [--label after]
-        [--out bench/results/submit_latency.json]
+        [--echo] [--out bench/results/submit_latency.json]
+
+``--echo`` adds a fourth mode, "echo": the project's hook asking ``bench/echo_server.py`` in the
+daemon's place (a thread per connection, one JSON line each way, every job kept and tagged):
+what the hook's round trip to any out-of-process server costs, whatever that server decides.
 
 Each run is kept under its label in the output file (earlier labels stay), with the machine's
 load average at every round and the throughput ratio's mean, min and max over the rounds.
@@ -42,15 +46,46 @@ function slurm_job_submit(job_desc, part_list, submit_uid) return slurm.SUCCESS 
 function slurm_job_modify(job_desc, job_rec, part_list, modify_uid) return slurm.SUCCESS end
 """
 MODES = ("plain", "empty-lua", "hook")
+ECHO_SERVER = REPO / "bench" / "echo_server.py"
 
 
-def set_mode(cluster, mode: str, empty_hook: Path) -> None:
-    """Point slurmctld at no hook, the empty hook, or the project's hook."""
+class Echo:
+    """The echo server (``bench/echo_server.py``) in the daemon's place on the daemon's socket:
+    the project's hook asking a server that decides nothing (mode "echo")."""
+
+    def __init__(self):
+        self.proc = None
+
+    def start(self, cluster) -> None:
+        if self.proc is None:
+            cluster.stop_daemon()
+            self.proc = subprocess.Popen([sys.executable, str(ECHO_SERVER),
+                                          str(cluster.daemon_socket), "--tag"])
+
+    def stop(self, cluster) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(30)
+            self.proc = None
+            Path(cluster.daemon_socket).unlink(missing_ok=True)
+
+    def pid(self):
+        return self.proc.pid if self.proc else None
+
+
+def set_mode(cluster, mode: str, empty_hook: Path, echo: Echo) -> None:
+    """Point slurmctld at no hook, the empty hook, or the project's hook (asking the daemon,
+    or in "echo" mode the echo server)."""
+    if mode == "echo":
+        echo.start(cluster)
+    else:
+        echo.stop(cluster)
+        cluster.start_daemon()
     link = cluster.etc / "job_submit.lua"
     link.unlink()
     link.symlink_to(empty_hook if mode == "empty-lua" else REPO / "slurm_gpushare" / "lua" / "job_submit.lua")
     cluster.set_job_submit(mode != "plain")
-    if mode == "hook":
+    if mode in ("hook", "echo"):
         cluster.wait_hook()
 
 
@@ -151,30 +186,36 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--jobs", type=int, default=100, help="submissions per block")
     parser.add_argument("--label", default="after")
+    parser.add_argument("--echo", action="store_true",
+                        help="add mode 'echo': the hook asking bench/echo_server.py, which "
+                             "decides nothing (the least any out-of-process daemon costs)")
     parser.add_argument("--out", default=str(REPO / "bench" / "results" / "submit_latency.json"))
     args = parser.parse_args(argv)
     load_per_round = []
 
     load_before = os.getloadavg()
+    modes = MODES + (("echo",) if args.echo else ())
+    echo = Echo()
     cluster = TestCluster()
     cluster.start()
-    latency = {mode: [] for mode in MODES}
-    throughput = {mode: [] for mode in MODES}
-    per_round = {mode: [] for mode in MODES}
+    latency = {mode: [] for mode in modes}
+    throughput = {mode: [] for mode in modes}
+    per_round = {mode: [] for mode in modes}
     # CPU milliseconds per submission: slurmctld's (the Lua plugin and hook run in it) and the
     # daemon's (its decisions), over each block of sequential and parallel submissions.
-    cpu_per_job = {mode: {"slurmctld": [], "daemon": []} for mode in MODES}
+    cpu_per_job = {mode: {"slurmctld": [], "daemon": []} for mode in modes}
     empty_hook = cluster.root / "empty_job_submit.lua"
     empty_hook.write_text(EMPTY_HOOK)
     jobs_held = len(cluster.slurm("squeue", "-h", "-t", "all", "-o", "%i").stdout.split())
     try:
         for round_no in range(args.rounds):
-            order = MODES[round_no % 3:] + MODES[:round_no % 3]
+            order = modes[round_no % len(modes):] + modes[:round_no % len(modes)]
             load_per_round.append([round(v, 2) for v in os.getloadavg()])
             for mode in order:
-                set_mode(cluster, mode, empty_hook)
+                set_mode(cluster, mode, empty_hook, echo)
                 latency_block(cluster, 10)  # warm up: connections, caches
-                pids = {"slurmctld": cluster._pid("slurmctld"), "daemon": cluster.daemon_pid()}
+                pids = {"slurmctld": cluster._pid("slurmctld"),
+                        "daemon": echo.pid() if mode == "echo" else cluster.daemon_pid()}
                 cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
                 block = latency_block(cluster, args.jobs)
                 latency[mode] += block
@@ -191,7 +232,7 @@ def main(argv=None):
                       f"{cpu_per_job[mode]['daemon'][-1]}", flush=True)
 
         # Hook on from here: the daemon's own round trip, then the failure modes.
-        set_mode(cluster, "hook", empty_hook)
+        set_mode(cluster, "hook", empty_hook, echo)
         round_trip = daemon_round_trip(cluster)
         big_script = "#!/bin/sh\n" + "echo a line of a long job script\n" * 2000  # ~64 KiB
         big_trip = daemon_round_trip(cluster, 500, script=big_script)
@@ -213,13 +254,14 @@ def main(argv=None):
             hung.close()
         cancel_all(cluster)
     finally:  # leave the cluster as the tests expect it: the daemon up, the project's hook on
+        echo.stop(cluster)
         for attempt in range(3):  # a loaded machine may take longer than one wait to start it
             try:
                 cluster.start_daemon()
                 break
             except Exception as exc:  # noqa: BLE001 -- the figures are written either way
                 print(f"daemon restart, attempt {attempt + 1}: {exc}", flush=True)
-        set_mode(cluster, "hook", empty_hook)
+        set_mode(cluster, "hook", empty_hook, echo)
 
     plain, empty, hook = ms(latency["plain"]), ms(latency["empty-lua"]), ms(latency["hook"])
     rate = {mode: statistics.mean(values) for mode, values in throughput.items()}
@@ -270,6 +312,16 @@ def main(argv=None):
             "hung_ratio": round(hung_rate / normal_rate, 3),
             "hung_sbatch_latency": ms(hung_latency),
         },
+        **({"echo": {
+            "what": "the hook asking bench/echo_server.py (decides nothing): the least an "
+                    "out-of-process daemon costs on this path",
+            "sbatch_latency": ms(latency["echo"]),
+            "added_p50_ms": round(ms(latency["echo"])["p50_ms"] - plain["p50_ms"], 3),
+            "throughput_ratio": round(statistics.mean(throughput["echo"]) / rate["plain"], 3),
+            "throughput_ratio_per_round": [round(e / p, 3) for e, p in
+                                           zip(throughput["echo"], throughput["plain"])],
+            "hook_to_echo_throughput_ratio": round(rate["hook"] / rate["echo"], 3),
+        }} if "echo" in latency else {}),
         "targets": {"added_p50_ms": 0.3, "added_p99_ms": 1.0, "throughput_ratio": 0.95,
                     "hung_ratio": 0.5},
     }

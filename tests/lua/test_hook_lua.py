@@ -415,3 +415,30 @@ def test_the_hook_asks_for_the_brief_reply_and_applies_it(tmp_path):
     assert after == {**before, "tres_per_node": "gres:shard:4", "features": "v100",
                      "admin_comment": "gpushare:v1:share:id=abc:shard=4:types=v100:"
                                       "why=default-share"}
+
+
+def test_the_benchmarks_echo_server_gets_its_keep_accepted(tmp_path):
+    """bench/submit_latency.py --echo measures the hook against bench/echo_server.py: its reply
+    must take the hook's accepted path (tagged, nothing else changed), not a refusal's."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    sock = tmp_path / "echo.sock"
+    server = subprocess.Popen([sys.executable, str(repo / "bench" / "echo_server.py"),
+                               str(sock), "--tag"])
+    try:
+        deadline = time.monotonic() + 30
+        while not sock.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        hook = hook_for(str(sock), tmp_path)
+        before = job_fields()
+        for _ in range(3):  # on one kept connection
+            rc, after = hook.submit(before)
+            assert rc == 0
+            assert after == {**before, "admin_comment": "gpushare:v1:keep:why=echo"}
+        assert hook.logs == []  # no refusal, no failure
+    finally:
+        server.terminate()
+        server.wait(10)

@@ -94,3 +94,41 @@ def test_a_co_run_of_a_job_without_a_profile_is_a_one_line_error(tmp_path, capsy
     err = capsys.readouterr().err
     assert err.startswith("error: co-runs name jobs with no profile") and err.count("\n") == 1
     assert not (tmp_path / "out").exists()  # nothing half-written
+
+
+def _synthetic_set(seed: int, learnable: bool):
+    """30 jobs, every pair measured; speeds a function of the profiles, or noise."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    profiles = {f"j{i}": {"gpu_util_pct": float(rng.uniform(5, 100)),
+                          "mem_util_pct": float(rng.uniform(1, 60)),
+                          "mem_used_mib": 2000.0, "mem_total_mib": 24576}
+                for i in range(30)}
+    jobs = sorted(profiles)
+    pairs = []
+    for i, a in enumerate(jobs):
+        for b in jobs[i:]:
+            ua, ub = profiles[a]["gpu_util_pct"] / 100, profiles[b]["gpu_util_pct"] / 100
+            if learnable:
+                speed_a, speed_b = 1 / (1 + ua * ub * 2), 1 / (1 + ub * ua * 2)
+            else:
+                speed_a, speed_b = rng.uniform(0.4, 1.0), rng.uniform(0.4, 1.0)
+            pairs.append((a, b, speed_a, speed_b))
+    return pairs, profiles
+
+
+def test_the_information_ceiling_finds_what_the_profiles_carry_and_nothing_more():
+    from slurm_gpushare.predict.evaluate import information_ceiling
+    from slurm_gpushare.predict.pairs import default_model
+
+    model = default_model()
+    carried = information_ceiling(model, *_synthetic_set(0, learnable=True), seeds=[0, 1])
+    noise = information_ceiling(model, *_synthetic_set(0, learnable=False), seeds=[0, 1])
+    assert len(carried["per_seed"]) == 2 and carried["per_seed"][0]["test_pairs"] == 55
+    assert carried["fitted_on_set_spearman_pairs"]["min"] > 0.8
+    assert abs(noise["fitted_on_set_spearman_pairs"]["mean"]) < 0.3
+    # Too few pairs to hold jobs out: no figure rather than a meaningless one.
+    pairs, profiles = _synthetic_set(0, learnable=True)
+    few = information_ceiling(model, pairs[:15], profiles, seeds=[0])
+    assert few["per_seed"] == [] and few["fitted_on_set_spearman_pairs"]["mean"] is None

@@ -324,40 +324,53 @@ def read_profiles(path: str) -> list[dict[str, Any]]:
             raise click.ClickException(f"{path} line {line}: job {row['job']} appears twice")
         seen.add(row["job"])
         for name in PROFILE_COLUMNS[1:5]:
-            # A blank utilisation was not measured: the model then reads the peak, or the
-            # other utilisation (predict/pairs.py, demand_of). Memory figures are required.
-            blank_ok = name.endswith("_pct")
-            upper = 100.0 if blank_ok else None
-            row[name] = _number(path, line, name, raw[name], upper=upper, optional=blank_ok)
+            # A blank figure was not measured: for a utilisation the model then reads the
+            # peak, or the other utilisation (predict/pairs.py, demand_of); with a memory
+            # figure blank, whether a pair fits is unknown (fits_memory left blank).
+            upper = 100.0 if name.endswith("_pct") else None
+            row[name] = _number(path, line, name, raw[name], upper=upper, optional=True)
         for name in OPTIONAL_PROFILE_COLUMNS:
             row[name] = _number(path, line, name, raw.get(name, ""), optional=True, upper=100.0)
         if all(row[name] is None for name in ("gpu_util_pct", "mem_util_pct",
                                                *OPTIONAL_PROFILE_COLUMNS)):
             raise click.ClickException(f"{path} line {line}: gpu_util_pct is blank, and so are "
                                        "mem_util_pct and the peaks")
-        if row["mem_total_mib"] <= 0:
+        if row["mem_total_mib"] is not None and row["mem_total_mib"] <= 0:
             raise click.ClickException(f"{path} line {line}: mem_total_mib must be > 0")
         rows.append(row)
     return rows
 
 
+# A measured speed above this is not a speed: most likely a percentage (95 for 0.95).
+MAX_SPEED = 5.0
+
+
 def read_coruns(path: str, jobs: set[str]) -> list[tuple[str, str, float | None, float | None]]:
-    """Rows of a CORUNS.csv (measured normalised speeds, 0 < speed <= 1; an empty speed is a
-    side that was not measured), validated against the profiled jobs."""
-    out = []
+    """Rows of a CORUNS.csv: measured normalised speeds (throughput shared / alone; an empty
+    speed is a side that was not measured). A speed of 0 (no progress next to the partner) and
+    one above 1 (measurement noise) are measurements; learning reads them clipped to (0, 1].
+    A co-run naming a job without a profile cannot be learned from: it is left out, with one
+    warning line on stderr naming the jobs."""
+    out, unknown, skipped = [], [], 0
     for line, raw in _csv_rows(path, CORUN_COLUMNS):
-        for name in ("job_a", "job_b"):
-            if raw[name] not in jobs:
-                raise click.ClickException(
-                    f"{path} line {line}: {name} {raw[name]!r} is not in the profiles")
         speeds = []
         for name in ("speed_a", "speed_b"):
             value = _number(path, line, name, raw[name], optional=True)
-            if value is not None and not 0 < value <= 1.5:
-                raise click.ClickException(f"{path} line {line}: {name} must be in (0, 1.5] "
-                                           "(throughput shared / alone)")
+            if value is not None and value > MAX_SPEED:
+                raise click.ClickException(
+                    f"{path} line {line}: {name} {value:g} is not a normalised speed "
+                    "(throughput shared / alone, e.g. 0.95, not 95)")
             speeds.append(value)
+        missing = [raw[name] for name in ("job_a", "job_b") if raw[name] not in jobs]
+        if missing:
+            skipped += 1
+            unknown += [job for job in missing if job not in unknown]
+            continue
         out.append((raw["job_a"], raw["job_b"], speeds[0], speeds[1]))
+    if skipped:
+        names = ", ".join(repr(job) for job in unknown[:5]) + (", ..." if len(unknown) > 5 else "")
+        click.echo(f"slurm-gpushare: warning: {path}: {skipped} co-run(s) left out: "
+                   f"{len(unknown)} job(s) without a profile ({names})", err=True)
     return out
 
 

@@ -124,6 +124,53 @@ def test_predict_pairs_takes_a_blank_utilisation_as_not_measured(tmp_path):
         round(expected[0], 4), round(expected[1], 4))
 
 
+def test_predict_pairs_takes_a_blank_memory_figure_as_unknown(tmp_path):
+    # Whether the pair fits is then unknown (blank), and the pair is judged by speed alone.
+    path = tmp_path / "p.csv"
+    path.write_text(PROFILES + "nomem,5,1,,16384,v100\nnototal,5,1,1000,,v100\n")
+    rows = list(csv.DictReader(io.StringIO(run("kb", "predict-pairs", str(path)).output)))
+    by_pair = {(r["job_a"], r["job_b"]): r for r in rows}
+    assert len(rows) == 5 * 6 // 2  # no pair missing
+    assert by_pair[("nomem", "nomem")]["fits_memory"] == ""
+    assert by_pair[("heavy", "nototal")]["fits_memory"] == ""
+    assert by_pair[("light", "nomem")]["recommended"] == "true"  # two light jobs
+    assert by_pair[("heavy", "light")]["fits_memory"] == "true"
+
+
+def test_co_runs_of_jobs_without_a_profile_are_left_out_with_one_warning(profiles, tmp_path):
+    from slurm_gpushare.cli import main
+    import contextlib
+
+    known = "job_a,job_b,speed_a,speed_b\nheavy,medium,0.55,0.7\n"
+    with_unknown = known + "heavy,nobody,0.5,0.5\nghost,nobody,0.9,0.9\n"
+    (tmp_path / "known.csv").write_text(known)
+    (tmp_path / "unknown.csv").write_text(with_unknown)
+    outputs = []
+    for name in ("known.csv", "unknown.csv"):
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            assert main(["kb", "predict-pairs", str(profiles), "--co-runs",
+                         str(tmp_path / name)]) == 0
+        outputs.append((out.getvalue(), err.getvalue()))
+    assert outputs[0][0] == outputs[1][0]  # learned from the same co-run
+    assert outputs[0][1] == ""
+    warning = outputs[1][1].strip().splitlines()
+    assert len(warning) == 1 and "2 co-run(s) left out: 2 job(s) without a profile " \
+        "('nobody', 'ghost')" in warning[0]
+
+
+def test_speeds_of_zero_and_above_one_are_measurements(profiles, tmp_path):
+    # No progress next to the partner, and noise above 1: learned from (clipped), not refused.
+    coruns = tmp_path / "c.csv"
+    coruns.write_text("job_a,job_b,speed_a,speed_b\nheavy,medium,0,1.8\nlight,light,1.2,\n")
+    result = run("kb", "predict-pairs", str(profiles), "--co-runs", str(coruns), "--json")
+    rows = {(r["job_a"], r["job_b"]): r for r in json.loads(result.output)}
+    cold = {(r["job_a"], r["job_b"]): r
+            for r in json.loads(run("kb", "predict-pairs", str(profiles), "--json").output)}
+    assert rows[("heavy", "medium")]["pred_speed_a"] < cold[("heavy", "medium")]["pred_speed_a"]
+    assert rows[("heavy", "medium")]["recommended"] is False
+
+
 @pytest.mark.parametrize("content, message", [
     ("job,gpu_util_pct\nx,1\n",
      "missing column(s) mem_util_pct, mem_used_mib, mem_total_mib, gpu_type"),
@@ -133,7 +180,8 @@ def test_predict_pairs_takes_a_blank_utilisation_as_not_measured(tmp_path):
     (PROFILES + "heavy,1,1,1,16384,v100\n", "line 5: job heavy appears twice"),
     (PROFILES + "idle,,,1,16384,v100\n",
      "line 5: gpu_util_pct is blank, and so are mem_util_pct and the peaks"),
-    (PROFILES + "nomem,5,1,,16384,v100\n", "line 5: mem_used_mib is not a number"),
+    (PROFILES + "nomem,5,1,lots,16384,v100\n", "line 5: mem_used_mib is not a number"),
+    (PROFILES + "nomem,5,1,-1,16384,v100\n", "line 5: mem_used_mib must be a non-negative number"),
 ])
 def test_predict_pairs_errors_are_one_line(tmp_path, content, message):
     path = tmp_path / "bad.csv"
@@ -149,10 +197,11 @@ def test_predict_pairs_errors_are_one_line(tmp_path, content, message):
 
 @pytest.mark.parametrize("content, message", [
     ("job_a,job_b,speed_a\nheavy,light,0.5\n", "missing column(s) speed_b"),
-    ("job_a,job_b,speed_a,speed_b\nheavy,nobody,0.5,0.5\n",
-     "line 2: job_b 'nobody' is not in the profiles"),
     ("job_a,job_b,speed_a,speed_b\nheavy,light,fast,0.5\n", "line 2: speed_a is not a number"),
-    ("job_a,job_b,speed_a,speed_b\nheavy,light,0,0.5\n", "line 2: speed_a must be in (0, 1.5]"),
+    ("job_a,job_b,speed_a,speed_b\nheavy,light,-0.1,0.5\n",
+     "line 2: speed_a must be a non-negative number"),
+    ("job_a,job_b,speed_a,speed_b\nheavy,light,0.9,95\n",
+     "line 2: speed_b 95 is not a normalised speed (throughput shared / alone, e.g. 0.95, not 95)"),
 ])
 def test_predict_pairs_co_run_errors_are_one_line(profiles, tmp_path, content, message):
     path = tmp_path / "coruns.csv"

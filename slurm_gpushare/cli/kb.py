@@ -43,6 +43,7 @@ FEATURES = ("MGUP", "MGMAP", "MGTSAMP")
 PROFILE_COLUMNS = ("job", "gpu_util_pct", "mem_util_pct", "mem_used_mib", "mem_total_mib",
                    "gpu_type")
 OPTIONAL_PROFILE_COLUMNS = ("gpu_util_max_pct", "mem_util_max_pct")
+UTILISATION_COLUMNS = ("gpu_util_pct", "mem_util_pct", *OPTIONAL_PROFILE_COLUMNS)
 CORUN_COLUMNS = ("job_a", "job_b", "speed_a", "speed_b")
 PAIR_COLUMNS = ("job_a", "job_b", "pred_speed_a", "pred_speed_b", "fits_memory", "recommended")
 
@@ -338,6 +339,13 @@ def read_profiles(path: str) -> list[dict[str, Any]]:
         if row["mem_total_mib"] is not None and row["mem_total_mib"] <= 0:
             raise click.ClickException(f"{path} line {line}: mem_total_mib must be > 0")
         rows.append(row)
+    utilisations = [row[name] for row in rows for name in UTILISATION_COLUMNS
+                    if row[name] is not None]
+    if len(rows) > 1 and max(utilisations, default=0) <= 1.0 and any(utilisations):
+        # DCGM's profiling fields (e.g. GR_ENGINE_ACTIVE) are ratios, NVML's are percentages.
+        click.echo(f"slurm-gpushare: warning: {path}: every utilisation is at most 1%: "
+                   "they are read as percentages (95 for a GPU busy 95% of the time); "
+                   "ratios (0.95) would make every job look idle", err=True)
     return rows
 
 

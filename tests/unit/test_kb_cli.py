@@ -349,3 +349,20 @@ def test_kb_evaluate_prints_every_held_out_set(monkeypatch):
     assert "class_kb_on_alnair_paper_ids" in result.output
     as_json = json.loads(run("kb", "evaluate", "--json").output)
     assert as_json["pair_predictor_leave_one_data_set_out"].keys() == held_out.keys()
+
+
+def test_utilisations_given_as_ratios_draw_a_warning(tmp_path):
+    from slurm_gpushare.cli import main
+    import contextlib
+
+    ratios = tmp_path / "ratios.csv"
+    ratios.write_text("job,gpu_util_pct,mem_util_pct,mem_used_mib,mem_total_mib,gpu_type\n"
+                      "a,0.95,0.4,1000,16384,v100\nb,0.2,0.05,1000,16384,v100\n")
+    percent = tmp_path / "percent.csv"
+    percent.write_text(PROFILES)
+    for path, warned in ((ratios, True), (percent, False)):
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            assert main(["kb", "predict-pairs", str(path)]) == 0
+        assert ("every utilisation is at most 1%" in err.getvalue()) == warned
+        assert len(out.getvalue().splitlines()) == 1 + (3 if path == ratios else 6)

@@ -482,7 +482,7 @@ def pool_pairs_phase(out: Path, log_dir: Path, args, paired, done=frozenset()) -
                 (alone,), _, _ = run_together([first], args.warm_s, args.measure_s, sample=False)
                 row["solo_a_again"] = alone.get("its_per_s")
                 alone_done.add(a)
-            ok = measure_pair(first, second, row, args)
+            measure_pair(first, second, row, args)
             writer.writerow(row)
             f.flush()
             print(f"pool {a} + {b}: {row['its_a']} / {row['its_b']} it/s {row['status'][:60]}",

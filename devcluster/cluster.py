@@ -263,7 +263,7 @@ class TestCluster:
                          for i in range(node.gpus)])
         # Telemetry collection: prolog/epilog wrappers that point the agent at this cluster.
         self._write(self.etc / "gpushare-agent.env", "\n".join([
-            f"PATH=/usr/sbin:/usr/bin:/sbin:/bin",
+            "PATH=/usr/sbin:/usr/bin:/sbin:/bin",
             f"SLURM_CONF={self.slurm_conf}",
             f"GPUSHARE_PYTHON={self.node_python}",
             *self._agent_delivery_env(),

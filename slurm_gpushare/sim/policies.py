@@ -669,7 +669,6 @@ class GpuShare(Policy):
         """The job as the hook would send it: ``sbatch -p <sharing partition> --gres=gpu:N`` (or
         ``--gres=mps:P``: a job asking for P% of a GPU itself)
         (one frozen value per shape of job, made once)."""
-        work = engine.work
         key = (self.shape_of[j], engine.j_kills[j] > 0, self.percent_asked[j])
         request = self._requests.get(key)
         if request is None:

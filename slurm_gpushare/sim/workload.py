@@ -150,7 +150,6 @@ def build_workload(trace: pd.DataFrame, cluster: Cluster, data_dir: str | Path,
     gavel = load_gavel(data_dir)
     table = load_schedtune(data_dir)
     n, types = len(trace), cluster.types
-    n_types = len(types)
 
     kind = rng.integers(0, gavel.n_kinds, n)
     speed_col = np.array([SPEED_PROFILES.index(t.speed_profile) for t in types])

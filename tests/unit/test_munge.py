@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import time
-from pathlib import Path
 
 import pytest
 

@@ -104,7 +104,7 @@ def test_commands_run_from_the_installed_wheel(installed, tmp_path):
 
     conf = tmp_path / "slurm.conf"
     conf.write_text("ClusterName=c\nSelectType=select/cons_tres\nGresTypes=gpu,shard\n"
-                    f"JobSubmitPlugins=lua\n")
+                    "JobSubmitPlugins=lua\n")
     check = run(installed, "check-config", "--no-live", "--slurm-conf", str(conf),
                 "--config", str(config), "--json")
     assert check.returncode == 1 and "Traceback" not in check.stderr, check.stderr

@@ -27,7 +27,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import math
 import os
 from pathlib import Path
 from typing import Any
@@ -40,11 +39,6 @@ from slurm_gpushare.core.config import DaemonConfig
 # every ``slurm-gpushare`` invocation loads this module, most never need them.
 FEATURES = ("MGUP", "MGMAP", "MGTSAMP")
 
-PROFILE_COLUMNS = ("job", "gpu_util_pct", "mem_util_pct", "mem_used_mib", "mem_total_mib",
-                   "gpu_type")
-OPTIONAL_PROFILE_COLUMNS = ("gpu_util_max_pct", "mem_util_max_pct")
-UTILISATION_COLUMNS = ("gpu_util_pct", "mem_util_pct", *OPTIONAL_PROFILE_COLUMNS)
-CORUN_COLUMNS = ("job_a", "job_b", "speed_a", "speed_b")
 PAIR_COLUMNS = ("job_a", "job_b", "pred_speed_a", "pred_speed_b", "fits_memory", "recommended")
 
 
@@ -280,106 +274,18 @@ def _read_store(path: str):
         raise click.ClickException(str(exc)) from None
 
 
-def _csv_rows(path: str, required: tuple[str, ...]):
-    """``(line, row)`` of a CSV with ``required`` columns; ClickException naming the file."""
+def _read(reader, *args):
+    """A pair file through ``predict.pairfiles``: its error as the command's one-line error,
+    its warnings on stderr."""
+    from slurm_gpushare.predict.pairfiles import PairFileError
+
     try:
-        # utf-8-sig: a spreadsheet's byte-order mark is not part of the first column's name.
-        with open(path, newline="", encoding="utf-8-sig") as handle:
-            reader = csv.DictReader(handle)
-            columns = [c.strip() for c in reader.fieldnames or []]
-            missing = [c for c in required if c not in columns]
-            if missing:
-                raise click.ClickException(f"{path}: missing column(s) {', '.join(missing)}")
-            rows = [(line, {k.strip(): (v or "").strip() for k, v in raw.items() if k})
-                    for line, raw in enumerate(reader, start=2)]
-    except OSError as exc:
-        raise click.ClickException(f"cannot read {path}: {exc.strerror}") from None
-    except (csv.Error, UnicodeDecodeError) as exc:
-        raise click.ClickException(f"cannot read {path}: {exc}") from None
+        rows, warnings = reader(*args)
+    except PairFileError as exc:
+        raise click.ClickException(str(exc)) from None
+    for warning in warnings:
+        click.echo(f"slurm-gpushare: warning: {warning}", err=True)
     return rows
-
-
-def _number(path: str, line: int, name: str, text: str, *, optional: bool = False,
-            upper: float | None = None) -> float | None:
-    if optional and text == "":
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        raise click.ClickException(f"{path} line {line}: {name} is not a number") from None
-    if not math.isfinite(value) or value < 0 or (upper is not None and value > upper):
-        what = (f"a number between 0 and {upper:g}" if upper is not None
-                else "a non-negative number")
-        raise click.ClickException(f"{path} line {line}: {name} must be {what}")
-    return value
-
-
-def read_profiles(path: str) -> list[dict[str, Any]]:
-    """Rows of a PROFILES.csv, validated; raises ClickException naming the line."""
-    rows, seen = [], set()
-    for line, raw in _csv_rows(path, PROFILE_COLUMNS):
-        row: dict[str, Any] = {"job": raw["job"], "gpu_type": raw.get("gpu_type") or None}
-        if not row["job"]:
-            raise click.ClickException(f"{path} line {line}: empty job")
-        if row["job"] in seen:
-            raise click.ClickException(f"{path} line {line}: job {row['job']} appears twice")
-        seen.add(row["job"])
-        for name in PROFILE_COLUMNS[1:5]:
-            # A blank figure was not measured: for a utilisation the model then reads the
-            # peak, or the other utilisation (predict/pairs.py, demand_of); with a memory
-            # figure blank, whether a pair fits is unknown (fits_memory left blank).
-            upper = 100.0 if name.endswith("_pct") else None
-            row[name] = _number(path, line, name, raw[name], upper=upper, optional=True)
-        for name in OPTIONAL_PROFILE_COLUMNS:
-            row[name] = _number(path, line, name, raw.get(name, ""), optional=True, upper=100.0)
-        if all(row[name] is None for name in ("gpu_util_pct", "mem_util_pct",
-                                               *OPTIONAL_PROFILE_COLUMNS)):
-            raise click.ClickException(f"{path} line {line}: gpu_util_pct is blank, and so are "
-                                       "mem_util_pct and the peaks")
-        if row["mem_total_mib"] is not None and row["mem_total_mib"] <= 0:
-            raise click.ClickException(f"{path} line {line}: mem_total_mib must be > 0")
-        rows.append(row)
-    utilisations = [row[name] for row in rows for name in UTILISATION_COLUMNS
-                    if row[name] is not None]
-    if len(rows) > 1 and max(utilisations, default=0) <= 1.0 and any(utilisations):
-        # DCGM's profiling fields (e.g. GR_ENGINE_ACTIVE) are ratios, NVML's are percentages.
-        click.echo(f"slurm-gpushare: warning: {path}: every utilisation is at most 1%: "
-                   "they are read as percentages (95 for a GPU busy 95% of the time); "
-                   "ratios (0.95) would make every job look idle", err=True)
-    return rows
-
-
-# A measured speed above this is not a speed: most likely a percentage (95 for 0.95).
-MAX_SPEED = 5.0
-
-
-def read_coruns(path: str, jobs: set[str]) -> list[tuple[str, str, float | None, float | None]]:
-    """Rows of a CORUNS.csv: measured normalised speeds (throughput shared / alone; an empty
-    speed is a side that was not measured). A speed of 0 (no progress next to the partner) and
-    one above 1 (measurement noise) are measurements; learning reads them clipped to (0, 1].
-    A co-run naming a job without a profile cannot be learned from: it is left out, with one
-    warning line on stderr naming the jobs."""
-    out, unknown, skipped = [], [], 0
-    for line, raw in _csv_rows(path, CORUN_COLUMNS):
-        speeds = []
-        for name in ("speed_a", "speed_b"):
-            value = _number(path, line, name, raw[name], optional=True)
-            if value is not None and value > MAX_SPEED:
-                raise click.ClickException(
-                    f"{path} line {line}: {name} {value:g} is not a normalised speed "
-                    "(throughput shared / alone, e.g. 0.95, not 95)")
-            speeds.append(value)
-        missing = [raw[name] for name in ("job_a", "job_b") if raw[name] not in jobs]
-        if missing:
-            skipped += 1
-            unknown += [job for job in missing if job not in unknown]
-            continue
-        out.append((raw["job_a"], raw["job_b"], speeds[0], speeds[1]))
-    if skipped:
-        names = ", ".join(repr(job) for job in unknown[:5]) + (", ..." if len(unknown) > 5 else "")
-        click.echo(f"slurm-gpushare: warning: {path}: {skipped} co-run(s) left out: "
-                   f"{len(unknown)} job(s) without a profile ({names})", err=True)
-    return out
 
 
 def predict_pairs(profiles: list[dict[str, Any]],
@@ -404,8 +310,10 @@ def kb_predict_pairs(profiles_csv, coruns_csv, as_json) -> None:
     PROFILES.csv columns: job,gpu_util_pct,mem_util_pct,mem_used_mib,mem_total_mib,gpu_type
     (mean utilisations; a blank one was not measured), optional gpu_util_max_pct and
     mem_util_max_pct (peaks)."""
-    profiles = read_profiles(profiles_csv)
-    coruns = read_coruns(coruns_csv, {p["job"] for p in profiles}) if coruns_csv else []
+    from slurm_gpushare.predict.pairfiles import read_coruns, read_profiles
+
+    profiles = _read(read_profiles, profiles_csv)
+    coruns = _read(read_coruns, coruns_csv, {p["job"] for p in profiles}) if coruns_csv else []
     rows = predict_pairs(profiles, coruns)
     if as_json:
         _echo_json(rows)

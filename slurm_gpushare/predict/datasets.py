@@ -199,15 +199,22 @@ def load_measured(gpu: str = "h100") -> tuple[list[tuple[str, str, float, float]
 def load_pair_set(profiles_csv: str | os.PathLike, coruns_csv: str | os.PathLike,
                   what: str = "pair set") -> tuple[list[tuple[str, str, float, float]],
                                                    dict[str, dict]]:
-    """A set of measured pairs in the files ``kb predict-pairs`` reads (PROFILES.csv, and
-    CORUNS.csv with both speeds): ``(pairs, profiles)`` as ``load_measured`` gives them."""
-    coruns = _read_csv(Path(coruns_csv), f"co-runs ({what})")
-    profiles = _read_csv(Path(profiles_csv), f"profiles ({what})")
-    pairs = [(r.job_a, r.job_b, float(r.speed_a), float(r.speed_b))
-             for r in coruns.itertuples(index=False)]
-    by_job = {r["job"]: {k: v for k, v in r.items() if k != "job"}
-              for r in profiles.to_dict("records")}
-    return pairs, by_job
+    """A set of measured pairs in the files ``kb predict-pairs`` reads, through its reader
+    (``pairfiles``): ``(pairs, profiles)`` as ``load_measured`` gives them. Only pairs with
+    both speeds measured (the others cannot be judged) and whose jobs have a profile."""
+    from slurm_gpushare.predict.pairfiles import PairFileError, read_coruns, read_profiles
+
+    for path, kind in ((profiles_csv, "profiles"), (coruns_csv, "co-runs")):
+        if not Path(path).exists():
+            raise MissingDataSet(f"{kind} ({what}) not found at {path}")
+    try:
+        rows, _ = read_profiles(str(profiles_csv))
+        coruns, _ = read_coruns(str(coruns_csv), {row["job"] for row in rows})
+    except PairFileError as exc:
+        raise UnreadableDataSet(f"{what}: {exc}") from None
+    pairs = [(a, b, speed_a, speed_b) for a, b, speed_a, speed_b in coruns
+             if speed_a is not None and speed_b is not None]
+    return pairs, {row["job"]: {k: v for k, v in row.items() if k != "job"} for row in rows}
 
 
 # -- traces: Microsoft Philly, Alibaba openb -------------------------------------------------

@@ -132,3 +132,21 @@ def test_the_information_ceiling_finds_what_the_profiles_carry_and_nothing_more(
     pairs, profiles = _synthetic_set(0, learnable=True)
     few = information_ceiling(model, pairs[:15], profiles, seeds=[0])
     assert few["per_seed"] == [] and few["fitted_on_set_spearman_pairs"]["mean"] is None
+
+
+def test_a_pair_set_is_read_by_kb_predict_pairs_own_reader(tmp_path):
+    """load_pair_set (bench/pairs_eval.py --external, the packaged measurements) reads the files
+    as kb predict-pairs does: pairs it cannot judge are left out, a bad value is one error."""
+    from slurm_gpushare.predict.datasets import UnreadableDataSet, load_pair_set
+
+    profiles = tmp_path / "profiles.csv"
+    profiles.write_text("\ufeffjob,gpu_util_pct,mem_util_pct,mem_used_mib,mem_total_mib,gpu_type\n"
+                        "a,90,40,1000,24576,x\nb,20,,1000,24576,x\n")
+    coruns = tmp_path / "coruns.csv"
+    coruns.write_text("job_a,job_b,speed_a,speed_b\na,b,0.8,0.95\na,a,0.5,\nb,ghost,0.9,0.9\n")
+    pairs, by_job = load_pair_set(profiles, coruns)
+    assert pairs == [("a", "b", 0.8, 0.95)]
+    assert by_job["b"]["mem_util_pct"] is None and by_job["a"]["gpu_util_pct"] == 90.0
+    coruns.write_text("job_a,job_b,speed_a,speed_b\na,b,fast,0.95\n")
+    with pytest.raises(UnreadableDataSet, match="line 2: speed_a is not a number"):
+        load_pair_set(profiles, coruns)

@@ -40,6 +40,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import echo_server  # beside this script
+
 REPO = Path(__file__).resolve().parent.parent
 SHORT = "#!/bin/sh\n#SBATCH --gres=gpu:1\npython train.py\n"
 LONG = "#!/bin/sh\n" + "echo a line of a long job script\n" * 2000  # ~64 KiB
@@ -57,9 +59,6 @@ def cpu_seconds(pid: int) -> float:
         except (OSError, ValueError, IndexError):
             pass  # a thread that ended between listing and reading
     return total / 1e9
-
-
-ECHO_SERVER = REPO / "bench" / "echo_server.py"  # a thread per connection, nothing decided
 
 
 def slurm_stand_ins(directory: Path, nodes: int) -> Path:
@@ -83,8 +82,7 @@ class Daemon:
         tmp.mkdir(parents=True)
         self.sock_path = tmp / "d.sock"
         if code is None:
-            self.proc = subprocess.Popen([sys.executable, str(ECHO_SERVER), str(self.sock_path)],
-                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            self.proc = echo_server.start(self.sock_path, quiet=True)
             self._connect()
             return
         config = tmp / "gpushare.toml"

@@ -11,9 +11,17 @@ test cluster's check that the hook reaches its daemon (``wait_hook``) passes.
 
 import json
 import socketserver
+import subprocess
 import sys
 
 TAG = {"admin_comment": "gpushare:v1:keep:why=echo"}
+
+
+def start(path, *, tag: bool = False, quiet: bool = False) -> subprocess.Popen:
+    """This server as a process of its own, listening on ``path`` (a Unix socket)."""
+    out = subprocess.DEVNULL if quiet else None
+    return subprocess.Popen([sys.executable, __file__, str(path), *(["--tag"] if tag else [])],
+                            stdout=out, stderr=out)
 
 
 def main(argv) -> None:

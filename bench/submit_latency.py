@@ -38,6 +38,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+import echo_server  # noqa: E402 -- beside this script
 from devcluster.cluster import TestCluster  # noqa: E402
 
 SCRIPT = "#!/bin/sh\ntrue\n"
@@ -46,7 +47,6 @@ function slurm_job_submit(job_desc, part_list, submit_uid) return slurm.SUCCESS 
 function slurm_job_modify(job_desc, job_rec, part_list, modify_uid) return slurm.SUCCESS end
 """
 MODES = ("plain", "empty-lua", "hook")
-ECHO_SERVER = REPO / "bench" / "echo_server.py"
 
 
 class Echo:
@@ -59,8 +59,7 @@ class Echo:
     def start(self, cluster) -> None:
         if self.proc is None:
             cluster.stop_daemon()
-            self.proc = subprocess.Popen([sys.executable, str(ECHO_SERVER),
-                                          str(cluster.daemon_socket), "--tag"])
+            self.proc = echo_server.start(cluster.daemon_socket, tag=True)
 
     def stop(self, cluster) -> None:
         if self.proc is not None:

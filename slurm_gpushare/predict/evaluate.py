@@ -605,13 +605,12 @@ def information_ceiling(model: PairSpeedModel, pairs, profiles,
                 y.append(float(speed))
         fitted = GradientBoostingRegressor(max_depth=3, n_estimators=200, random_state=seed)
         fitted.fit(np.array(x), np.array(y))
-        rows = []
-        for a, b, speed_a, speed_b in test:
-            pred = fitted.predict(np.array([features[a] + features[b],
-                                            features[b] + features[a]]))
-            rows.append({"pred_a": pred[0], "pred_b": pred[1], "speed_a": speed_a,
-                         "speed_b": speed_b, "recommended": False})
-        fitted_figures = _figures(pd.DataFrame(rows))
+        sides = fitted.predict(np.array([features[own] + features[other] for a, b, *_ in test
+                                         for own, other in ((a, b), (b, a))]))
+        fitted_figures = _figures(pd.DataFrame({
+            "pred_a": sides[0::2], "pred_b": sides[1::2],
+            "speed_a": [p[2] for p in test], "speed_b": [p[3] for p in test],
+            "recommended": False}))
         ours = _evaluate(model, test, profiles)
         per_seed.append({"seed": seed, "test_pairs": len(test), "train_pairs": len(train),
                          **{f"fitted_on_set_{k}": fitted_figures[k]

@@ -420,14 +420,10 @@ def test_the_hook_asks_for_the_brief_reply_and_applies_it(tmp_path):
 def test_the_benchmarks_echo_server_gets_its_keep_accepted(tmp_path):
     """bench/submit_latency.py --echo measures the hook against bench/echo_server.py: its reply
     must take the hook's accepted path (tagged, nothing else changed), not a refusal's."""
-    import subprocess
-    import sys
-    from pathlib import Path
+    from conftest import bench_module
 
-    repo = Path(__file__).resolve().parents[2]
     sock = tmp_path / "echo.sock"
-    server = subprocess.Popen([sys.executable, str(repo / "bench" / "echo_server.py"),
-                               str(sock), "--tag"])
+    server = bench_module("echo_server").start(sock, tag=True)
     try:
         deadline = time.monotonic() + 30
         while not sock.exists() and time.monotonic() < deadline:

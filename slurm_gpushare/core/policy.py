@@ -403,6 +403,8 @@ def sjf_nice(request: JobRequest, config: Config, estimate: JobEstimate | None) 
 
 
 def _duration(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.0f} s"
     if seconds < 3600:
         return f"{seconds / 60:.0f} min"
     return f"{seconds / 3600:.1f} h"

@@ -48,6 +48,13 @@ def test_share_carries_nice_from_the_fastest_type():
     assert "nice +10000 (predicted run time 10.0 h" in decision.reason
 
 
+@pytest.mark.parametrize("seconds, said", [(20, "20 s"), (59.6, "60 s"), (90, "2 min"),
+                                            (5400, "1.5 h")])
+def test_reason_says_short_run_times_in_seconds(seconds, said):
+    decision = decide(request(), config(), estimate=history(seconds))
+    assert f"(predicted run time {said}, shortest job first)" in decision.reason
+
+
 def test_kept_job_is_reordered_too():
     decision = decide(request(), config(), estimate=history(360, memory_mib=200_000),
                       decision_id="k")

@@ -44,6 +44,9 @@ def build_wheel(root: Path) -> Path:
     done = subprocess.run([sys.executable, "-c", build, str(root / "dist")], cwd=str(source),
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    # Folders of data without __init__.py are packages to setuptools: undeclared, each one
+    # printed a 30-line warning into every `make demo` and `make test` install.
+    assert "would be ignored" not in done.stdout + done.stderr
     (wheel,) = (root / "dist").glob("slurm_gpushare-*.whl")
     return wheel
 

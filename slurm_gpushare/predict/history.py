@@ -168,9 +168,9 @@ class HistoryEstimator:
             return JobEstimate(source="history", memory_mib={}, job_class=job_class,
                                detail=verdict.reason), verdict.reason
         runtime_s = self._runtimes(history, config)
-        seen = ", ".join(f"{max(v) / 1024:.1f} GiB on {model}" for model, v in peaks.items())
         estimate = verdict.job_estimate(runtime_s=runtime_s or None, job_class=job_class)
-        detail = f"history: peak {seen}; {estimate.detail}" if estimate.detail else f"history: peak {seen}"
+        # The verdict says the peaks seen, by GPU model, and the margins added to them.
+        detail = f"history: {estimate.detail}"
         if job_class is not None:
             detail += f"; {class_detail.split(' (')[0]}"
         best = min(h.get("matched_key", 0) for h in history)

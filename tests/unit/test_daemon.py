@@ -437,6 +437,10 @@ def test_a_job_that_ran_on_a_gpu_the_catalogue_lacks_shares_there_next_time(tmp_
         again = request_once(running.socket, {"v": 1, "op": "decide", "job": job})["decision"]
         assert again["code"] == "history-share", again
         assert again["gpu_types"] == ["b200"] and again["writes"]["features"] == "b200"
+        # Its peak is said once ("history: peak 19.5 GiB on NVIDIA B200 + 5% margin; ..."),
+        # not once per part of the estimate that saw it.
+        assert again["reason"].startswith("history: peak 19.5 GiB on "), again["reason"]
+        assert again["reason"].count("19.5 GiB") == 1, again["reason"]
         assert running.service.counters.get("internal-errors", 0) == 0
     finally:
         running.stop()

@@ -700,13 +700,18 @@ def share_or_keep(request: JobRequest, config: Config, *, estimate: JobEstimate 
         return keep("per-task-gpus", "GPUs per task or socket are not shared")
     if gpu.count != 1:
         return keep("multi-gpu", f"the job asks for {gpu.count} GPUs; only single-GPU jobs share")
-    if (request.min_nodes or 1) > 1:
+    if (request.min_nodes or 1) > 1 or (request.max_nodes or 1) > 1:
+        # A node range (-N 1-2) may give the job several nodes: a multi-node job then.
         return keep("multi-node", "multi-node jobs are not shared")
     if request.exclusive:
         return keep("exclusive", "--exclusive jobs get no shares")
     if request.cpus_per_tres or request.mem_per_tres or request.ntasks_per_tres:
         return keep("per-gpu-options", "per-GPU options (--cpus/--mem/--ntasks-per-gpu) "
                                        "would lose their GPU; left as submitted")
+    if "gpu" in request.tres_freq:
+        # Slurm refuses a shared gres with a GPU frequency (gres.c: ESLURM_INVALID_GRES).
+        return keep("gpu-freq", "--gpu-freq cannot go with a share (Slurm refuses it): "
+                                "left as submitted")
     partitions = _partitions(request)
     sharing = set(config.policy.sharing_partitions)
     if not partitions or not all(p in sharing for p in partitions):

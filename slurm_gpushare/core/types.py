@@ -42,6 +42,7 @@ class JobRequest:
     cpus_per_tres: str = ""
     mem_per_tres: str = ""
     ntasks_per_tres: int | None = None
+    tres_freq: str = ""  # --gpu-freq arrives as "gpu:<value>"
     features: str = ""
     exc_nodes: str = ""
     req_nodes: str = ""  # --nodelist/-w

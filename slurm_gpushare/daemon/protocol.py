@@ -31,8 +31,8 @@ INFINITE16 = 0xFFFF
 
 STRING_FIELDS = (
     "user", "account", "partition", "qos", "tres_per_job", "tres_per_node", "tres_per_socket",
-    "tres_per_task", "cpus_per_tres", "mem_per_tres", "features", "exc_nodes", "script", "name",
-    "comment", "req_nodes", "reservation", "array_inx", "script_digest",
+    "tres_per_task", "cpus_per_tres", "mem_per_tres", "tres_freq", "features", "exc_nodes",
+    "script", "name", "comment", "req_nodes", "reservation", "array_inx", "script_digest",
 )
 NUMBER_FIELDS = (
     "uid", "time_limit", "min_nodes", "max_nodes", "num_tasks", "shared", "ntasks_per_tres",
@@ -277,7 +277,7 @@ def parse_request(message: Any, *, opt_out_token: str = "gpushare=off",
         tres_per_job=strings["tres_per_job"], tres_per_node=strings["tres_per_node"],
         tres_per_socket=strings["tres_per_socket"], tres_per_task=strings["tres_per_task"],
         cpus_per_tres=strings["cpus_per_tres"], mem_per_tres=strings["mem_per_tres"],
-        ntasks_per_tres=count("ntasks_per_tres"),
+        ntasks_per_tres=count("ntasks_per_tres"), tres_freq=strings["tres_freq"],
         features=strings["features"], exc_nodes=strings["exc_nodes"],
         req_nodes=strings["req_nodes"], reservation=strings["reservation"],
         batch=batch,

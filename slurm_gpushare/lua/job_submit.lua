@@ -226,6 +226,7 @@ local function read_request(job_desc, part_list, submit_uid, gpu_fields)
     cpus_per_tres = job_desc.cpus_per_tres,
     mem_per_tres = job_desc.mem_per_tres,
     ntasks_per_tres = job_desc.ntasks_per_tres,
+    tres_freq = job_desc.tres_freq,
     features = job_desc.features,
     exc_nodes = job_desc.exc_nodes,
     req_nodes = job_desc.req_nodes,
@@ -327,10 +328,15 @@ local function validate(reply, request)
   end
   -- Never turn jobs Slurm cannot share into shares, whatever the daemon says.
   -- (shared 0/2/3 = --exclusive[=user|mcs]; unset numbers arrive as NO_VAL markers.)
-  local shared, min_nodes = request.job.shared, request.job.min_nodes
-  local exclusive = shared ~= nil and shared < NO_VAL16 and shared ~= 1
-  if exclusive or (min_nodes ~= nil and min_nodes > 1 and min_nodes < 4294967294) then
+  local job = request.job
+  local exclusive = job.shared ~= nil and job.shared < NO_VAL16 and job.shared ~= 1
+  local function several(nodes) return type(nodes) == "number" and nodes > 1 and nodes < NO_VAL end
+  if exclusive or several(job.min_nodes) or several(job.max_nodes) then
     return nil, "share for an exclusive or multi-node job"
+  end
+  -- Slurm refuses a shared gres next to a GPU frequency (--gpu-freq): the job would be rejected.
+  if type(job.tres_freq) == "string" and string.find(job.tres_freq, "gpu", 1, true) then
+    return nil, "share for a job with --gpu-freq"
   end
   return decision
 end

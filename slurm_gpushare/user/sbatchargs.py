@@ -76,7 +76,7 @@ SHORT_OPTIONS: dict[str, str] = {short: name for name, (_, short) in LONG_OPTION
 ENV_OPTIONS = {
     "SBATCH_ACCOUNT": "account", "SBATCH_CONSTRAINT": "constraint",
     "SBATCH_CPUS_PER_GPU": "cpus-per-gpu", "SBATCH_EXCLUSIVE": "exclusive",
-    "SBATCH_GPUS": "gpus", "SBATCH_GPUS_PER_NODE": "gpus-per-node",
+    "SBATCH_GPUS": "gpus", "SBATCH_GPUS_PER_NODE": "gpus-per-node", "SBATCH_GPU_FREQ": "gpu-freq",
     "SBATCH_GPUS_PER_SOCKET": "gpus-per-socket", "SBATCH_GPUS_PER_TASK": "gpus-per-task",
     "SBATCH_GRES": "gres", "SBATCH_JOB_NAME": "job-name", "SBATCH_MEM_PER_GPU": "mem-per-gpu",
     "SBATCH_PARTITION": "partition", "SBATCH_QOS": "qos", "SBATCH_TIMELIMIT": "time",
@@ -385,6 +385,7 @@ class Submission:
                 f"{gpu}:{_positive_int(self.get('cpus-per-gpu'), 'CPUs per GPU')}")
         if self.get("mem-per-gpu"):
             put("mem_per_tres", f"{gpu}:{megabytes(self.get('mem-per-gpu'))}")
+        put("tres_freq", f"gpu:{self.get('gpu-freq')}" if self.get("gpu-freq") else "")
         tasks_per_gpu = self.get("ntasks-per-gpu") or self.get("ntasks-per-tres")
         if tasks_per_gpu:
             job["ntasks_per_tres"] = _positive_int(tasks_per_gpu, "tasks per GPU")

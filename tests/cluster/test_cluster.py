@@ -121,6 +121,10 @@ def test_two_jobs_share_one_gpu_at_the_same_time(cluster):
     (("--gres=gpu:1", "--comment=gpushare=off"), ""),     # user opt-out
     (("--gres=shard:4",), ""),                            # already a share
     (("--gres=gpu:1", "--cpus-per-gpu=2"), ""),           # per-GPU options
+    # With a hint (a share otherwise): Slurm refuses a shared gres with --gpu-freq ("Invalid
+    # generic resource (gres) specification"); a node range may give the job several nodes.
+    (("--gres=gpu:1", "--gpu-freq=high", HINT), ""),
+    (("--gres=gpu:1", "-N", "1-2", HINT), ""),
 ])
 def test_untouched_jobs_stay_untouched(cluster, args, script_extra):
     job_id = cluster.sbatch(*args, "--hold", script=SLEEP.format(0) + script_extra)

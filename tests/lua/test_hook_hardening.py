@@ -108,6 +108,24 @@ def test_invalid_decisions_are_refused_and_the_job_left_as_submitted(scripted, t
     assert why in hook.logs[-1][1]
 
 
+@pytest.mark.parametrize("overrides,why", [
+    ({"shared": 0}, "share for an exclusive or multi-node job"),
+    ({"min_nodes": 2}, "share for an exclusive or multi-node job"),
+    ({"min_nodes": 1, "max_nodes": 2}, "share for an exclusive or multi-node job"),  # -N 1-2
+    # Slurm refuses a shared gres next to a GPU frequency: the job would be rejected.
+    ({"tres_freq": "gpu:high"}, "share for a job with --gpu-freq"),
+    ({"tres_freq": "cpu=high,gpu:medium"}, "share for a job with --gpu-freq"),
+])
+def test_a_share_slurm_would_refuse_or_spread_is_refused_whatever_the_daemon_says(
+        scripted, tmp_path, overrides, why):
+    server = scripted(lambda n, r: {"decision": SHARE})
+    hook = hook_for(server.path, tmp_path)
+    before = job_fields(**overrides)
+    assert hook.submit(before) == (0, before)
+    assert why in hook.logs[-1][1]
+    assert hook.submit(job_fields()) == (0, {**job_fields(), **SHARE["writes"]})  # others share
+
+
 def test_refusals_never_open_the_breaker(scripted, tmp_path):
     # Every other job is one the daemon refuses (a user provoking errors on purpose); the
     # rest of the users' jobs must still be shared.

@@ -85,6 +85,8 @@ def test_default_partition_comes_from_part_list(daemon, tmp_path):
     {"tres_per_node": "gres:nic:1"},                           # another gres only
     {"tres_per_node": "gres:gpu:2"},                           # several GPUs
     {"min_nodes": 2},                                          # multi-node
+    {"min_nodes": 1, "max_nodes": 2},                          # -N 1-2: may get two nodes
+    {"tres_freq": "gpu:high"},                                 # --gpu-freq (Slurm refuses it)
     {"shared": 0},                                             # --exclusive
     {"shared": 2},                                             # --exclusive=user
     {"tres_per_node": "gres:shard:4"},                         # already a share

@@ -75,6 +75,9 @@ def test_unknown_types_in_estimate_are_not_assumed_to_fit():
     ({"tres_per_node": "gres:gpu:1", "tres_per_job": "gres:gpu:1"}, "complex-gpu-request"),
     ({"tres_per_node": "", "tres_per_task": "gres:gpu:1"}, "per-task-gpus"),
     ({"min_nodes": 2}, "multi-node"),
+    ({"min_nodes": 1, "max_nodes": 2}, "multi-node"),  # -N 1-2: may get two nodes
+    ({"tres_freq": "gpu:high"}, "gpu-freq"),  # Slurm refuses a shared gres with it
+    ({"tres_freq": "gpu:medium,memory=high"}, "gpu-freq"),
     ({"exclusive": True}, "exclusive"),
     ({"mem_per_tres": "gres:gpu:4096"}, "per-gpu-options"),
     ({"partition": "cpu"}, "partition-off"),

@@ -712,6 +712,12 @@ def share_or_keep(request: JobRequest, config: Config, *, estimate: JobEstimate 
         # Slurm refuses a shared gres with a GPU frequency (gres.c: ESLURM_INVALID_GRES).
         return keep("gpu-freq", "--gpu-freq cannot go with a share (Slurm refuses it): "
                                 "left as submitted")
+    if request.prefer:
+        # Slurm tries a job's --prefer features in place of its constraint (set_job_features_use):
+        # a share's GPU types would not hold, and one whose preferred nodes have no shards is
+        # refused at submission ("Requested node configuration is not available").
+        return keep("prefer", "--prefer replaces the GPU types a share is sized for while Slurm "
+                              "tries it: left as submitted")
     partitions = _partitions(request)
     sharing = set(config.policy.sharing_partitions)
     if not partitions or not all(p in sharing for p in partitions):

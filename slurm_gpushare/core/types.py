@@ -44,6 +44,7 @@ class JobRequest:
     ntasks_per_tres: int | None = None
     tres_freq: str = ""  # --gpu-freq arrives as "gpu:<value>"
     features: str = ""
+    prefer: str = ""  # --prefer: features Slurm tries in place of the constraint
     exc_nodes: str = ""
     req_nodes: str = ""  # --nodelist/-w
     reservation: str = ""

@@ -31,7 +31,8 @@ INFINITE16 = 0xFFFF
 
 STRING_FIELDS = (
     "user", "account", "partition", "qos", "tres_per_job", "tres_per_node", "tres_per_socket",
-    "tres_per_task", "cpus_per_tres", "mem_per_tres", "tres_freq", "features", "exc_nodes",
+    "tres_per_task", "cpus_per_tres", "mem_per_tres", "tres_freq", "features", "prefer",
+    "exc_nodes",
     "script", "name", "comment", "req_nodes", "reservation", "array_inx", "script_digest",
 )
 NUMBER_FIELDS = (
@@ -278,7 +279,7 @@ def parse_request(message: Any, *, opt_out_token: str = "gpushare=off",
         tres_per_socket=strings["tres_per_socket"], tres_per_task=strings["tres_per_task"],
         cpus_per_tres=strings["cpus_per_tres"], mem_per_tres=strings["mem_per_tres"],
         ntasks_per_tres=count("ntasks_per_tres"), tres_freq=strings["tres_freq"],
-        features=strings["features"], exc_nodes=strings["exc_nodes"],
+        features=strings["features"], prefer=strings["prefer"], exc_nodes=strings["exc_nodes"],
         req_nodes=strings["req_nodes"], reservation=strings["reservation"],
         batch=batch,
         array_tasks=array_task_count(strings["array_inx"]) if strings["array_inx"] else None,

@@ -228,6 +228,7 @@ local function read_request(job_desc, part_list, submit_uid, gpu_fields)
     ntasks_per_tres = job_desc.ntasks_per_tres,
     tres_freq = job_desc.tres_freq,
     features = job_desc.features,
+    prefer = job_desc.prefer,
     exc_nodes = job_desc.exc_nodes,
     req_nodes = job_desc.req_nodes,
     reservation = job_desc.reservation,
@@ -337,6 +338,11 @@ local function validate(reply, request)
   -- Slurm refuses a shared gres next to a GPU frequency (--gpu-freq): the job would be rejected.
   if type(job.tres_freq) == "string" and string.find(job.tres_freq, "gpu", 1, true) then
     return nil, "share for a job with --gpu-freq"
+  end
+  -- Slurm tries --prefer features in place of the job's constraint: the share's types would
+  -- not hold (and where the preferred nodes have no shards, the job is refused).
+  if type(job.prefer) == "string" and job.prefer ~= "" then
+    return nil, "share for a job with --prefer"
   end
   return decision
 end

@@ -390,6 +390,7 @@ class Submission:
         if tasks_per_gpu:
             job["ntasks_per_tres"] = _positive_int(tasks_per_gpu, "tasks per GPU")
         put("features", self.get("constraint"))
+        put("prefer", self.get("prefer"))
         put("exc_nodes", self.get("exclude"))
         put("req_nodes", self.get("nodelist"))
         put("reservation", self.get("reservation"))

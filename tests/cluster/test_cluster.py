@@ -125,6 +125,8 @@ def test_two_jobs_share_one_gpu_at_the_same_time(cluster):
     # generic resource (gres) specification"); a node range may give the job several nodes.
     (("--gres=gpu:1", "--gpu-freq=high", HINT), ""),
     (("--gres=gpu:1", "-N", "1-2", HINT), ""),
+    # Slurm tries --prefer in place of the share's types: refused where t4 has no shards.
+    (("--gres=gpu:1", "--prefer=t4", HINT), ""),
 ])
 def test_untouched_jobs_stay_untouched(cluster, args, script_extra):
     job_id = cluster.sbatch(*args, "--hold", script=SLEEP.format(0) + script_extra)

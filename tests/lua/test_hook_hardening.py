@@ -115,6 +115,7 @@ def test_invalid_decisions_are_refused_and_the_job_left_as_submitted(scripted, t
     # Slurm refuses a shared gres next to a GPU frequency: the job would be rejected.
     ({"tres_freq": "gpu:high"}, "share for a job with --gpu-freq"),
     ({"tres_freq": "cpu=high,gpu:medium"}, "share for a job with --gpu-freq"),
+    ({"prefer": "t4"}, "share for a job with --prefer"),
 ])
 def test_a_share_slurm_would_refuse_or_spread_is_refused_whatever_the_daemon_says(
         scripted, tmp_path, overrides, why):

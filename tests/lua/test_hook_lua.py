@@ -87,6 +87,7 @@ def test_default_partition_comes_from_part_list(daemon, tmp_path):
     {"min_nodes": 2},                                          # multi-node
     {"min_nodes": 1, "max_nodes": 2},                          # -N 1-2: may get two nodes
     {"tres_freq": "gpu:high"},                                 # --gpu-freq (Slurm refuses it)
+    {"prefer": "t4"},                                          # --prefer (replaces the types)
     {"shared": 0},                                             # --exclusive
     {"shared": 2},                                             # --exclusive=user
     {"tres_per_node": "gres:shard:4"},                         # already a share

@@ -78,6 +78,7 @@ def test_unknown_types_in_estimate_are_not_assumed_to_fit():
     ({"min_nodes": 1, "max_nodes": 2}, "multi-node"),  # -N 1-2: may get two nodes
     ({"tres_freq": "gpu:high"}, "gpu-freq"),  # Slurm refuses a shared gres with it
     ({"tres_freq": "gpu:medium,memory=high"}, "gpu-freq"),
+    ({"prefer": "t4"}, "prefer"),  # Slurm tries it in place of the share's types
     ({"exclusive": True}, "exclusive"),
     ({"mem_per_tres": "gres:gpu:4096"}, "per-gpu-options"),
     ({"partition": "cpu"}, "partition-off"),

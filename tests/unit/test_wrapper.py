@@ -91,7 +91,7 @@ def test_job_fields_for_gpu_options():
                                "--gpus-per-task=1", "--cpus-per-gpu=4", "--mem-per-gpu=2G",
                                "-N", "1-2", "-n", "2", "--exclusive=user", "-t", "1:00:00",
                                "-C", "a100", "-A", "proj", "-q", "high", "-x", "n[1-2]",
-                               "--gpu-freq=high", "job.sh"])
+                               "--gpu-freq=high", "--prefer=v100", "job.sh"])
     job = Submission.build(line, "#!/bin/sh\n", environ={}).job_fields(uid=1000, user="alice")
     script = job.pop("script")
     assert script == "#!/bin/sh\n"
@@ -100,7 +100,7 @@ def test_job_fields_for_gpu_options():
         "tres_per_node": "gres:gpu:1,gres:shard:2,gres:nic:1", "tres_per_job": "gres:gpu:a100:2",
         "tres_per_task": "gres:gpu:1", "cpus_per_tres": "gres:gpu:4",
         "mem_per_tres": "gres:gpu:2048", "features": "a100", "exc_nodes": "n[1-2]",
-        "tres_freq": "gpu:high", "time_limit": 60,
+        "tres_freq": "gpu:high", "prefer": "v100", "time_limit": 60,
         "min_nodes": 1, "max_nodes": 2, "num_tasks": 2, "shared": 2, "name": "job.sh",
         "batch": True}
 
@@ -109,7 +109,7 @@ def test_explain_builds_every_field_the_hook_sends():
     line = split_command_line(["-p", "gpu", "-A", "a", "-q", "q", "--gres=gpu:1", "--gpus=1",
                                "--gpus-per-socket=1", "--gpus-per-task=1", "--cpus-per-gpu=1",
                                "--mem-per-gpu=1", "--ntasks-per-gpu=1", "--gpu-freq=low", "-C",
-                               "f", "-x", "n1",
+                               "f", "--prefer=g", "-x", "n1",
                                "-t", "1", "-N", "1", "-n", "1", "--exclusive", "-J", "j",
                                "--comment=c", "-w", "n2", "--reservation=r", "job.sh", "arg"])
     job = Submission.build(line, "#!/bin/sh\n", environ={}).job_fields(uid=1, user="u")

@@ -732,7 +732,8 @@ def share_or_keep(request: JobRequest, config: Config, *, estimate: JobEstimate 
                                   "for the GPU themselves, which a share cannot give")
     if request.steps_ask_gpus:
         return keep_tagged("steps-need-gpu", "the script's srun steps ask for GPUs themselves "
-                                             "(--gres=gpu, --gpus, -G): keeps a whole GPU")
+                                             "(--gres=gpu, --gpus, -G) or per GPU "
+                                             "(--cpus/--mem/--ntasks-per-gpu): keeps a whole GPU")
 
     estimate = estimate or default_estimate(request, config)
     if estimate is None:

@@ -44,15 +44,18 @@ NUMBER_FIELDS = (
 # a job with a script is then a batch job.
 JOB_FIELDS = STRING_FIELDS + NUMBER_FIELDS + ("argv", "batch")
 
-# srun options on one command line that ask a step for whole GPUs, which a share cannot give.
+# srun options on one command line that ask a step for whole GPUs, which a share cannot give,
+# or for something per GPU (srun refuses such a step in a job that holds shards, not GPUs).
 _STEP_GPU_OPTION = re.compile(
-    r"^\s*(?:[^#]*[\s;&|(])?srun\b.*\s(?:--gres[= ]\S*gpu|--gpus(?:-per-\w+)?[= ]|-G\s*\d)")
+    r"^\s*(?:[^#]*[\s;&|(])?srun\b.*\s(?:--gres[= ]\S*gpu|--gpus(?:-per-\w+)?[= ]|-G\s*\d"
+    r"|--(?:cpus|mem|ntasks)-per-gpu[= ]|--tres-per-task[= ]\S*gpu)")
 _COMMENT = re.compile(r"(^|\s)#.*")
 
 
 def steps_ask_for_gpus(script: str) -> bool:
     """Whether a script runs ``srun`` steps that ask for GPUs themselves (--gres=gpu, --gpus,
-    -G, --gpus-per-*): such steps need the job to hold whole GPUs."""
+    -G, --gpus-per-*, --tres-per-task=gres/gpu) or for something per GPU (--cpus-per-gpu,
+    --mem-per-gpu, --ntasks-per-gpu): such steps need the job to hold whole GPUs."""
     if not script or "srun" not in script:
         return False  # most scripts, whatever their size, in one scan
     # Lines continued with a backslash are one command (options often follow `srun \`).

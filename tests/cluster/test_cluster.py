@@ -141,6 +141,24 @@ def test_untouched_jobs_stay_untouched(cluster, args, script_extra):
         assert "TresPerNode" not in job
 
 
+@pytest.mark.parametrize("step_option", ["--cpus-per-gpu=1", "--mem-per-gpu=100M",
+                                         "--ntasks-per-gpu=1"])
+def test_steps_with_per_gpu_options_run(cluster, step_option):
+    # In a job holding shards, not GPUs, srun refuses such a step ("Unable to create step ...:
+    # Invalid generic resource (gres) specification"): the job keeps its whole GPU.
+    from devcluster.cluster import FAKEGPU_ROOT_ENV, REPO
+
+    script = (f"#!/bin/sh\nset -e\nexport {FAKEGPU_ROOT_ENV}={cluster.fakegpu_root} "
+              f"PYTHONPATH={REPO}\n"
+              f"srun -n1 {step_option} {cluster.node_python} -m devcluster.fakegpu smi\n")
+    job_id = cluster.sbatch("--gres=gpu:1", HINT, script=script)
+    job = cluster.job(job_id)
+    assert job["TresPerNode"] == cluster.gres_prefix + "gpu:1", job.get("AdminComment")
+    assert "why=steps-need-gpu" in job["AdminComment"]
+    cluster.wait_completed(job_id)  # the step ran
+    assert "GPU 0:" in cluster.job_output(job_id)
+
+
 def test_scontrol_update_on_a_shared_job_still_works(cluster):
     job_id = cluster.sbatch("--gres=gpu:1", HINT, "--hold", script=SLEEP.format(0))
     cluster.slurm("scontrol", "update", f"JobId={job_id}", "TimeLimit=5")

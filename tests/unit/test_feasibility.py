@@ -173,6 +173,12 @@ def test_steps_asking_for_gpus_on_continued_lines_are_seen():
     assert steps_ask_for_gpus("#!/bin/bash\nsrun \\\r\n  -G 1 python t.py\n")
     assert steps_ask_for_gpus("#!/bin/sh\nexport X=1; srun --gpus=1 python t.py\n")
     assert not steps_ask_for_gpus("#!/bin/sh\nsrun python t.py \\\n  --epochs 3\n")
+    # Per-GPU options of a step need GPUs in the job: in a share's job srun refuses the step
+    # ("Unable to create step ...: Invalid generic resource (gres) specification", seen).
+    for option in ("--cpus-per-gpu=2", "--mem-per-gpu 8G", "--ntasks-per-gpu=1",
+                   "--tres-per-task=gres/gpu:1"):
+        assert steps_ask_for_gpus(f"#!/bin/sh\nsrun -n1 {option} python t.py\n"), option
+    assert not steps_ask_for_gpus("#!/bin/sh\nsrun --cpus-per-task=2 --mem=8G python t.py\n")
     assert not steps_ask_for_gpus("#!/bin/sh\n# srun --gres=gpu:1\npython t.py\n")
     assert not steps_ask_for_gpus("#!/bin/sh\n" + "echo a line of a long job script\n" * 2000)
 

@@ -91,6 +91,24 @@ class RunningDaemon:
         self.reader.close()
 
 
+def run_once(daemon: RunningDaemon, job: dict, gpu_model: str, mem_total_mib: float,
+             peak_mib: float = 20000.0) -> dict:
+    """Decide ``job`` and report one run of it (telemetry of ``peak_mib`` on ``gpu_model``)
+    against that decision, as the node agent does: its next decision has history. Returns the
+    first decision."""
+    from slurm_gpushare.daemon.protocol import request as request_once
+
+    first = request_once(daemon.socket, {"v": 1, "op": "decide", "job": job})["decision"]
+    daemon.service.records.flush()  # the decision is recorded before its job reports
+    summary = {"job_id": "41", "gpu_index": 0, "cluster": "c", "samples": 3,
+               "mgmap_max_mib": peak_mib, "gpu_model": gpu_model,
+               "mem_total_mib": mem_total_mib, "duration_s": 600.0}
+    assert request_once(daemon.socket, {"v": 1, "op": "ingest", "summary": summary,
+                                        "decision_id": first["decision_id"]})["ok"]
+    daemon.service.records.flush()
+    return first
+
+
 @pytest.fixture
 def daemon(tmp_path):
     running = RunningDaemon(make_config(tmp_path))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import RunningDaemon, make_config
+from conftest import RunningDaemon, make_config, run_once
 from slurm_gpushare.daemon.protocol import request as request_once
 from slurm_gpushare.daemon.server import STORE_FILE
 
@@ -48,15 +48,8 @@ def test_an_online_backup_restores_the_history_only_with_its_secret(tmp_path):
     backup = tmp_path / "backup" / "gpushare-store.sqlite"
     backup.parent.mkdir()
     try:
-        first = decide(original)
+        first = run_once(original, JOB, "NVIDIA A100-SXM4-80GB", 81920.0)
         assert first["code"] != "history-share"
-        original.service.records.flush()
-        summary = {"job_id": "41", "gpu_index": 0, "cluster": "c", "samples": 3,
-                   "mgmap_max_mib": 20000.0, "gpu_model": "NVIDIA A100-SXM4-80GB",
-                   "mem_total_mib": 81920.0, "duration_s": 600.0}
-        assert request_once(original.socket, {"v": 1, "op": "ingest", "summary": summary,
-                                              "decision_id": first["decision_id"]})["ok"]
-        original.service.records.flush()
         before = decide(original)
         assert before["code"] == "history-share", before
         original.service.records.flush()

@@ -415,7 +415,7 @@ def test_a_gpu_type_whose_memory_gib_is_above_what_its_gpus_report_is_warned_onc
 def test_a_job_that_ran_on_a_gpu_the_catalogue_lacks_shares_there_next_time(tmp_path):
     # [gpu_types.b200] is newer than the GPU catalogue: the job's run there (NVML's name)
     # sizes its next share on b200, which before was an internal error on every decision.
-    from conftest import RunningDaemon
+    from conftest import RunningDaemon, run_once
 
     config = parse_config({
         "daemon": {"socket": str(tmp_path / "d.sock"), "secret_file": str(tmp_path / "secret"),
@@ -426,14 +426,7 @@ def test_a_job_that_ran_on_a_gpu_the_catalogue_lacks_shares_there_next_time(tmp_
     job = {"uid": 1000, "user": "alice", "partition": "gpu", "tres_per_node": "gres:gpu:1",
            "script": "#!/bin/sh\npython train.py\n", "batch": True}
     try:
-        first = request_once(running.socket, {"v": 1, "op": "decide", "job": job})["decision"]
-        running.service.records.flush()  # the decision is recorded before its job reports
-        summary = {"job_id": "41", "gpu_index": 0, "cluster": "c", "samples": 3,
-                   "mgmap_max_mib": 20000.0, "gpu_model": "NVIDIA B200",
-                   "mem_total_mib": 184320.0, "duration_s": 600.0}
-        assert request_once(running.socket, {"v": 1, "op": "ingest", "summary": summary,
-                                             "decision_id": first["decision_id"]})["ok"]
-        running.service.records.flush()
+        run_once(running, job, "NVIDIA B200", 184320.0)
         again = request_once(running.socket, {"v": 1, "op": "decide", "job": job})["decision"]
         assert again["code"] == "history-share", again
         assert again["gpu_types"] == ["b200"] and again["writes"]["features"] == "b200"

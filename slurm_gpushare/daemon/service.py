@@ -104,8 +104,10 @@ class RecordWriter:
                     log.exception("record-failed",
                                   extra={"fields": {"work": getattr(work, "__name__", "?")}})
 
-    def flush(self, timeout: float = 10.0) -> None:
-        """Wait until everything queued so far is written (at most ``timeout`` seconds)."""
+    def flush(self, timeout: float = 60.0) -> None:
+        """Wait until everything queued so far is written (at most ``timeout`` seconds: what
+        a stopping daemon still owes its store is worth the wait; on a starved 2-core machine
+        ten seconds ran out before four records were written)."""
         deadline = time.monotonic() + timeout
         self._wake.set()
         while (self.pending or self._busy) and time.monotonic() < deadline:

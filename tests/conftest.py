@@ -15,6 +15,7 @@ from typing import Any, Callable
 import pytest
 
 from slurm_gpushare.core.config import parse_config
+from slurm_gpushare.daemon.protocol import request as request_once
 from slurm_gpushare.daemon.server import DaemonServer, open_store
 from slurm_gpushare.daemon.service import Service
 from slurm_gpushare.predict.datasets import default_data_dir
@@ -96,8 +97,6 @@ def run_once(daemon: RunningDaemon, job: dict, gpu_model: str, mem_total_mib: fl
     """Decide ``job`` and report one run of it (telemetry of ``peak_mib`` on ``gpu_model``)
     against that decision, as the node agent does: its next decision has history. Returns the
     first decision."""
-    from slurm_gpushare.daemon.protocol import request as request_once
-
     first = request_once(daemon.socket, {"v": 1, "op": "decide", "job": job})["decision"]
     daemon.service.records.flush()  # the decision is recorded before its job reports
     summary = {"job_id": "41", "gpu_index": 0, "cluster": "c", "samples": 3,

@@ -32,8 +32,8 @@ INFINITE16 = 0xFFFF
 STRING_FIELDS = (
     "user", "account", "partition", "qos", "tres_per_job", "tres_per_node", "tres_per_socket",
     "tres_per_task", "cpus_per_tres", "mem_per_tres", "tres_freq", "features", "prefer",
-    "exc_nodes",
-    "script", "name", "comment", "req_nodes", "reservation", "array_inx", "script_digest",
+    "exc_nodes", "script", "name", "comment", "req_nodes", "reservation", "array_inx",
+    "script_digest",
 )
 NUMBER_FIELDS = (
     "uid", "time_limit", "min_nodes", "max_nodes", "num_tasks", "shared", "ntasks_per_tres",

@@ -275,6 +275,11 @@ local function adjusted_nice(current, adjustment)
   return value
 end
 
+-- A node count that asks for more than one node (unset counts arrive as NO_VAL).
+local function several_nodes(count)
+  return type(count) == "number" and count > 1 and count < NO_VAL
+end
+
 -- Check a reply completely before anything is written. Returns decision or nil, why.
 local function validate(reply, request)
   if type(reply) ~= "table" or reply.v ~= PROTOCOL_VERSION then return nil, "bad reply version" end
@@ -331,8 +336,7 @@ local function validate(reply, request)
   -- (shared 0/2/3 = --exclusive[=user|mcs]; unset numbers arrive as NO_VAL markers.)
   local job = request.job
   local exclusive = job.shared ~= nil and job.shared < NO_VAL16 and job.shared ~= 1
-  local function several(nodes) return type(nodes) == "number" and nodes > 1 and nodes < NO_VAL end
-  if exclusive or several(job.min_nodes) or several(job.max_nodes) then
+  if exclusive or several_nodes(job.min_nodes) or several_nodes(job.max_nodes) then
     return nil, "share for an exclusive or multi-node job"
   end
   -- Slurm refuses a shared gres next to a GPU frequency (--gpu-freq): the job would be rejected.

@@ -76,7 +76,8 @@ SHORT_OPTIONS: dict[str, str] = {short: name for name, (_, short) in LONG_OPTION
 ENV_OPTIONS = {
     "SBATCH_ACCOUNT": "account", "SBATCH_CONSTRAINT": "constraint",
     "SBATCH_CPUS_PER_GPU": "cpus-per-gpu", "SBATCH_EXCLUSIVE": "exclusive",
-    "SBATCH_GPUS": "gpus", "SBATCH_GPUS_PER_NODE": "gpus-per-node", "SBATCH_GPU_FREQ": "gpu-freq",
+    "SBATCH_GPUS": "gpus", "SBATCH_GPUS_PER_NODE": "gpus-per-node",
+    "SBATCH_GPU_FREQ": "gpu-freq",
     "SBATCH_GPUS_PER_SOCKET": "gpus-per-socket", "SBATCH_GPUS_PER_TASK": "gpus-per-task",
     "SBATCH_GRES": "gres", "SBATCH_JOB_NAME": "job-name", "SBATCH_MEM_PER_GPU": "mem-per-gpu",
     "SBATCH_PARTITION": "partition", "SBATCH_QOS": "qos", "SBATCH_TIMELIMIT": "time",

@@ -29,8 +29,8 @@ test: deps
 	$(PY) -m devcluster cluster stop --cancel-jobs
 	$(MAKE) --no-print-directory test-24.11-cluster
 
-## The cluster integration tests on Slurm 24.11 (every cluster test but the multi-host ones,
-## which run 22.05 only); the root is built on first use.
+## The cluster integration tests on Slurm 24.11 (the multi-host ones included); the root is
+## built on first use.
 test-24.11: deps
 	$(PY) -m devcluster cluster stop  # one cluster at a time on a small machine
 	$(MAKE) --no-print-directory test-24.11-cluster

@@ -17,7 +17,8 @@ The controller is this machine on the subnet's first address: munged, MariaDB, s
 slurmctld and the predictor daemon, which listens on that address for the nodes' deliveries.
 Shared between hosts, as a cluster file system would be: the checkout (the product and its
 Python), ``etc`` (slurm.conf, the agent's env file), ``log``, ``jobs`` (job output) and the fake
-GPU boards. Slurm 22.05 only for now (the 24.11 root is entered by its own mount namespace).
+GPU boards. On Slurm 24.11 a node's slurmd enters the Slurm root from the node's namespaces (the
+root's bind mounts are recursive, so the node's own ``run`` and ``spool`` come with them).
 """
 
 from __future__ import annotations
@@ -53,9 +54,6 @@ class MultiHostCluster(TestCluster):
 
     def __init__(self, state_dir=None, *, python=None, slurm=None):
         super().__init__(state_dir, python=python, slurm=slurm)
-        if self.slurm_root:
-            raise ClusterError("the multi-host test cluster runs Slurm 22.05 only for now "
-                               f"(unset GPUSHARE_SLURM or {MODE_ENV})")
         self._place(self.root / "multihost", self.port_base + PORT_OFFSET_MULTIHOST)
         self.ports["gpushare_tcp"] = self.port_base + 23
         try:
@@ -177,7 +175,8 @@ class MultiHostCluster(TestCluster):
             self._start_host(node)
             self._start_node_munge(node)
             if not self._pid(f"slurmd-{node.name}"):
-                self._spawn(f"slurmd-{node.name}", self.in_node(node.name, ["slurmd", "-N", node.name]))
+                self._spawn(f"slurmd-{node.name}",
+                            self.in_node(node.name, self.in_root(["slurmd", "-N", node.name])))
         _wait_until(self.nodes_ready, 60, "all slurmd to register")
 
     def stop(self) -> None:

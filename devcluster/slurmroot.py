@@ -113,8 +113,11 @@ fi
 exec unshare --mount --propagation private -- /bin/sh -c '
   set -e
   root=$1 user=$2 cwd=$3; shift 3
+  # Recursive, and before /dev, /proc and /sys: what is mounted below a bound directory
+  # comes too (a multi-host test node binds its own run and spool over those of the
+  # cluster), but not the /dev, /proc and /sys of the root where it lies below one (/tmp).
+  for dir in {binds}; do mount --rbind "$dir" "$root$dir"; done
   for fs in dev proc sys; do mount --rbind "/$fs" "$root/$fs"; done
-  for dir in {binds}; do mount --bind "$dir" "$root$dir"; done
   # The names of this host: srun, slurmctld and slurmstepd address each other by its name
   # (unresolvable, every step completion is retried for minutes and nodes drain).
   # (No single quotes in this script: it is one quoted argument.)

@@ -217,8 +217,6 @@ def multihost_cluster():
     session beside the single-host one and stopped after."""
     if os.environ.get("GPUSHARE_SKIP_CLUSTER"):
         pytest.skip("GPUSHARE_SKIP_CLUSTER is set")
-    if (os.environ.get("GPUSHARE_SLURM") or "22.05") != "22.05":
-        pytest.skip("the multi-host test cluster runs Slurm 22.05 only for now")
     from devcluster.multihost import MultiHostCluster
 
     test_cluster = MultiHostCluster()

@@ -29,13 +29,22 @@ def run_job(cluster, node: str, script: str, timeout: float = 90) -> str:
 def test_each_node_is_a_host_with_its_own_name_address_and_run_directory(multihost_cluster):
     cluster = multihost_cluster
     a, b = cluster.hosts["v100-1"], cluster.hosts["a100-2"]
-    out = run_job(cluster, a.name, "#!/bin/sh\nhostname\nip -4 -o addr show eth0\n"
-                  f"ping -c1 -W5 {b.name} >/dev/null && echo reached-{b.name}\n"
-                  f"ping -c1 -W5 {cluster.controller_name} >/dev/null && echo reached-controller\n"
+    # Python, not ip or ping: the node's Python is there on every Slurm version (24.11's root
+    # has no network tools). The peers are reached by name over TCP: node b's slurmd and
+    # slurmctld on the controller.
+    probe = ("import socket\n"
+             "print(socket.gethostname())\n"
+             f"for name, port in (('{b.name}', {cluster.ports['slurmd_base']}), "
+             f"('{cluster.controller_name}', {cluster.ports['slurmctld']})):\n"
+             "    with socket.create_connection((name, port), 5) as peer:\n"
+             "        print('from', peer.getsockname()[0], 'reached', name)\n")
+    out = run_job(cluster, a.name, f"#!/bin/sh\n{cluster.node_python} - <<'EOF'\n{probe}EOF\n"
                   f"ls {cluster.run}\n")
     lines = out.split()
     assert lines[0] == a.name  # its own UTS namespace
-    assert f"{a.address}/24" in out and f"reached-{b.name}" in out and "reached-controller" in out
+    # Its own address on the test network, from which it reaches the others.
+    assert f"from {a.address} reached {b.name}" in out
+    assert f"from {a.address} reached {cluster.controller_name}" in out
     # The node's run directory is its own: its munged socket and slurmd pid, no daemon socket.
     assert "munge.socket" in lines and f"slurmd-{a.name}.pid" in lines
     assert cluster.daemon_socket.name not in lines and cluster.daemon_socket.exists()

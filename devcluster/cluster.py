@@ -630,8 +630,13 @@ class TestCluster:
             built = self.slurm_root.ensure(self.log / "slurm-root.out")
         except RootError as exc:
             raise ClusterError(str(exc)) from None
-        self.slurm_root.write_entry(self.enter, self.client_bin)
+        self.slurm_root.write_entry(self.enter, self.client_bin, self.hosts_file)
         return built
+
+    @property
+    def hosts_file(self) -> Path:
+        """The ``/etc/hosts`` Slurm reads inside the 24.11 root: this host's."""
+        return Path("/etc/hosts")
 
     def start(self) -> None:
         """Bring every component up; components already running are left as they are."""

@@ -95,8 +95,9 @@ class SlurmRoot:
                         return line.split(" ", 1)[1]
         raise RootError(f"no slurmctld in {self.path}")
 
-    def write_entry(self, enter: Path, bin_dir: Path) -> None:
-        """Write ``enter`` (run a command in the root) and one client wrapper per Slurm client."""
+    def write_entry(self, enter: Path, bin_dir: Path, hosts: Path = Path("/etc/hosts")) -> None:
+        """Write ``enter`` (run a command in the root) and one client wrapper per Slurm client;
+        ``hosts`` is the root's ``/etc/hosts`` (default: this host's)."""
         for bind in self.binds:
             (self.path / bind.relative_to("/")).mkdir(parents=True, exist_ok=True)
         binds = " ".join(f"'{b}'" for b in self.binds)
@@ -118,10 +119,11 @@ exec unshare --mount --propagation private -- /bin/sh -c '
   # cluster), but not the /dev, /proc and /sys of the root where it lies below one (/tmp).
   for dir in {binds}; do mount --rbind "$dir" "$root$dir"; done
   for fs in dev proc sys; do mount --rbind "/$fs" "$root/$fs"; done
-  # The names of this host: srun, slurmctld and slurmstepd address each other by its name
-  # (unresolvable, every step completion is retried for minutes and nodes drain).
+  # The names of the hosts: srun, slurmctld and slurmstepd address each other by name
+  # (unresolvable, every step completion is retried for minutes and nodes drain), and
+  # slurmctld 24.11 looks up the name of every peer address that connects to it.
   # (No single quotes in this script: it is one quoted argument.)
-  mount --bind /etc/hosts "$root/etc/hosts"
+  mount --bind {hosts} "$root/etc/hosts"
   set +e
   PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin; export PATH
   if [ -n "$user" ]; then

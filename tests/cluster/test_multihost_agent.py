@@ -86,7 +86,7 @@ def test_telemetry_from_node_a_shares_the_resubmission_on_node_b(multihost_clust
 
 def test_twenty_jobs_finish_during_a_60s_cut_and_their_telemetry_arrives_after(multihost_cluster):
     """The cut lasts 60 s, or until the 20 jobs have ended where they take longer (a starved
-    machine; on 24.11 in this sandbox each wave of jobs waits about 5 s more for slurmctld)."""
+    machine): what is checked is that they run and that no summary is lost, not their speed."""
     cluster = multihost_cluster
     node, cut_s, jobs = "v100-1", 60.0, 20
     port = cluster.ports["gpushare_tcp"]

@@ -157,7 +157,7 @@ class PairEvidenceModel(PairModel):
 
     def learn(self, coruns, profiles):
         totals: dict[tuple[str, str], list[float]] = {}
-        for own, other, r in self.residuals(coruns, profiles):
+        for own, other, r, _same_user in self.residuals(coruns, profiles):
             totals.setdefault((own, other), []).append(r)
         self.pair_terms = {pair: sum(v) / (len(v) + 1.0) for pair, v in totals.items()}
         return self

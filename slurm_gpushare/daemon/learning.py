@@ -135,6 +135,10 @@ class Learner:
             was_complete = _complete(before.get(other_id))
             other = lookup_job(other_id)
             other_class = other.tag.job_class if other and other.tag else None
+            # Whether one user runs both: only then does this job's measured slowdown (its run
+            # time, which its user controls) teach how much the partner hurts.
+            uids = (job.uid, other.uid if other else None)
+            same_user = None if None in uids else uids[0] == uids[1]
             # A measured slowdown only when the co-run covered (nearly) the whole run.
             isd = (measured_isd(duration, solo) if solo and duration
                    and float(corun.get("overlap_s") or 0) >= MEASURED_OVERLAP * duration else None)
@@ -142,7 +146,8 @@ class Learner:
                 job.job_id, str(corun["job_id"]), cluster=cluster,
                 gpu_uuid=str(summary.get("gpu_uuid") or ""), overlap_s=corun.get("overlap_s"),
                 gpu_type=gpu_type, class_a=record.get("job_class"),
-                class_b=int(other_class) if other_class is not None else None, isd_a=isd)
+                class_b=int(other_class) if other_class is not None else None, isd_a=isd,
+                same_user=same_user)
             recorded += 1
             if not was_complete:
                 completed.append(other_id)

@@ -227,7 +227,8 @@ class Pairing:
             ident = (cluster, *jobs, str(row.get("gpu_uuid") or ""))
             overlap = row.get("overlap_s")
             run = self._observations[ident] = CoRun(
-                (sides[0].key, sides[1].key), isd, None if overlap is None else float(overlap))
+                (sides[0].key, sides[1].key), isd, None if overlap is None else float(overlap),
+                same_user=row.get("same_user") == 1)  # not known: another user's
             gpu_type = row.get("gpu_type")
             if gpu_type and all(gpu_type in side.by_type for side in sides):
                 typed = tuple(typed_key(side.key, gpu_type) for side in sides)

@@ -97,8 +97,15 @@ def _v2(db: sqlite3.Connection) -> None:
     """)
 
 
+def _v3(db: sqlite3.Connection) -> None:
+    """Whether a co-run's two jobs belong to one user (1), to two (0), or it is not known
+    (NULL, every co-run recorded before): a side's slowdown teaches how much its partner hurts
+    only when its user is the partner's (``pairs.PairModel.learn``)."""
+    db.execute("ALTER TABLE coruns ADD COLUMN same_user INTEGER")
+
+
 # MIGRATIONS[i] upgrades schema version i to i + 1. Append, never edit, once released.
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1, _v2]
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1, _v2, _v3]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -346,17 +353,18 @@ class Store:
                      overlap_s: float | None = None, gpu_type: str | None = None,
                      class_a: int | None = None, class_b: int | None = None,
                      isd_a: float | None = None, isd_b: float | None = None,
-                     ps: float | None = None) -> None:
+                     ps: float | None = None, same_user: bool | None = None) -> None:
         """Record (or complete) one observation of two jobs sharing a GPU. Known values are
         kept when a later call leaves them None; the overlap is the larger one reported."""
         with self._tx() as db:
             self._corun(db, cluster, _check_job(job_a), _check_job(job_b), gpu_uuid=gpu_uuid,
                         overlap_s=overlap_s, gpu_type=gpu_type, class_a=class_a,
-                        class_b=class_b, isd_a=isd_a, isd_b=isd_b, ps=ps)
+                        class_b=class_b, isd_a=isd_a, isd_b=isd_b, ps=ps, same_user=same_user)
 
     @staticmethod
     def _corun(db, cluster, job_a, job_b, *, gpu_uuid="", overlap_s=None, gpu_type=None,
-               class_a=None, class_b=None, isd_a=None, isd_b=None, ps=None) -> None:
+               class_a=None, class_b=None, isd_a=None, isd_b=None, ps=None,
+               same_user=None) -> None:
         if gpu_type is not None:
             _check_name(gpu_type, "gpu_type")
         _check_name(gpu_uuid or "", "gpu_uuid")
@@ -364,16 +372,18 @@ class Store:
             job_a, job_b, class_a, class_b, isd_a, isd_b = job_b, job_a, class_b, class_a, isd_b, isd_a
         db.execute(
             "INSERT INTO coruns (cluster, job_a, job_b, gpu_uuid, ts, overlap_s, gpu_type, "
-            "class_a, class_b, isd_a, isd_b, ps) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+            "class_a, class_b, isd_a, isd_b, ps, same_user) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
             "ON CONFLICT (cluster, job_a, job_b, gpu_uuid) DO UPDATE SET "
             "overlap_s = max(coalesce(overlap_s, 0), coalesce(excluded.overlap_s, 0)), "
             "gpu_type = coalesce(excluded.gpu_type, gpu_type), "
             "class_a = coalesce(excluded.class_a, class_a), "
             "class_b = coalesce(excluded.class_b, class_b), "
             "isd_a = coalesce(excluded.isd_a, isd_a), isd_b = coalesce(excluded.isd_b, isd_b), "
-            "ps = coalesce(excluded.ps, ps)",
+            "ps = coalesce(excluded.ps, ps), "
+            "same_user = coalesce(excluded.same_user, same_user)",
             (cluster, job_a, job_b, gpu_uuid, time.time(), overlap_s, gpu_type, class_a,
-             class_b, isd_a, isd_b, ps))
+             class_b, isd_a, isd_b, ps, None if same_user is None else int(same_user)))
 
     def coruns_of(self, job_id: str) -> list[dict[str, Any]]:
         """Co-run observations that involve one job, oriented so that side "a" is the job."""
@@ -389,8 +399,8 @@ class Store:
 
     def corun_observations(self) -> list[dict[str, Any]]:
         rows = self._db.execute("SELECT cluster, job_a, job_b, gpu_uuid, ts, overlap_s, "
-                                "gpu_type, class_a, class_b, isd_a, isd_b, ps FROM coruns "
-                                "ORDER BY ts").fetchall()
+                                "gpu_type, class_a, class_b, isd_a, isd_b, ps, same_user "
+                                "FROM coruns ORDER BY ts").fetchall()
         return [dict(r) for r in rows]
 
 
@@ -440,7 +450,7 @@ HISTORY_QUERY = (
 DECISIONS_QUERY = "SELECT data FROM decisions ORDER BY ts DESC LIMIT ?"
 CORUNS_OF_QUERY = (
     "SELECT cluster, job_a, job_b, gpu_uuid, ts, overlap_s, gpu_type, class_a, class_b, "
-    "isd_a, isd_b, ps FROM coruns WHERE job_a = ? OR job_b = ? ORDER BY ts")
+    "isd_a, isd_b, ps, same_user FROM coruns WHERE job_a = ? OR job_b = ? ORDER BY ts")
 SUMMARIES_QUERY = ("SELECT data FROM summaries WHERE cluster = ? AND job_id = ? "
                    "ORDER BY gpu_index")
 DECISION_QUERY = "SELECT data FROM decisions WHERE decision_id = ?"

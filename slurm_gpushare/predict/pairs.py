@@ -253,32 +253,41 @@ class PairModel:
         self.hurts: dict[str, float] = {}
 
     # -- per-job corrections --------------------------------------------------------------
-    def learn(self, coruns: Iterable[tuple[str, str, float | None, float | None]],
-              profiles: Mapping[str, Mapping[str, Any]]) -> "PairModel":
+    def learn(self, coruns: Iterable[tuple], profiles: Mapping[str, Mapping[str, Any]]
+              ) -> "PairModel":
         """Per-job corrections from measured co-runs ``(job_a, job_b, speed_a, speed_b)``
-        (a speed may be None: that side was not measured); ``profiles`` maps job keys to
-        profiles. Replaces earlier corrections (the co-runs given are the whole evidence)."""
+        (a speed may be None: that side was not measured), optionally with a fifth field,
+        ``same_user`` (default True); ``profiles`` maps job keys to profiles. Replaces earlier
+        corrections (the co-runs given are the whole evidence).
+
+        A side's measured slowdown teaches how much its own job suffers, and how much its
+        partner hurts only where one user runs both: a job's run time is its user's to choose,
+        and another user's reports must not make a job look harmless to third parties (nor
+        harmful, keeping it off shares)."""
         obs = self.residuals(coruns, profiles)
         suffers: dict[str, float] = {}
         hurts: dict[str, float] = {}
         for _ in range(10):  # alternating ridge updates; converges in a few rounds
             totals: dict[str, list[float]] = {}
-            for own, other, r in obs:
+            for own, other, r, _same_user in obs:
                 totals.setdefault(own, []).append(r - hurts.get(other, 0.0))
             suffers = {k: sum(v) / (len(v) + self.shrinkage) for k, v in totals.items()}
             totals = {}
-            for own, other, r in obs:
-                totals.setdefault(other, []).append(r - suffers.get(own, 0.0))
+            for own, other, r, same_user in obs:
+                if same_user:
+                    totals.setdefault(other, []).append(r - suffers.get(own, 0.0))
             hurts = {k: sum(v) / (len(v) + self.shrinkage) for k, v in totals.items()}
         self.suffers, self.hurts = suffers, hurts
         return self
 
-    def residuals(self, coruns: Iterable[tuple[str, str, float | None, float | None]],
-                  profiles: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, str, float]]:
-        """``(job, partner, log((ISD + eps) / (prior ISD + eps)))`` per measured side of
-        ``coruns`` (as ``learn`` takes them) whose jobs both have a profile: what learning fits."""
-        obs: list[tuple[str, str, float]] = []
-        for a, b, speed_a, speed_b in coruns:
+    def residuals(self, coruns: Iterable[tuple], profiles: Mapping[str, Mapping[str, Any]]
+                  ) -> list[tuple[str, str, float, bool]]:
+        """``(job, partner, log((ISD + eps) / (prior ISD + eps)), same_user)`` per measured
+        side of ``coruns`` (as ``learn`` takes them) whose jobs both have a profile: what
+        learning fits."""
+        obs: list[tuple[str, str, float, bool]] = []
+        for a, b, speed_a, speed_b, *rest in coruns:
+            same_user = bool(rest[0]) if rest else True
             if a not in profiles or b not in profiles:
                 continue
             da, db = demand_of(profiles[a]), demand_of(profiles[b])
@@ -289,7 +298,7 @@ class PairModel:
                     continue
                 isd = 1.0 / min(max(speed, MIN_SPEED), 1.0) - 1.0
                 prior = prior_isd([d_own, d_other], self.latency)[0]
-                obs.append((own, other, math.log((isd + EPS) / (prior + EPS))))
+                obs.append((own, other, math.log((isd + EPS) / (prior + EPS)), same_user))
         return obs
 
     # -- prediction -----------------------------------------------------------------------
@@ -423,16 +432,18 @@ def typed_key(key: str, gpu_type: str) -> str:
 
 class CoRun(NamedTuple):
     """One co-run as learning reads it: both jobs' keys (whose corrections it teaches), each
-    side's measured slowdown (ISD; None where not measured) and how long they overlapped
-    (seconds)."""
+    side's measured slowdown (ISD; None where not measured), how long they overlapped
+    (seconds) and whether one user ran both (the simulator has no users: one)."""
     keys: tuple[str, str]
     isd: tuple[float | None, float | None]
     overlap_s: float | None
+    same_user: bool = True
 
 
 def pair_speeds(runs: Mapping[tuple, CoRun], profiles: Mapping[str, Mapping[str, Any]],
-                latency: float) -> list[tuple[str, str, float | None, float | None]]:
-    """Co-runs as pair measurements ``(key_a, key_b, speed_a, speed_b)`` for ``PairModel.learn``.
+                latency: float) -> list[tuple[str, str, float | None, float | None, bool]]:
+    """Co-runs as pair measurements ``(key_a, key_b, speed_a, speed_b, same_user)`` for
+    ``PairModel.learn``.
     ``runs`` is keyed by ``(cluster, job_a, job_b, gpu)``: one run of two jobs on one GPU.
 
     A job's measured slowdown (ISD) is its whole run's, and it appears on every row of the
@@ -469,7 +480,7 @@ def pair_speeds(runs: Mapping[tuple, CoRun], profiles: Mapping[str, Mapping[str,
                 continue  # this side was not measured against this partner
             pair_isd = isd if len(rows) == 1 or exposure <= 0 else isd * term / exposure
             speeds[ident][side] = 1.0 / (1.0 + max(pair_isd, -0.99))
-    return [(*run.keys, *speeds[ident]) for ident, run in runs.items()]
+    return [(*run.keys, *speeds[ident], run.same_user) for ident, run in runs.items()]
 
 
 HISTORY_PER_JOB = 3

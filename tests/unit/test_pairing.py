@@ -309,3 +309,51 @@ def test_co_runs_teach_corrections_on_their_gpu_type(tmp_path):
         assert typed_key(a, "a100") not in learned.model.suffers
         assert learned.compatibility([a]).compatible_with("db", "v100") is False
         assert learned.compatibility([a]).compatible_with("db", "a100") is True
+
+
+def test_another_users_co_runs_cannot_make_a_job_look_harmless_to_others(store):
+    # Job 12's user reports no slowdown next to job 11 (the heavy share), run after run. A
+    # job's run time is its user's to choose: taught as how little job 11 hurts its partners,
+    # it let a third user's job (13, busy 25% of the time) onto 11's GPU, which the model
+    # keeps it off (0.69x predicted with the margin; 0.79x once taught).
+    victim = "e" * 64
+    store.ingest_summary(summary("13", victim, 25.0, 8.0))
+    assert Pairing(store).load().compatibility([victim]).compatible_with("dheavy") is False
+    for gpu in range(5):
+        store.record_corun("11", "12", cluster="c1", gpu_uuid=f"GPU-{gpu}", isd_b=0.0,
+                           same_user=False)
+    pairing = Pairing(store).load()
+    assert HEAVY not in pairing.model.hurts
+    assert pairing.compatibility([victim]).compatible_with("dheavy") is False
+    assert pairing.model.suffers[OTHER_LIGHT] < 0  # what it measured of itself is its own
+    # Measured by the heavy job's own user, the same co-runs teach how much it hurts.
+    for gpu in range(5):
+        store.record_corun("11", "12", cluster="c1", gpu_uuid=f"GPU-{gpu}", same_user=True)
+    trusted = Pairing(store).load()
+    assert trusted.model.hurts[HEAVY] < 0
+    assert trusted.compatibility([victim]).compatible_with("dheavy") is True
+
+
+def test_ingest_records_whether_co_runners_belong_to_one_user(store, monkeypatch):
+    from slurm_gpushare.core.tag import Tag
+    from slurm_gpushare.daemon import learning
+    from slurm_gpushare.predict.knowledge import KnowledgeBase
+    from slurm_gpushare.slurm.jobs import SlurmJob
+
+    for job_id, key in (("20", LIGHT), ("21", OTHER_LIGHT), ("22", OTHER_LIGHT)):
+        store.record_decision({"decision_id": f"d{job_id}", "action": "share", "code": "x",
+                               "keys": [key, "f" * 64], "job_class": 0})
+    uids = {"20": 1000, "21": 1001, "22": 1000}
+    jobs = {job_id: SlurmJob(job_id, uid, Tag("share", "history-share", f"d{job_id}",
+                                              types=("v100",), job_class=0, shard=4).encode())
+            for job_id, uid in uids.items()}
+    monkeypatch.setattr(learning, "lookup_job", jobs.get)
+    learner = learning.Learner(store, None, KnowledgeBase.seeded(), count=lambda _: None,
+                               pairing=Pairing(store).load())
+    config = Config(gpu_types=(GpuType("v100", 16),))
+    done = summary("20", LIGHT, 5.0, 2.0, duration_s=150.0, keys=[],
+                   coruns=[{"job_id": "21", "overlap_s": 150.0}, {"job_id": "22", "overlap_s": 150.0}])
+    assert store.ingest_summary(done)
+    learner.learn(done, config)
+    same = {row["job_b"]: row["same_user"] for row in store.coruns_of("20")}
+    assert same == {"21": 0, "22": 1}

@@ -249,6 +249,23 @@ def test_version_1_store_is_migrated_with_its_history(tmp_path, monkeypatch):
         assert [s["job_id"] for s in new.history([KEY["exact"]])] == ["6", "5"]
 
 
+def test_version_2_co_runs_are_kept_with_their_users_unknown(tmp_path, monkeypatch):
+    path = tmp_path / "v2.db"
+    monkeypatch.setattr(storemod, "MIGRATIONS", storemod.MIGRATIONS[:2])
+    monkeypatch.setattr(storemod, "SCHEMA_VERSION", 2)
+    with Store(path) as old:  # a co-run as version 2 wrote it
+        old._db.execute("INSERT INTO coruns (cluster, job_a, job_b, ts, isd_a) "
+                        "VALUES ('c1', '5', '6', 1.0, 0.3)")
+    monkeypatch.undo()
+    with Store(path) as new:
+        [row] = new.corun_observations()
+        assert row["isd_a"] == 0.3 and row["same_user"] is None
+        new.record_corun("5", "6", cluster="c1", isd_b=0.1, same_user=True)
+        new.record_corun("5", "6", cluster="c1", isd_b=0.2)  # a later report keeps what is known
+        [row] = new.corun_observations()
+        assert (row["isd_a"], row["isd_b"], row["same_user"]) == (0.3, 0.2, 1)
+
+
 def test_compact_forgets_old_runs_only(store):
     for n, end in ((1, 100.0), (2, 200.0), (3, 10_000_000.0)):
         store.ingest_summary(summary(str(n), end_ts=end, keys=[KEY["exact"]]))

@@ -159,6 +159,22 @@ def test_steps_with_per_gpu_options_run(cluster, step_option):
     assert "GPU 0:" in cluster.job_output(job_id)
 
 
+@pytest.mark.parametrize("option", ["--gres-flags=multiple-tasks-per-sharing",
+                                    "--tres-bind=gres/gpu:closest", "--segment=1",
+                                    "--oom-kill-step"])
+def test_options_new_in_24_11_share_and_their_steps_run(cluster, option):
+    # Submission options 22.05's sbatch does not know: such a job still becomes a share, Slurm
+    # accepts it and runs it, and its srun step runs (probed with 70 option sets on 24.11.5:
+    # none behaved otherwise than without the hook).
+    if cluster.slurm_version != "24.11":
+        pytest.skip("options of Slurm 24.11")
+    job_id = cluster.sbatch("--gres=gpu:1", HINT, option,
+                            script="#!/bin/sh\nsrun -n1 sh -c 'echo step-ran'\n")
+    assert ":share:" in cluster.job(job_id)["AdminComment"]
+    cluster.wait_completed(job_id)
+    assert "step-ran" in cluster.job_output(job_id)
+
+
 def test_scontrol_update_on_a_shared_job_still_works(cluster):
     job_id = cluster.sbatch("--gres=gpu:1", HINT, "--hold", script=SLEEP.format(0))
     cluster.slurm("scontrol", "update", f"JobId={job_id}", "TimeLimit=5")

@@ -51,20 +51,23 @@ CNN at 46%: 0.59x measured, 0.58x from its fair share), where collision alone pr
 and made it the faster of the two (the CNN ran at 0.74x; both terms give it 0.60x). So those
 pairs are no longer blind to the form.
 
-**Learning from the site's co-runs.** Each job (a key: a fingerprint in the daemon, a name in the
-CLI) gets two corrections in log space: ``suffers`` (how much more than the prior it slows down)
-and ``hurts`` (how much more it slows its partners). A measured pair gives residuals
+**Learning from the site's co-runs.** Each job (a key: a fingerprint in the daemon, a name in
+the CLI) gets two corrections in log space: ``suffers`` (how much more than the prior it slows
+down) and ``hurts`` (how much more it slows its partners). A measured pair gives residuals
 ``log((ISD + eps) / (ISD_prior + eps))`` for each side; corrections are the ridge solution
 ``r_ab ~ suffers_a + hurts_b`` with penalty ``shrinkage`` per correction (with ``n``
 observations a correction moves ``n / (n + shrinkage)`` of the way to the data), so they shrink
-towards the prior. ``shrinkage`` is chosen on the training data: each set is replayed with three
-co-runs per job as history and the value that ranks its other pairs best is kept. A partner's
-collision term is multiplied by ``exp(suffers_a + hurts_b)``. The saturation term is not: it is
-the GPU's time running out, which no job's past lifts. (Corrections scaled it too until the
-public Lucid set, 1,388 pairs on an RTX 3090, was checked: jobs whose three co-runs had been
-next to light partners learned corrections of exp(-0.6) to exp(-1.4), which lifted saturated
-pairs measured at 0.5-0.7x to 0.7-0.97x predicted, and 3.1% of the pairs recommended with
-history had a side below 0.7x; see ``bench/pairs_eval.py``.)
+towards the prior. A side teaches how much its partner hurts only where one user ran both jobs:
+a side's slowdown is its job's run time, which its user controls, and another user's reports
+must not steer how a job is paired with third parties. ``shrinkage`` is chosen on the training
+data: each set is replayed with three co-runs per job as history and the value that ranks its
+other pairs best is kept. A partner's collision term is multiplied by ``exp(suffers_a +
+hurts_b)``. The saturation term is not: it is the GPU's time running out, which no job's past
+lifts. (Corrections scaled it too until the public Lucid set, 1,388 pairs on an RTX 3090, was
+checked: jobs whose three co-runs had been next to light partners learned corrections of
+exp(-0.6) to exp(-1.4), which lifted saturated pairs measured at 0.5-0.7x to 0.7-0.97x
+predicted, and 3.1% of the pairs recommended with history had a side below 0.7x; see
+``bench/pairs_eval.py``.)
 
 **Recommending a pair.** Both jobs fit in memory together, and each side's *pessimistic* speed,
 ``1 / (1 + margin * ISD)``, is at least the threshold (0.7). ``margin`` is the smallest factor

@@ -95,9 +95,9 @@ class SlurmRoot:
                         return line.split(" ", 1)[1]
         raise RootError(f"no slurmctld in {self.path}")
 
-    def write_entry(self, enter: Path, bin_dir: Path, hosts: Path = Path("/etc/hosts")) -> None:
+    def write_entry(self, enter: Path, bin_dir: Path, hosts: Path) -> None:
         """Write ``enter`` (run a command in the root) and one client wrapper per Slurm client;
-        ``hosts`` is the root's ``/etc/hosts`` (default: this host's)."""
+        ``hosts`` is bound over the root's ``/etc/hosts`` (the cluster's ``hosts_file``)."""
         for bind in self.binds:
             (self.path / bind.relative_to("/")).mkdir(parents=True, exist_ok=True)
         binds = " ".join(f"'{b}'" for b in self.binds)

@@ -21,7 +21,7 @@ from test_cluster_history import unique_script
 
 pytestmark = pytest.mark.cluster
 
-RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
+RESULTS_DIR = Path(__file__).resolve().parents[2] / "bench" / "results"
 # Every job of the cut test ends within this (the cut lasts until they have, and 60 s at least).
 JOBS_TIMEOUT_S = 240
 
@@ -133,10 +133,10 @@ def test_twenty_jobs_finish_during_a_60s_cut_and_their_telemetry_arrives_after(m
         "sbatch_s_during_cut": {"p50": round(statistics.median(submit_s), 3),
                                 "max": round(max(submit_s), 3)},
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     name = "multihost_network_cut" + ("" if cluster.slurm_version == "22.05"
                                       else f"_{cluster.slurm_version}")
-    (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    (RESULTS_DIR / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
     # Every summary waited in the node's spool; if not, what the node's agent said of the others.
     assert spooled >= jobs, agent_log_of(cluster, node, set(job_ids) - spooled_ids)
     assert len(got) == jobs, result  # 0 lost

@@ -321,10 +321,18 @@ def take_whole(cluster, jobs: list[str], gres: str, node: str) -> str:
     return job_id
 
 
-def updates_of(cluster, job_id: str) -> list[dict]:
-    """The daemon's logged updates of a waiting share's job."""
-    return [e for e in map(json.loads, (cluster.log / "gpushare.log").read_text().splitlines())
-            if e.get("event") == "waiting-share-updated" and e.get("job_id") == job_id]
+def updates_of(cluster, job_id: str, expected: int, timeout: float = 10.0) -> list[dict]:
+    """The daemon's logged updates of a waiting share's job, once `expected` of them are logged
+    (or the timeout passes). The daemon logs an update after `scontrol update` returns, and
+    Slurm may start the job in between: a job seen running may not have its last entry yet."""
+    deadline = time.monotonic() + timeout
+    while True:
+        updates = [e for e in map(json.loads,
+                                  (cluster.log / "gpushare.log").read_text().splitlines())
+                   if e.get("event") == "waiting-share-updated" and e.get("job_id") == job_id]
+        if len(updates) >= expected or time.monotonic() > deadline:
+            return updates
+        time.sleep(0.2)
 
 
 def test_an_exclusion_is_lifted_once_the_shares_that_caused_it_end(cluster):
@@ -384,7 +392,7 @@ def test_an_exclusion_is_lifted_once_the_shares_that_caused_it_end(cluster):
         started = cluster.job(waiting["JobId"])
         assert started["NodeList"] == "v100-1" and started["ExcNodeList"] == "(null)", started
         assert started["AdminComment"] == waiting["AdminComment"]
-        lifted = updates_of(cluster, waiting["JobId"])
+        lifted = updates_of(cluster, waiting["JobId"], 1)
         assert [(e["lifted"], e["still"]) for e in lifted] == [(["v100-1"], [])], lifted
     finally:
         for job_id in jobs:
@@ -430,7 +438,7 @@ def test_a_waiting_share_is_kept_off_a_node_once_a_partner_it_should_not_join_la
         started = cluster.job(held["JobId"])
         assert started["NodeList"] == "v100-1" and started["ExcNodeList"] == "(null)", started
         assert started["AdminComment"] == held["AdminComment"]
-        updates = updates_of(cluster, held["JobId"])
+        updates = updates_of(cluster, held["JobId"], 2)
         assert [(e.get("excluded"), e["lifted"], e["still"]) for e in updates] == [
             (["v100-1"], [], ["v100-1"]), (None, ["v100-1"], [])], updates
     finally:
@@ -476,7 +484,7 @@ def test_a_waiting_share_whose_types_filled_up_is_widened_to_an_idle_slower_type
         cluster.slurm("scontrol", "release", held["JobId"])
         assert cluster.wait_state(held["JobId"], {"RUNNING"}, timeout=60) == "RUNNING"
         assert cluster.job(held["JobId"])["NodeList"].startswith("v100-")
-        updated = updates_of(cluster, held["JobId"])
+        updated = updates_of(cluster, held["JobId"], 1)
         assert [(e["added_types"], e["types"]) for e in updated] == [(["v100"],
                                                                       ["a100", "v100"])]
     finally:

@@ -76,7 +76,8 @@ class Compatibility(Protocol):
 
 class PairCompatibility(Protocol):
     """Which running shares one job may join, from both jobs' telemetry (the pair predictor,
-    daemon.pairing); decisions use it where the job has a profile, else the classes."""
+    daemon.pairing); the daemon's decisions read it only (the simulator's also the classes,
+    for a kind with a class but no profile)."""
 
     def compatible_with(self, resident_job: str, gpu_type: str | None = None) -> bool: ...
 

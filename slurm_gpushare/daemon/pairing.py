@@ -191,9 +191,10 @@ class Pairing:
 
     def compatibility(self, keys: Sequence[str], margin_at_least: float = 0.0
                       ) -> PairCompatibility | None:
-        """The compatibility for a job with fingerprint ``keys``; None without a profile (the
-        class knowledge base decides then). ``margin_at_least`` (``policy.pair_margin``)
-        raises both calibrated margins to at least that much pessimism."""
+        """The compatibility for a job with fingerprint ``keys``; None without a profile (no
+        telemetry: no class either, and no pair judgement). ``margin_at_least``
+        (``policy.pair_margin``) raises both calibrated margins to at least that much
+        pessimism."""
         found = self.profile(keys)
         if found is None:
             return None

@@ -181,13 +181,13 @@ class ScriptMemory:
 
 
 class DecisionMemo:
-    """Decisions already made on the current basis -- the view's snapshot and reservations,
-    the configuration and the class knowledge base, all compared by identity -- keyed by the
-    request (every field of it, the submitting user's included) and the estimate object it
-    was decided with. A resubmission of the same job while nothing it depends on changed
-    (arrays, sweeps, a burst of one script) gets the same decision under its own id without
-    deciding again. Forgotten whenever the basis changes (a refresh, a claimed share, a
-    reload, a learned pair); bounded."""
+    """Decisions already made on the current basis -- the view's snapshot and reservations
+    and the configuration, all compared by identity -- keyed by the request (every field of
+    it, the submitting user's included) and the estimate object it was decided with. A
+    resubmission of the same job while nothing it depends on changed (arrays, sweeps, a burst
+    of one script) gets the same decision under its own id without deciding again. Forgotten
+    whenever the basis changes (a refresh, a claimed share, a reload); bounded. Only jobs
+    without a pair profile are memoised (a pair predictor is made per request)."""
 
     SIZE = 4096
 
@@ -387,17 +387,18 @@ class Service:
         if self.estimator is not None:
             estimate, history = self.estimator.estimate(keys.sizing_keys(), config,
                                                         request.mem_hint_mib)
-        class_knowledge = knowledge = self.learner.knowledge if self.learner else None
-        if self.pairing is not None and self.view is not None and estimate is not None:
-            # Jobs with a telemetry profile are placed by the pair predictor; the class
-            # knowledge base stays for tags, reports and explain.
-            knowledge = self.pairing.compatibility(
-                keys.sizing_keys(), config.policy.pair_margin) or knowledge
+        # Decisions read the pair predictor only: the job's own profile and corrections, which
+        # another user's co-runs cannot teach (PairModel.learn). The classes' knowledge base
+        # learns class pairs from every user's co-runs; it stays for tags, reports and explain.
+        # A job without a profile has no class either: it is placed with no pair judgement.
+        knowledge = None
+        if self.pairing is not None and estimate is not None:
+            knowledge = self.pairing.compatibility(keys.sizing_keys(), config.policy.pair_margin)
         nodes = self.view.nodes() if self.view is not None else ()
         # Everything a decision reads besides the request and its estimate (a pair predictor
         # is made per request: those decisions are not memoised).
-        basis = ((nodes, getattr(self.view, "reservations", lambda: None)(), config,
-                  knowledge) if op == "decide" and knowledge is class_knowledge else None)
+        basis = ((nodes, getattr(self.view, "reservations", lambda: None)(), config)
+                 if op == "decide" and knowledge is None else None)
         memoised = self._decisions.get(basis, request, estimate) if basis else None
         if memoised is not None:
             decision, problem = memoised
@@ -467,8 +468,7 @@ class Service:
                                  tres_per_node="gres:gpu:1")
             estimate = (self.estimator.estimate([], config)[0]
                         if self.estimator is not None else None)
-            decision = decide(request, config, estimate=estimate, view=self.view,
-                              knowledge=self.learner.knowledge if self.learner else None)
+            decision = decide(request, config, estimate=estimate, view=self.view)
             decision_problem(decision, request, config,
                              self.view.nodes() if self.view is not None else ())
         except Exception as exc:  # noqa: BLE001 -- any failure here is the answer

@@ -704,7 +704,10 @@ class GpuShare(Policy):
 
     def admit(self, j, engine):
         self.judgements.pop(j, None)  # re-admitted after a kill: its old request is gone
-        # As the daemon: the pair predictor for a job with a profile, else the classes.
+        # As the daemon: the pair predictor for a job with a profile. The classes judge a job
+        # with a class but no profile, which the daemon never has (both are read from one
+        # telemetry) and a simulated kind has only without Gavel's measurements (the unit
+        # tests' workloads: every Philly kind has them).
         knowledge = self.pairs.for_job(j) or self.compat
         decision = daemon_policy.decide(self.request(j, engine), self.config,
                                         estimate=self.estimate(j, engine), view=self.view,

@@ -437,3 +437,49 @@ def test_a_job_that_ran_on_a_gpu_the_catalogue_lacks_shares_there_next_time(tmp_
         assert running.service.counters.get("internal-errors", 0) == 0
     finally:
         running.stop()
+
+
+def test_class_pairs_taught_by_co_runs_do_not_change_any_decision(tmp_path):
+    # The classes' knowledge base learns class pairs from every user's co-runs (its tags,
+    # reports and explain summarise them), so one user's runs could teach that a class does
+    # not stack, or that it does, for everyone's jobs of that class. Decisions read the pair
+    # predictor only (a job's own profile, corrections learned as test_pairing's rules say).
+    from conftest import RunningDaemon, make_config
+
+    running = RunningDaemon(make_config(tmp_path, keep_whole_when_idle=False))
+    job = {**JOB, "script": "#!/bin/sh\npython train.py\n", "array_inx": "0-3"}
+    try:
+        first = request_once(running.socket, {"v": 1, "op": "decide", "job": job})["decision"]
+        running.service.records.flush()
+        summary = {"job_id": "41", "gpu_index": 0, "cluster": "c", "samples": 30,
+                   "gpu_model": "Tesla V100-SXM2-16GB", "mem_total_mib": 16384.0,
+                   "duration_s": 600.0, "mgmap_max_mib": 3000.0, "mgmap_max_pct": 18.0,
+                   "mgup_mean": 20.0, "mgup_max": 35.0, "mgtsamp_mean": 5.0,
+                   "mgtsamp_max": 9.0}
+        assert request_once(running.socket, {"v": 1, "op": "ingest", "summary": summary,
+                                             "decision_id": first["decision_id"]})["ok"]
+        running.service.records.flush()
+
+        def decide() -> dict:
+            reply = request_once(running.socket, {"v": 1, "op": "decide", "job": job})
+            running.service.records.flush()
+            record = running.store.decision(reply["decision"]["decision_id"])
+            return reply["decision"], record["job_class"]
+
+        def outcome(decision: dict) -> tuple:  # all of it but the decision's own id
+            return (decision["action"], decision["code"],
+                    json.dumps(decision["writes"], sort_keys=True).replace(
+                        decision["decision_id"], "ID"))
+
+        before, job_class = decide()
+        assert job_class is not None and before["action"] == "share", before
+        learner = running.service.learner
+        # Another user's co-runs teach that the class always stacks, then that it never does.
+        for isd, runs in ((0.0, 20), (0.9, 60)):
+            learner._learn_pairs([{"class_a": job_class, "class_b": job_class, "isd_a": isd,
+                                   "isd_b": isd, "ps": None, "gpu_type": "v100"}] * runs)
+            assert learner.knowledge.compatible(job_class, job_class, "v100") is (isd == 0.0)
+            after, _ = decide()
+            assert outcome(after) == outcome(before), (isd, after)
+    finally:
+        running.stop()

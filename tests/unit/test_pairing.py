@@ -64,7 +64,7 @@ def test_a_light_job_is_kept_away_from_a_heavy_share_only(store):
     assert compat.compatible_with("dheavy") is False
     assert compat.compatible_with("dlight") is True
     assert compat.compatible_with("unknown-decision") is True  # nothing known against it
-    assert pairing.compatibility(["f" * 64]) is None  # no profile: the classes decide
+    assert pairing.compatibility(["f" * 64]) is None  # no profile: no pair judgement
 
 
 def test_a_job_is_judged_with_all_the_shares_of_a_gpu_together(store):

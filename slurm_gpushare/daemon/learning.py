@@ -1,7 +1,8 @@
 """Learning from telemetry: a finished job's summary becomes history under its fingerprint
-keys, its co-runs become measured pairs in the knowledge base, and a share that outgrew its
-memory is reported (and requeued where the admin chose so). Runs on the record writer's
-thread, never on the request path."""
+keys, its co-runs are recorded (with both jobs' classes, for the class knowledge base that
+`kb show` and the reports build from the store) and teach the pair predictor, and a share that
+outgrew its memory is reported (and requeued where the admin chose so). Runs on the record
+writer's thread, never on the request path."""
 
 from __future__ import annotations
 
@@ -17,13 +18,14 @@ from slurm_gpushare.slurm.jobs import lookup_job
 
 
 class Learner:
-    """Owns the knowledge base decisions read; swaps in an updated copy as pairs are learned."""
+    """What the writer thread learns from a stored summary: history under the job's keys, its
+    co-runs (recorded with both classes for the class knowledge base, which no decision reads)
+    and the pair predictor's corrections."""
 
-    def __init__(self, store: Store, estimator, knowledge, *, count: Callable[[str], None],
+    def __init__(self, store: Store, estimator, *, count: Callable[[str], None],
                  pairing=None):
         self.store = store
         self.estimator = estimator
-        self.knowledge = knowledge
         self.count = count
         self.pairing = pairing  # daemon.pairing.Pairing: per-job corrections from co-runs
         self._compacted_at = 0.0  # monotonic; 0: not yet since start
@@ -112,8 +114,8 @@ class Learner:
                   fix=f"memory_gib = {int(reported // 1024)}")
 
     def _learn_coruns(self, summary: dict[str, Any], job, config: Config) -> int:
-        """Record this job's side of each co-run (its class and measured slowdown); a pair
-        that now has both sides joins the knowledge base. Returns the sides recorded."""
+        """Record this job's side of each co-run (its class and measured slowdown); the pair
+        predictor learns from each measured side. Returns the sides recorded."""
         from slurm_gpushare.predict.history import config_type_of, observed_runtimes
         from slurm_gpushare.predict.knowledge import measured_isd
         from slurm_gpushare.predict.pairs import MEASURED_OVERLAP
@@ -128,11 +130,9 @@ class Learner:
             summary.get("gpu_model", ""))
         gpu_type = config_type_of(summary.get("gpu_model", ""), config)
         cluster = str(summary.get("cluster", ""))
-        recorded, completed = 0, []
-        before = self._corun_rows(job.job_id)
+        recorded = 0
         for corun in coruns:
             other_id = str(corun["job_id"])
-            was_complete = _complete(before.get(other_id))
             other = lookup_job(other_id)
             other_class = other.tag.job_class if other and other.tag else None
             # Whether one user runs both: only then does this job's measured slowdown (its run
@@ -149,16 +149,12 @@ class Learner:
                 class_b=int(other_class) if other_class is not None else None, isd_a=isd,
                 same_user=same_user)
             recorded += 1
-            if not was_complete:
-                completed.append(other_id)
-        after = self._corun_rows(job.job_id) if completed or self.pairing is not None else {}
-        measured = [after[o] for o in dict.fromkeys(str(c["job_id"]) for c in coruns)
-                    if after.get(o) is not None]
-        completed = [after[o] for o in dict.fromkeys(completed) if _complete(after.get(o))]
-        if completed:
-            self._learn_pairs(completed)
-        if self.pairing is not None and measured:
-            self.pairing.observe(measured)  # learns from each measured side, classes or not
+        if self.pairing is not None:
+            after = self._corun_rows(job.job_id)
+            measured = [after[o] for o in dict.fromkeys(str(c["job_id"]) for c in coruns)
+                        if after.get(o) is not None]
+            if measured:
+                self.pairing.observe(measured)  # learns from each measured side
         return recorded
 
     def _corun_rows(self, job_id: str) -> dict[str, dict[str, Any]]:
@@ -168,28 +164,8 @@ class Learner:
             rows.setdefault(row["job_b"], row)
         return rows
 
-    def _learn_pairs(self, rows: list[dict[str, Any]]) -> None:
-        """Add measured pairs to a copy of the knowledge base and swap it in: decisions on
-        other threads keep reading the old one meanwhile, and nothing is rebuilt from the
-        whole store (which would hold the GIL longer as the store grows)."""
-        from slurm_gpushare.predict.knowledge import KnowledgeBase
-
-        knowledge = KnowledgeBase.from_dict(self.knowledge.to_dict())
-        for row in rows:
-            knowledge.observe(row["class_a"], row["class_b"], row["isd_a"], row["isd_b"],
-                              ps=row["ps"], gpu_type=row["gpu_type"])
-        self.knowledge = knowledge
-
 
 
 def _sizing_keys(keys: list[str]) -> list[str]:
     """A decision record's keys (``JobKeys.as_list()``: script, name, user) less the user's."""
     return keys[:-1] if len(keys) > 1 else []
-
-
-def _complete(row: dict[str, Any] | None) -> bool:
-    """A co-run observation the knowledge base can use: both classes and both slowdowns."""
-    return row is not None and None not in (row["class_a"], row["class_b"], row["isd_a"],
-                                            row["isd_b"])
-
-

@@ -255,8 +255,6 @@ class Service:
         if hasattr(view, "after_refresh"):
             view.after_refresh.append(self.waiting.review)
         if store is not None:
-            from slurm_gpushare.predict.knowledge import KnowledgeBase
-
             # Decisions read history through their own connection: in WAL mode a reader sees
             # the last committed state and never waits for the writer thread's transactions.
             self.estimator = HistoryEstimator(reader or store,
@@ -277,9 +275,8 @@ class Service:
             self.pairing = Pairing(reader or store,
                                    type_of=lambda model: config_type_of(model, self.config)
                                    ).load()
-            self.learner = Learner(store, self.estimator,
-                                   KnowledgeBase.from_store(store, self.estimator.classes),
-                                   count=self._count, pairing=self.pairing)
+            self.learner = Learner(store, self.estimator, count=self._count,
+                                   pairing=self.pairing)
 
     @property
     def digest(self) -> Callable[[str, str], str]:
@@ -389,7 +386,7 @@ class Service:
                                                         request.mem_hint_mib)
         # Decisions read the pair predictor only: the job's own profile and corrections, which
         # another user's co-runs cannot teach (PairModel.learn). The classes' knowledge base
-        # learns class pairs from every user's co-runs; it stays for tags, reports and explain.
+        # learns class pairs from every user's co-runs: only `kb show` and the reports read it.
         # A job without a profile has no class either: it is placed with no pair judgement.
         knowledge = None
         if self.pairing is not None and estimate is not None:

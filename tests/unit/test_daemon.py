@@ -382,16 +382,6 @@ def test_users_cannot_report_overruns(daemon):
     assert reply["ok"] is False and "not available" in reply["error"]
 
 
-def test_learned_pairs_update_a_copy_of_the_knowledge_base(daemon):
-    before = daemon.service.learner.knowledge
-    assert before.compatible(2, 2, "a100")
-    row = {"class_a": 2, "class_b": 2, "isd_a": 0.9, "isd_b": 0.9, "ps": -0.2,
-           "gpu_type": "a100"}
-    daemon.service.learner._learn_pairs([row] * 5)
-    assert not daemon.service.learner.knowledge.compatible(2, 2, "a100")
-    assert before.compatible(2, 2, "a100")  # decisions holding the old one are undisturbed
-
-
 def test_a_gpu_type_whose_memory_gib_is_above_what_its_gpus_report_is_warned_once(daemon, caplog):
     """A V100 16GB reports 16,160 MiB: memory_gib = 16 promises shards that do not exist."""
     def ingest(job_id, model, total):
@@ -440,14 +430,29 @@ def test_a_job_that_ran_on_a_gpu_the_catalogue_lacks_shares_there_next_time(tmp_
 
 
 def test_class_pairs_taught_by_co_runs_do_not_change_any_decision(tmp_path):
-    # The classes' knowledge base learns class pairs from every user's co-runs (its tags,
-    # reports and explain summarise them), so one user's runs could teach that a class does
-    # not stack, or that it does, for everyone's jobs of that class. Decisions read the pair
-    # predictor only (a job's own profile, corrections learned as test_pairing's rules say).
+    # The classes' knowledge base learns class pairs from every user's co-runs (`kb show` and
+    # the reports' class-pair heat map summarise them), so one user's runs could teach
+    # that a class does not stack, or that it does, for everyone's jobs of that class.
+    # Decisions read the pair predictor only (a job's own profile, and corrections learned as
+    # test_pairing's rules say). Before, a daemon without a cluster view judged an array's
+    # copies by the classes: this array became whole GPUs per task.
     from conftest import RunningDaemon, make_config
 
-    running = RunningDaemon(make_config(tmp_path, keep_whole_when_idle=False))
+    from slurm_gpushare.predict.knowledge import KnowledgeBase
+
+    config = make_config(tmp_path, keep_whole_when_idle=False)
     job = {**JOB, "script": "#!/bin/sh\npython train.py\n", "array_inx": "0-3"}
+    running = RunningDaemon(config)
+
+    def decide() -> tuple[tuple, int]:
+        reply = request_once(running.socket, {"v": 1, "op": "decide", "job": job})
+        running.service.records.flush()
+        decision = reply["decision"]
+        record = running.store.decision(decision["decision_id"])
+        writes = json.dumps(decision["writes"], sort_keys=True)  # less the decision's own id
+        return ((decision["action"], decision["code"],
+                 writes.replace(decision["decision_id"], "ID")), record["job_class"])
+
     try:
         first = request_once(running.socket, {"v": 1, "op": "decide", "job": job})["decision"]
         running.service.records.flush()
@@ -459,27 +464,21 @@ def test_class_pairs_taught_by_co_runs_do_not_change_any_decision(tmp_path):
         assert request_once(running.socket, {"v": 1, "op": "ingest", "summary": summary,
                                              "decision_id": first["decision_id"]})["ok"]
         running.service.records.flush()
-
-        def decide() -> dict:
-            reply = request_once(running.socket, {"v": 1, "op": "decide", "job": job})
-            running.service.records.flush()
-            record = running.store.decision(reply["decision"]["decision_id"])
-            return reply["decision"], record["job_class"]
-
-        def outcome(decision: dict) -> tuple:  # all of it but the decision's own id
-            return (decision["action"], decision["code"],
-                    json.dumps(decision["writes"], sort_keys=True).replace(
-                        decision["decision_id"], "ID"))
-
         before, job_class = decide()
-        assert job_class is not None and before["action"] == "share", before
-        learner = running.service.learner
-        # Another user's co-runs teach that the class always stacks, then that it never does.
-        for isd, runs in ((0.0, 20), (0.9, 60)):
-            learner._learn_pairs([{"class_a": job_class, "class_b": job_class, "isd_a": isd,
-                                   "isd_b": isd, "ps": None, "gpu_type": "v100"}] * runs)
-            assert learner.knowledge.compatible(job_class, job_class, "v100") is (isd == 0.0)
+        assert job_class is not None and before[0] == "share", before
+        classes = running.service.estimator.classes
+        # Other users' co-runs of that class pair: first that it stacks freely, then (60 more)
+        # that it never does. The daemon reads every co-run again when it starts.
+        for isd, runs, first_job in ((0.0, 20, 900), (0.9, 60, 1000)):
+            for n in range(first_job, first_job + runs):
+                running.store.record_corun(str(n), str(n + 5000), cluster="c", gpu_type="v100",
+                                           class_a=job_class, class_b=job_class, isd_a=isd,
+                                           isd_b=isd, same_user=False)
+            knowledge = KnowledgeBase.from_store(running.store, classes)
+            assert knowledge.compatible(job_class, job_class, "v100") is (isd == 0.0)
+            running.stop()
+            running = RunningDaemon(config)
             after, _ = decide()
-            assert outcome(after) == outcome(before), (isd, after)
+            assert after == before, (isd, after)
     finally:
         running.stop()

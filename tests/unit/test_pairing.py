@@ -133,7 +133,6 @@ def test_co_runs_in_the_store_become_corrections(store):
 def test_ingest_learns_corrections_from_a_measured_co_run(store, monkeypatch):
     from slurm_gpushare.core.tag import Tag
     from slurm_gpushare.daemon import learning
-    from slurm_gpushare.predict.knowledge import KnowledgeBase
     from slurm_gpushare.slurm.jobs import SlurmJob
 
     # Jobs 20 and 21 (the scripts of 10 and 12, which ran alone in 60 s) shared a GPU:
@@ -146,8 +145,7 @@ def test_ingest_learns_corrections_from_a_measured_co_run(store, monkeypatch):
             for job_id in ("20", "21")}
     monkeypatch.setattr(learning, "lookup_job", jobs.get)
     pairing = Pairing(store).load()
-    learner = learning.Learner(store, None, KnowledgeBase.seeded(), count=lambda _: None,
-                               pairing=pairing)
+    learner = learning.Learner(store, None, count=lambda _: None, pairing=pairing)
     config = Config(gpu_types=(GpuType("v100", 16),))
 
     def ingest(done, config):  # as the daemon does: commit, then learn on the writer thread
@@ -337,7 +335,6 @@ def test_another_users_co_runs_cannot_make_a_job_look_harmless_to_others(store):
 def test_ingest_records_whether_co_runners_belong_to_one_user(store, monkeypatch):
     from slurm_gpushare.core.tag import Tag
     from slurm_gpushare.daemon import learning
-    from slurm_gpushare.predict.knowledge import KnowledgeBase
     from slurm_gpushare.slurm.jobs import SlurmJob
 
     for job_id, key in (("20", LIGHT), ("21", OTHER_LIGHT), ("22", OTHER_LIGHT)):
@@ -348,7 +345,7 @@ def test_ingest_records_whether_co_runners_belong_to_one_user(store, monkeypatch
                                               types=("v100",), job_class=0, shard=4).encode())
             for job_id, uid in uids.items()}
     monkeypatch.setattr(learning, "lookup_job", jobs.get)
-    learner = learning.Learner(store, None, KnowledgeBase.seeded(), count=lambda _: None,
+    learner = learning.Learner(store, None, count=lambda _: None,
                                pairing=Pairing(store).load())
     config = Config(gpu_types=(GpuType("v100", 16),))
     done = summary("20", LIGHT, 5.0, 2.0, duration_s=150.0, keys=[],

@@ -165,7 +165,6 @@ class Learner:
         return rows
 
 
-
 def _sizing_keys(keys: list[str]) -> list[str]:
     """A decision record's keys (``JobKeys.as_list()``: script, name, user) less the user's."""
     return keys[:-1] if len(keys) > 1 else []
